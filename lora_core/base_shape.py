@@ -1,0 +1,87 @@
+"""The shapes of a base model that adapters must fit (torch-free, from config.json).
+
+Module names are PEFT's: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+They pack into the model's fused layers as groups: qkv = (q, k, v), o = (o,),
+gate_up = (gate, up), down = (down,).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lora_core.errors import ModelLoadFailed
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+MODULES: tuple[str, ...] = tuple(m for mods in GROUPS.values() for m in mods)
+MODULE_GROUP: dict[str, tuple[str, int]] = {
+    m: (g, i) for g, mods in GROUPS.items() for i, m in enumerate(mods)
+}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class BaseShape:
+    """num_layers decoder layers; each projection's (in_features, out_features)."""
+
+    architecture: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> BaseShape:
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else ""
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadFailed(
+                f"architectures={archs!r}; allowed: one of {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            architecture=arch,
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate=int(cfg["intermediate_size"]),
+        )
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> BaseShape:
+        cfg_path = Path(path) / "config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelLoadFailed(f"cannot read {cfg_path}: {e}") from e
+        return cls.from_hf_config(cfg)
+
+    def module_shape(self, module: str) -> tuple[int, int]:
+        """(in_features, out_features) of a PEFT module name."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shapes = {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+        return shapes[module]
+
+    def group_sizes(self, group: str) -> tuple[int, tuple[int, ...]]:
+        """(in_features, out_features of each slice) of a fused group."""
+        mods = GROUPS[group]
+        return self.module_shape(mods[0])[0], tuple(self.module_shape(m)[1] for m in mods)

@@ -1,0 +1,97 @@
+"""One error hierarchy for all of lorafleet (torch-free, so `cluster` can import it).
+
+Every error a user can cause is one of these types. `router/errors.py` maps each
+type to an HTTP status and a gRPC status code in one table; nothing else decides
+status codes. Messages say what was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+
+class LoraFleetError(Exception):
+    """Base of every lorafleet error. `retryable` tells clients whether to retry."""
+
+    retryable: bool = False
+
+
+class InvalidRequest(LoraFleetError):
+    """The request itself is malformed (bad field, value out of range)."""
+
+
+class AdapterError(LoraFleetError):
+    """Base of adapter errors."""
+
+
+class AdapterNotFound(AdapterError):
+    """Unknown adapter, or one the caller may not use (the same answer: existence must not leak)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"adapter {name!r} not found")
+        self.name = name
+
+
+class AdapterIncompatible(AdapterError):
+    """The adapter's config or tensors do not fit this base model or engine.
+
+    `field` names the offending config field (or tensor), `allowed` what would be accepted.
+    """
+
+    def __init__(self, field: str, problem: str, allowed: str):
+        super().__init__(f"{field}: {problem}; allowed: {allowed}")
+        self.field = field
+        self.problem = problem
+        self.allowed = allowed
+
+
+class AdapterLoadFailed(AdapterError):
+    """The adapter's files are missing, unreadable, corrupt or in a refused format (pickle)."""
+
+
+class AdapterDraining(AdapterError):
+    """The adapter is being unloaded/unregistered: new requests for it are refused."""
+
+    def __init__(self, name: str):
+        super().__init__(f"adapter {name!r} is being unloaded; new requests are refused")
+        self.name = name
+
+
+class AdapterVersionUnavailable(AdapterError):
+    """This replica does not hold the requested adapter version (yet); retry elsewhere."""
+
+    retryable = True
+
+
+class AdapterAlreadyExists(AdapterError):
+    """Registering a name that exists without asking to replace it."""
+
+
+class PinRefused(AdapterError):
+    """Pinning would leave no evictable slot (or the adapter is not loaded)."""
+
+
+class Unauthorized(LoraFleetError):
+    """Missing or bad API key."""
+
+
+class CapacityExceeded(LoraFleetError):
+    """Backpressure: queue full or no slot can be made free now. Retry later."""
+
+    retryable = True
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelLoadFailed(LoraFleetError):
+    """The base model directory or hub id cannot be read or is unsupported."""
+
+
+class RegistryUnavailable(LoraFleetError):
+    """Redis cannot be reached (the message names the URL tried)."""
+
+    retryable = True
+
+
+class StaleEpoch(LoraFleetError):
+    """A replica wrote with an epoch older than its current registration (fenced off)."""

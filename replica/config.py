@@ -1,0 +1,63 @@
+"""Engine configuration: typed, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lora_core.errors import InvalidRequest
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Configuration of one replica engine.
+
+    model: a local HF model directory or a hub id present in the local HF cache.
+    dtype: compute dtype; float32 on CPU, bfloat16/float16 on CUDA.
+    device: "cpu", "cuda" or "cuda:N"; "auto" picks cuda when available.
+    max_loras: GPU adapter slots (base requests use none).
+    max_cpu_loras: adapters kept in the CPU cache (>= max_loras).
+    max_lora_rank: the largest adapter rank accepted; slot buffers are this wide.
+    block_size: tokens per KV block.
+    num_kv_blocks: KV blocks to allocate (0 = size from kv_cache_tokens).
+    kv_cache_tokens: total tokens of KV to hold when num_kv_blocks is 0.
+    max_num_seqs: sequences in one running batch at most.
+    max_num_batched_tokens: tokens (prefill chunks + decode) per step at most.
+    max_model_len: prompt + output tokens per sequence at most (0 = the model's).
+    enable_prefix_caching: share full KV blocks of equal (adapter identity, tokens) prefixes.
+    seed: engine-level seed for requests that give none.
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "auto"
+    max_loras: int = 4
+    max_cpu_loras: int = 8
+    max_lora_rank: int = 64
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    kv_cache_tokens: int = 65536
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InvalidRequest(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+        _at_least("max_loras", self.max_loras, 1)
+        _at_least("max_cpu_loras", self.max_cpu_loras, self.max_loras)
+        _at_least("max_lora_rank", self.max_lora_rank, 1)
+        _at_least("block_size", self.block_size, 1)
+        _at_least("num_kv_blocks", self.num_kv_blocks, 0)
+        _at_least("kv_cache_tokens", self.kv_cache_tokens, self.block_size)
+        _at_least("max_num_seqs", self.max_num_seqs, 1)
+        _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _at_least("max_model_len", self.max_model_len, 0)
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if not isinstance(value, int) or value < low:
+        raise InvalidRequest(f"{name}={value!r}; allowed: an integer >= {low}")

@@ -1,0 +1,54 @@
+"""What the engine hands back per request and per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """Incremental output of one request after one engine step.
+
+    request_id: the caller's id.
+    new_token_ids: tokens generated since the previous output of this request.
+    new_text: detokenized text for those tokens (stop strings removed).
+    new_logprobs: log-probability of each new token (empty unless asked for).
+    finish_reason: None while running; then "stop", "length" or "abort".
+    num_prompt_tokens / num_output_tokens: usage counts so far.
+    """
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    new_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine's state (for routing stats, health and metrics).
+
+    gpu_adapters / cpu_adapters: AdapterRef.key of adapters in GPU slots / CPU cache.
+    pinned: keys of pinned adapters.
+    free_slots: GPU slots that hold no adapter.
+    num_running / num_waiting: sequences in the running batch / the queue.
+    kv_usage: fraction of KV blocks in use (0..1).
+    adapter_loads: GPU slot loads since start (disk or CPU -> slot).
+    """
+
+    gpu_adapters: tuple[str, ...]
+    cpu_adapters: tuple[str, ...]
+    pinned: tuple[str, ...]
+    free_slots: int
+    max_loras: int
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    adapter_loads: int
+    num_preemptions: int

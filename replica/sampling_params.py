@@ -1,0 +1,56 @@
+"""Per-request sampling parameters, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lora_core.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request.
+
+    max_tokens: tokens to generate at most (>= 1).
+    temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 100).
+    top_p: nucleus mass kept (0 < p <= 1).
+    top_k: keep the k most likely tokens (0 = off).
+    seed: per-request seed; the same seed and inputs reproduce the same tokens.
+    stop: strings that end generation (the stop string is not included in the text).
+    stop_token_ids: token ids that end generation (besides the tokenizer's EOS).
+    ignore_eos: keep going past EOS (benchmarks).
+    logprobs: return the log-probability of each sampled token.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1")
+        if not 0.0 <= float(self.temperature) <= 100.0:
+            raise InvalidRequest(f"temperature={self.temperature!r}; allowed: 0 <= temperature <= 100")
+        if not 0.0 < float(self.top_p) <= 1.0:
+            raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequest(f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise InvalidRequest(f"seed={self.seed!r}; allowed: an integer or null")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("stop: allowed: a non-empty string or a list of non-empty strings")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
