@@ -191,7 +191,9 @@ def ensure_demo(cache_dir: Path | None = None) -> DemoAssets:
 def _build_demo(model_dir: Path, adapters: dict[str, Path]) -> None:
     hidden, inter, heads, kv_heads, layers = 128, 256, 4, 2, 4
     build_tokenizer(model_dir)
-    build_model(model_dir, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=inter)
+    build_model(
+        model_dir, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=inter
+    )
     head_dim = hidden // heads
     full = {
         "q_proj": (hidden, heads * head_dim),
