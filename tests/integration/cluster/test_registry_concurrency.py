@@ -16,8 +16,9 @@ def test_threads_register_pin_and_report(registry: Registry, adapters):
 
     def writer(i: int) -> tuple[int, int]:
         rec = registry.register_adapter(f"own{i}", str(adapters["small"]))
-        epoch = registry.register_replica(f"r{i}", ("prefill", "decode", "mixed")[i % 3], "d",
-                                          4, 30.0)
+        epoch = registry.register_replica(
+            f"r{i}", ("prefill", "decode", "mixed")[i % 3], "d", 4, 30.0
+        )
         registry.report_resident(f"r{i}", epoch, ("shared", 1), "gpu" if i % 2 else "cpu")
         registry.report_resident(f"r{i}", epoch, rec.ref, "gpu")
         registry.pin(f"own{i}", "all")

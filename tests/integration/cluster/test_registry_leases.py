@@ -55,9 +55,7 @@ def test_lapsed_lease_drops_replica_everywhere(reg: Registry):
     waited = _wait_until(lambda: len(reg.locations("a")) == 1)
     assert waited < 1.0
     assert reg.locations("a") == (Location("long", "gpu", "mixed"),)
-    assert [loc.replica for loc in reg.resolve_request(None, "a", auth=False).locations] == [
-        "long"
-    ]
+    assert [loc.replica for loc in reg.resolve_request(None, "a", auth=False).locations] == ["long"]
     live = {r.replica_id: r.live for r in reg.list_replicas()}
     assert live == {"long": True, "short": False}
     assert reg.status().replicas_live == {"decode": 0, "mixed": 1, "prefill": 0}
@@ -102,8 +100,9 @@ def test_replica_lease_reregisters_after_lapse(reg: Registry):
         seen.append(epoch)
         reg.report_resident("r1", epoch, ("a", 1), "gpu")
 
-    lease = ReplicaLease(reg, LeaseConfig("r1", "decode", "d", 4, ttl_s=0.3, interval_s=0.1),
-                         on_register)
+    lease = ReplicaLease(
+        reg, LeaseConfig("r1", "decode", "d", 4, ttl_s=0.3, interval_s=0.1), on_register
+    )
     assert lease.beat() == 1 and seen == [1]
     assert lease.beat() == 1 and seen == [1]
     _wait_until(lambda: reg.locations("a") == ())

@@ -25,8 +25,13 @@ PATIENT = RetryPolicy(retries=40, backoff_base_s=0.05, backoff_cap_s=0.1, connec
 
 def _cli(url: str, *argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LORAFLEET_REDIS_URL": url}
-    return subprocess.run([sys.executable, "-m", "cluster.cli", *argv], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -59,8 +64,9 @@ def test_restart_clients_reconnect_and_leases_reregister(restartable, adapters):
         epochs.append(epoch)
         reg.report_resident("r1", epoch, ("a", 1), "gpu")
 
-    lease = ReplicaLease(reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=5.0, interval_s=1.0),
-                         on_register)
+    lease = ReplicaLease(
+        reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=5.0, interval_s=1.0), on_register
+    )
     assert lease.beat() == 1
     stop()
     with pytest.raises(RegistryUnavailable, match=f"cannot reach Redis at {url}"):
