@@ -25,7 +25,7 @@ Replicas, leases and residency
     {ns}:epoch:{id}               string fencing counter: INCR on every registration
     {ns}:lease:{id}               string the epoch holding the lease, with a PX TTL; absent or
                                          a different epoch means the replica is not live
-    {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|ref_key"
+    {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|pool|ref_key"
     {ns}:replica:{id}:adapters    set    adapter names the replica reported (for cleanup)
 
 Desired state

@@ -32,6 +32,7 @@ from lora_core.errors import (
     StaleEpoch,
     Unauthorized,
 )
+from lora_core.identity import AdapterRef
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -143,7 +144,14 @@ def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[Resolve
     def _parse(rest: list[Any]) -> ResolvedRequest:
         rec, tenant, locs = rest
         return ResolvedRequest(
-            ref=AdapterRecord.from_hash(rec).ref,
+            ref=AdapterRef(
+                name=rec["name"],
+                version=int(rec["version"]),
+                content_hash=rec["content_hash"],
+                path=rec["path"],
+                rank=int(rec["rank"]),
+                base_model=rec.get("base_model", ""),
+            ),
             tenant=tenant or None,
             locations=_locations(locs),
         )
