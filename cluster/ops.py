@@ -8,6 +8,7 @@ logic exists once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from cluster.records import (
     ResolvedRequest,
     WarmTarget,
 )
+from lora_core.base_shape import BaseShape
 from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterDraining,
@@ -134,6 +136,17 @@ def get_adapter(keys: Keys, name: str) -> Plan[AdapterRecord]:
 
 def resolve_key(keys: Keys, key_hash: str) -> Plan[str | None]:
     return Plan(None, ("GET", keys.apikey(key_hash)), lambda v: v)
+
+
+def set_base_shape(keys: Keys, model_id: str, shape: BaseShape) -> Plan[None]:
+    blob = json.dumps(dataclasses.asdict(shape), sort_keys=True)
+    return Plan(None, ("SET", keys.base(model_id), blob), lambda _: None)
+
+
+def get_base_shape(keys: Keys, model_id: str) -> Plan[BaseShape | None]:
+    return Plan(
+        None, ("GET", keys.base(model_id)), lambda v: BaseShape(**json.loads(v)) if v else None
+    )
 
 
 def list_tenants(keys: Keys) -> Plan[list[str]]:

@@ -136,6 +136,14 @@ class _Api:
             ops.Plan(plan.script, plan.args, lambda raw: replace_field(record, plan.parse(raw)))
         )
 
+    def set_base_shape(self, model_id: str, shape: BaseShape) -> Reply[None]:
+        """Store a base model's shapes (replicas do this at start) for register's fit check."""
+        return self._run(ops.set_base_shape(self.keys, check_name("base model", model_id), shape))
+
+    def get_base_shape(self, model_id: str) -> Reply[BaseShape | None]:
+        """The shapes a replica stored for model_id, or None."""
+        return self._run(ops.get_base_shape(self.keys, model_id))
+
     def get_adapter(self, name: str) -> Reply[AdapterRecord]:
         """The stored record of name (AdapterNotFound if none)."""
         return self._run(ops.get_adapter(self.keys, name))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.registry import Registry
+from lora_core.base_shape import BaseShape
 from lora_core.validate import content_hash
 from tests.redis_fixture import dump_redis
 
@@ -154,6 +155,17 @@ def test_errors_exit_1_with_one_line_and_change_nothing(
     assert "already exists" in error_line(cli("adapters", "register", "a", str(adapters["b"])))
     assert "does not exist" in error_line(cli("tenants", "key", "ghost"))
     assert dump_redis(redis_url) == before
+
+
+def test_register_checks_shape_of_known_base(cli, adapters, registry: Registry, redis_url):
+    wide = BaseShape("LlamaForCausalLM", num_layers=2, hidden=128, num_heads=4, num_kv_heads=2,
+                     head_dim=32, intermediate=128)  # fmt: skip
+    registry.set_base_shape("wide", wide)
+    before = dump_redis(redis_url)
+    msg = error_line(cli("adapters", "register", "a", str(adapters["a"]), "--base-model", "wide"))
+    assert "allowed" in msg
+    assert dump_redis(redis_url) == before
+    ok(cli("adapters", "register", "a", str(adapters["a"]), "--base-model", "unknown-base"))
 
 
 def test_usage_errors_exit_2(cli):

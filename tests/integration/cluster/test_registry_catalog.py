@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cluster.registry import Registry
+from lora_core.base_shape import BaseShape
 from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterDraining,
@@ -151,3 +152,23 @@ def test_replace_revives_draining_adapter(registry: Registry, adapters):
     assert registry.resolve_request(None, "a", auth=False).ref == rec.ref
     # the replica still holds version 1: not a location of version 2
     assert registry.locations("a") == ()
+
+
+def _shape(hidden: int) -> BaseShape:
+    return BaseShape("LlamaForCausalLM", num_layers=2, hidden=hidden, num_heads=4,
+                     num_kv_heads=2, head_dim=hidden // 4, intermediate=128)  # fmt: skip
+
+
+def test_base_shape_fit_checked_when_known(registry: Registry, adapters, redis_url):
+    registry.set_base_shape("tiny", _shape(64))
+    registry.set_base_shape("wide", _shape(128))
+    assert registry.get_base_shape("tiny") == _shape(64)
+    assert registry.get_base_shape("unknown") is None
+    rec = registry.register_adapter("a", str(adapters["a"]), base_model="tiny",
+                                    base=registry.get_base_shape("tiny"))  # fmt: skip
+    assert rec.base_model == "tiny"
+    before = dump_redis(redis_url)
+    with pytest.raises(AdapterIncompatible):
+        registry.register_adapter("w", str(adapters["a"]), base_model="wide",
+                                  base=registry.get_base_shape("wide"))  # fmt: skip
+    assert dump_redis(redis_url) == before
