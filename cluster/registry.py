@@ -48,7 +48,7 @@ from lora_core.identity import AdapterRef
 T = TypeVar("T")
 Reply = T | Awaitable[T]
 API_KEY_PREFIX = "lf-"
-AdapterVersion = AdapterRef | tuple[str, int]
+AdapterVersion = AdapterRef | str | tuple[str, int]  # a str is an AdapterRef.key
 
 
 def hash_key(api_key: str) -> str:
@@ -63,8 +63,15 @@ def _ttl_ms(ttl_s: float) -> int:
 
 
 def _name_version(adapter: AdapterVersion) -> tuple[str, int, str]:
+    """(name, version, ref key) of an AdapterRef, an AdapterRef.key string, or (name, version)."""
     if isinstance(adapter, AdapterRef):
         return adapter.name, adapter.version, adapter.key
+    if isinstance(adapter, str):
+        name, _, rest = adapter.partition("@")
+        version = rest.split(":", 1)[0]
+        if not name or not version.isdigit():
+            raise ValueError(f"adapter={adapter!r}; allowed: an AdapterRef.key 'name@version:hash'")
+        return name, int(version), adapter
     name, version = adapter
     return name, int(version), ""
 
@@ -234,8 +241,10 @@ class _Api:
     def report_resident(
         self, replica_id: str, epoch: int, adapter: AdapterVersion, tier: str
     ) -> Reply[None]:
-        """Record that replica holds adapter (AdapterRef or (name, version)) in tier
-        ("gpu" | "cpu"). StaleEpoch unless (replica_id, epoch) holds the lease."""
+        """Record that replica holds adapter (an AdapterRef, its key "name@version:hash",
+        or (name, version)) in tier ("gpu" | "cpu"); a later report of the same adapter
+        replaces the earlier one (one entry per replica). StaleEpoch unless
+        (replica_id, epoch) holds the lease; AdapterNotFound for an unknown name."""
         check_choice("tier", tier, TIERS)
         name, version, ref_key = _name_version(adapter)
         args = (replica_id, epoch, name, version, tier, ref_key)
@@ -244,9 +253,10 @@ class _Api:
     def remove_resident(
         self, replica_id: str, epoch: int, adapter: AdapterVersion | str
     ) -> Reply[bool]:
-        """Forget replica's copy of adapter (a bare name: any version). True if removed.
-        Finishes unregistering a draining adapter once no live replica holds it."""
-        if isinstance(adapter, str):
+        """Forget replica's copy of adapter (as in report_resident; a bare name without
+        '@' means any version). True if removed. Finishes unregistering a draining
+        adapter once no live replica holds it."""
+        if isinstance(adapter, str) and "@" not in adapter:
             name, version = adapter, ""
         else:
             name, num, _ = _name_version(adapter)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,27 @@ def test_register_checks_shape_of_known_base(cli, adapters, registry: Registry, 
     assert "allowed" in msg
     assert dump_redis(redis_url) == before
     ok(cli("adapters", "register", "a", str(adapters["a"]), "--base-model", "unknown-base"))
+
+
+def test_replicas_list_and_reap(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    e = registry.register_replica("gone", "prefill", "dep", 2, 0.3)
+    registry.report_resident("gone", e, ("a", 1), "gpu")
+    assert registry.unregister_adapter("a") == "draining"
+    registry.register_replica("live", "decode", "dep", 8, 30.0)
+    deadline = time.monotonic() + 3
+    while registry.list_replicas()[0].live:  # "gone" lapses
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    lines = ok(cli("replicas", "list")).splitlines()
+    assert [ln.split() for ln in lines] == [
+        ["REPLICA", "POOL", "DEPLOYMENT", "SLOTS", "EPOCH", "LIVE", "GPU", "CPU"],
+        ["gone", "prefill", "dep", "2", "1", "no", "1", "0"],
+        ["live", "decode", "dep", "8", "1", "yes", "0", "0"],
+    ]
+    assert ok(cli("replicas", "reap")) == "removed 1 lapsed replicas and 1 drained adapters\n"
+    assert [r.replica_id for r in registry.list_replicas()] == ["live"]
+    assert registry.list_adapters() == []
 
 
 def test_usage_errors_exit_2(cli):

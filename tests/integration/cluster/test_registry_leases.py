@@ -35,6 +35,11 @@ def test_locations_report_tier_and_pool(reg: Registry):
     assert reg.locations("a") == (Location("r1", "gpu", "prefill"), Location("r2", "cpu", "decode"))
     reg.report_resident("r2", e2, ("a", 1), "gpu")  # promoted: one entry per replica
     assert reg.locations("a")[1] == Location("r2", "gpu", "decode")
+    key = reg.get_adapter("a").ref.key
+    reg.report_resident("r1", e1, key, "cpu")  # by AdapterRef.key
+    assert reg.locations("a")[0] == Location("r1", "cpu", "prefill")
+    with pytest.raises(ValueError, match="allowed: an AdapterRef.key"):
+        reg.report_resident("r1", e1, "a@x", "gpu")
     assert reg.remove_resident("r1", e1, ("a", 7)) is False  # other version: kept
     assert reg.remove_resident("r1", e1, ("a", 1)) is True
     assert reg.locations("a") == (Location("r2", "gpu", "decode"),)
