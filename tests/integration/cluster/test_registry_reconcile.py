@@ -19,14 +19,14 @@ def test_hint_and_lost_hint(registry: Registry, redis_url, adapters):
 
     async def scenario() -> None:
         areg = AsyncRegistry(redis_url, namespace="t")
-        watch = watch_desired_state(areg, interval_s=0.3)
+        watch = watch_desired_state(areg, interval_s=1.0)
         first = await anext(watch)
         assert (first.version, first.pins) == (0, {})
         t0 = time.monotonic()
         await areg.pin("a", "decode")
         hinted = await anext(watch)
         assert (hinted.version, hinted.pins) == (1, {"a": "decode"})
-        assert time.monotonic() - t0 < 0.25  # woken by the hint, not the 0.3 s reconcile
+        assert time.monotonic() - t0 < 0.8  # woken by the hint, not the 1 s reconcile
         # a change whose hint is lost: written without PUBLISH
         raw = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
         keys = Keys("t")
@@ -34,9 +34,8 @@ def test_hint_and_lost_hint(registry: Registry, redis_url, adapters):
         await raw.incr(keys.desired)
         await raw.aclose()
         t0 = time.monotonic()
-        reconciled = await asyncio.wait_for(anext(watch), timeout=2.0)
+        reconciled = await asyncio.wait_for(anext(watch), timeout=3.0)
         assert (reconciled.version, reconciled.pins) == (2, {"a": "decode", "b": "all"})
-        assert time.monotonic() - t0 < 1.0
         await watch.aclose()
         await areg.close()
 
