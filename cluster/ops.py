@@ -172,17 +172,31 @@ def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[Resolve
     return script("resolve_request", (name, key_hash, int(require_key)), _parse, name)
 
 
-def register_adapter(name: str, replace: bool, subject_args: tuple[Arg, ...]) -> Plan[int]:
-    def _parse_raw(raw: str) -> int:
+def register_adapter(record: AdapterRecord, replace: bool) -> Plan[AdapterRecord]:
+    """Store record (its version is ignored) as its name's next version."""
+    args = (
+        record.name,
+        int(replace),
+        record.owner,
+        int(record.public),
+        record.content_hash,
+        record.path,
+        record.rank,
+        record.base_model,
+        json.dumps(list(record.target_modules)),
+        record.created,
+    )
+
+    def _parse(raw: str) -> AdapterRecord:
         reply = json.loads(raw)
         if reply[0] == "exists":
             raise AdapterAlreadyExists(
-                f"adapter {name!r} already exists (version {reply[1]}); "
+                f"adapter {record.name!r} already exists (version {reply[1]}); "
                 "allowed: pass replace (--replace) to register a new version"
             )
-        return int(_status(name, reply)[0])
+        return dataclasses.replace(record, version=int(_status(record.name, reply)[0]))
 
-    return Plan("register_adapter", (name, int(replace), *subject_args), _parse_raw)
+    return Plan("register_adapter", args, _parse)
 
 
 def create_tenant(name: str, now: float) -> Plan[None]:

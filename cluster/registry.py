@@ -15,9 +15,7 @@ keyspace-expiry events.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import Awaitable
@@ -128,20 +126,7 @@ class _Api:
             created=time.time(),
             state="active",
         )
-        fields = (
-            record.owner,
-            int(public),
-            record.content_hash,
-            record.path,
-            record.rank,
-            record.base_model,
-            json.dumps(list(record.target_modules)),
-            record.created,
-        )
-        plan = ops.register_adapter(name, replace, fields)
-        return self._run(
-            ops.Plan(plan.script, plan.args, lambda raw: replace_field(record, plan.parse(raw)))
-        )
+        return self._run(ops.register_adapter(record, replace))
 
     def set_base_shape(self, model_id: str, shape: BaseShape) -> Reply[None]:
         """Store a base model's shapes (replicas do this at start) for register's fit check."""
@@ -301,10 +286,6 @@ class _Api:
 
     def status(self) -> Reply[RegistryStatus]:
         return self._run(ops.script("status", (), ops.status, ""))
-
-
-def replace_field(record: AdapterRecord, version: int) -> AdapterRecord:
-    return dataclasses.replace(record, version=version)
 
 
 class Registry(_Api):

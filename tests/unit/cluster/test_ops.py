@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from cluster import ops
-from cluster.records import Location, WarmTarget
+from cluster.records import AdapterRecord, Location, WarmTarget
 from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterDraining,
@@ -74,8 +75,10 @@ def test_fenced_write_statuses():
 
 
 def test_register_and_tenant_statuses():
-    plan = ops.register_adapter("a", False, ())
-    assert plan.parse(reply("ok", 4)) == 4
+    rec = AdapterRecord.from_hash(REC)
+    plan = ops.register_adapter(rec, False)
+    assert plan.args[:3] == ("a", 0, "")
+    assert plan.parse(reply("ok", 4)) == dataclasses.replace(rec, version=4)
     with pytest.raises(AdapterAlreadyExists, match=r"version 2\); allowed: pass replace"):
         plan.parse(reply("exists", "2"))
     with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):
