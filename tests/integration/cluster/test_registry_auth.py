@@ -122,3 +122,12 @@ def test_resolve_request_is_one_round_trip_with_live_locations(
     assert stats["cmdstat_evalsha"]["calls"] == 1
     assert "cmdstat_eval" not in stats and "cmdstat_script|load" not in stats
     assert [tuple(loc) for loc in got.locations] == [("r1", "gpu", "prefill")]
+
+
+@pytest.mark.parametrize("name", ["", "a:b", "own:x", "x y", "../own", "own\n"])
+def test_odd_model_names_are_not_found(catalog: Registry, name: str):
+    key = catalog.issue_api_key("t1")
+    with pytest.raises(AdapterNotFound):
+        catalog.resolve_request(key, name)
+    with pytest.raises(Unauthorized):
+        catalog.resolve_request("lf-bad", name)
