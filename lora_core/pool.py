@@ -140,7 +140,15 @@ class SlotPool:
             if entry.in_cpu:
                 self._cpu_lru.move_to_end(key)
             return []
-        entry = self._entries[key] = _Entry(name)
+        self._entries[key] = _Entry(name)
+        return self.cache(key)
+
+    def cache(self, key: str) -> list[PoolAction]:
+        """Bring a known `key` back into the CPU cache if room can be made (prefetch)."""
+        entry = self._live(key)
+        if entry.in_cpu:
+            self._cpu_lru.move_to_end(key)
+            return []
         drops = self._make_cpu_room()
         if drops is None:
             return []
