@@ -9,11 +9,12 @@ running requests are never written (the pool never evicts them).
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from lora_core.base_shape import BaseShape
-from lora_core.errors import AdapterLoadFailed
+from lora_core.errors import AdapterDraining, AdapterLoadFailed
 from lora_core.identity import AdapterRef
 from lora_core.pool import (
     DROP_CPU,
@@ -51,6 +52,13 @@ class AdapterManager:
         self._manifests: dict[str, AdapterManifest] = {}
         self._cpu: dict[str, AdapterWeights] = {}
         self._lock = threading.RLock()
+        # One loader thread: disk reads, hashing and unpacking release the GIL, so they
+        # overlap with the engine's steps.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-loader")
+
+    def close(self) -> None:
+        """Stop the loader thread (pending prefetches finish first)."""
+        self._loader.shutdown(wait=True)
 
     def register(self, ref: AdapterRef) -> AdapterManifest:
         """Validate ref's directory against the base, load it into the CPU cache (if room).
@@ -74,6 +82,29 @@ class AdapterManager:
                 self._manifests[ref.key] = manifest
             self._run(self.pool.add(ref.key, ref.name), {ref.key: weights})
             return self._manifests[ref.key]
+
+    def register_async(self, ref: AdapterRef) -> Future[AdapterManifest]:
+        """register(ref) on the loader thread; the future raises what register raises."""
+        return self._loader.submit(self.register, ref)
+
+    def prefetch(self, ref: AdapterRef) -> Future[None]:
+        """Read a registered adapter dropped from the CPU cache back in, in the background,
+        so a later acquire copies from CPU instead of reading the disk."""
+        return self._loader.submit(self._prefetch, ref.key)
+
+    def _prefetch(self, key: str) -> None:
+        with self._lock:
+            if key in self._cpu or key not in self.pool:
+                return
+            manifest = self._manifests[key]
+        weights = load_adapter_weights(manifest, self.base, self.dtype)
+        with self._lock:
+            if key in self.pool and key not in self._cpu:
+                try:
+                    actions = self.pool.cache(key)
+                except AdapterDraining:
+                    return  # unloaded while we read it: nothing to cache
+                self._run(actions, {key: weights})
 
     def can_admit(self, ref: AdapterRef) -> bool:
         """acquire(ref) would succeed now (False: wait). AdapterNotFound/AdapterDraining: fail."""
@@ -101,9 +132,21 @@ class AdapterManager:
             assert slot is not None, "a pinned adapter is resident"
             return slot
 
-    def unpin(self, ref: AdapterRef) -> None:
+    def unpin(self, ref_or_name: AdapterRef | str) -> None:
+        """Unpin one version (a ref), or every version of a name (a str)."""
+        target = ref_or_name.key if isinstance(ref_or_name, AdapterRef) else ref_or_name
         with self._lock:
-            self._run(self.pool.unpin(ref.key), {})
+            self._run(self.pool.unpin(target), {})
+
+    def prefetch_to_gpu(self, ref: AdapterRef) -> int | None:
+        """Warm ref into a GPU slot (evicting only an idle unpinned adapter) without
+        holding it; the slot, or None when every slot is busy now."""
+        with self._lock:
+            if not self.pool.can_admit(ref.key):
+                return None
+            slot = self.acquire(ref)
+            self.release(ref)
+            return slot
 
     def unload(self, name_or_key: str) -> None:
         """Refuse new requests for every version of a name (or one key) at once; slots and

@@ -24,7 +24,9 @@ def _ref(path: Path, name: str, version: int = 1) -> AdapterRef:
 @pytest.fixture
 def manager(base) -> AdapterManager:
     buffers = SlotBuffers(base, max_loras=2, max_rank=8, dtype=torch.float32, device="cpu")
-    return AdapterManager(base, buffers, max_cpu_loras=2, max_rank=8, dtype=torch.float32)
+    mgr = AdapterManager(base, buffers, max_cpu_loras=2, max_rank=8, dtype=torch.float32)
+    yield mgr
+    mgr.close()
 
 
 def _all_zero(buffers: SlotBuffers, slot: int) -> bool:
@@ -130,3 +132,46 @@ def test_unload_drains_and_zeroes_the_slot(manager, make_adapter) -> None:
     assert _all_zero(manager.buffers, slot) and manager.buffers.slot_ranks.tolist() == [0, 0]
     manager.register(a)  # registering again after the drain works
     assert manager.acquire(a) == 0
+
+
+def test_background_register_and_prefetch(manager, make_adapter) -> None:
+    a, b, c = (_ref(make_adapter(n, lora_seed=i), n) for i, n in enumerate("abc"))
+    futures = [manager.register_async(ref) for ref in (a, b, c)]
+    assert [f.result(timeout=60).content_hash for f in futures] == [
+        a.content_hash,
+        b.content_hash,
+        c.content_hash,
+    ]
+    assert manager.stats().cpu_keys == (b.key, c.key)
+    manager.prefetch(a).result(timeout=60)  # drops b (LRU), reads a back
+    assert manager.stats().cpu_keys == (c.key, a.key)
+    manager.acquire(a)
+    s = manager.stats()
+    assert (s.loads_from_cpu, s.loads_from_disk, s.cpu_loads) == (1, 0, 4)
+    manager.prefetch(a).result(timeout=60)  # already cached: no-op
+    assert manager.stats().cpu_loads == 4
+    bad = make_adapter("bad", r=16)
+    with pytest.raises(AdapterIncompatible):
+        manager.register_async(_ref(bad, "bad")).result(timeout=60)
+    manager.unload("b")
+    manager.prefetch(b).result(timeout=60)  # unknown now: no-op
+    assert manager.stats().cpu_keys == (c.key, a.key)
+
+
+def test_prefetch_to_gpu_and_unpin_by_name(manager, make_adapter) -> None:
+    a, b, c = (_ref(make_adapter(n, lora_seed=i), n) for i, n in enumerate("abc"))
+    for ref in (a, b, c):
+        manager.register(ref)
+    assert manager.prefetch_to_gpu(a) == 0
+    assert manager.pool.refcount(a.key) == 0 and manager.slot_of(a) == 0
+    manager.acquire(b)
+    manager.acquire(b)
+    assert manager.prefetch_to_gpu(c) == 0  # a was idle: evicted
+    manager.acquire(c)
+    assert manager.prefetch_to_gpu(a) is None  # both slots hold running requests
+    manager.release(c)
+    manager.pin(c)
+    manager.unpin("c")
+    s = manager.stats()
+    assert s.pinned == () and (s.gpu, s.cpu, s.loads) == (s.gpu_keys, s.cpu_keys, s.slot_loads)
+    assert s.gpu == (c.key, b.key) and s.loads == 3

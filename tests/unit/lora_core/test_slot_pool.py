@@ -100,7 +100,7 @@ def test_pin_refused_when_it_would_pin_every_slot() -> None:
     _, actions = pool.acquire("d")  # only c's slot may be reused
     assert actions[0] == PoolAction("evict_slot", "c", 2)
     pool.release("d")
-    pool.unpin("a")
+    pool.unpin("name-a")  # by name: every version
     pool.pin("c")
     assert pool.stats().pinned == ("b", "c")
     assert SlotPool(1, 1).max_loras == 1
@@ -242,7 +242,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
     for _ in range(400):
         key = rng.choice(keys)
         op = rng.choice(
-            ["add", "acquire", "acquire", "release", "release", "pin", "unpin", "unload"]
+            ["add", "cache", "acquire", "acquire", "release", "release", "pin", "unpin", "unload"]
         )
         live = key in pool and key not in shadow.draining
         if op == "add":
@@ -252,6 +252,14 @@ def test_random_operations_keep_invariants(seed: int) -> None:
                 continue
             shadow.refs.setdefault(key, 0)
             shadow.replay(pool.add(key, key))
+        elif op == "cache" and live:
+            room = (
+                key in shadow.cpu
+                or len(shadow.cpu) < max_cpu
+                or bool(shadow.cpu - set(shadow.slots))
+            )
+            shadow.replay(pool.cache(key))
+            assert (key in shadow.cpu) == room
         elif op == "acquire":
             if not live:
                 with pytest.raises(AdapterNotFound if key not in pool else AdapterDraining):
