@@ -216,11 +216,3 @@ def test_context_limits() -> None:
     assert ctx.token_slots.tolist() == [0, -1, 3] and ctx.token_slots.dtype == torch.int32
     with pytest.raises(ValueError, match="5 tokens"):
         ctx.set_slots([0] * 5)
-
-
-def test_context_without_preallocation_keeps_the_given_tensor() -> None:
-    ctx = LoraBatchContext()
-    assert ctx.token_slots.shape == (0,) and not ctx.any_lora
-    slots = torch.tensor([1, -1], dtype=torch.long)
-    ctx.set(slots, any_lora=True)
-    assert ctx.token_slots is slots and ctx.any_lora
