@@ -198,12 +198,11 @@ def test_unload_refuses_new_lets_inflight_finish_then_frees(llama_dir, refs):
     engine = _engine(llama_dir)
     ref = refs["qv8"]
     engine.add_request("inflight", engine.tokenizer(PROMPTS[0]).input_ids, GREEDY, ref)
-    engine.step()
+    tokens = [t for o in engine.step() for t in o.new_token_ids]
     engine.adapters.unload(ref.name)
     with pytest.raises(AdapterDraining):
         engine.add_request("new", [1, 2, 3], GREEDY, ref)
     assert ref.key in engine.stats().gpu_adapters  # still serving the in-flight request
-    tokens = []
     while engine.has_unfinished():
         for o in engine.step():
             tokens += o.new_token_ids
@@ -219,7 +218,7 @@ def test_pinning_every_slot_is_refused(llama_dir, refs):
     engine.adapters.pin(refs["qv8"])
     with pytest.raises(PinRefused):
         engine.adapters.pin(refs["mlp4"])
-    engine.adapters.unpin(refs["qv8"].name)
+    engine.adapters.unpin(refs["qv8"])
     engine.adapters.pin(refs["mlp4"])
 
 
