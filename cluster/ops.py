@@ -149,6 +149,10 @@ def get_base_shape(keys: Keys, model_id: str) -> Plan[BaseShape | None]:
     )
 
 
+def adapter_names(keys: Keys) -> Plan[list[str]]:
+    return Plan(None, ("SMEMBERS", keys.adapters), lambda v: sorted(v))
+
+
 def list_tenants(keys: Keys) -> Plan[list[str]]:
     return Plan(None, ("SMEMBERS", keys.tenants), lambda v: sorted(v))
 

@@ -254,10 +254,10 @@ end
 return ret('ok', tonumber(redis.call('GET', k('desired')) or '0'), pins, warm,
   redis.call('SMEMBERS', k('draining')), refs)
 """,
-    # ARGV: ns, name ('' = all)
+    # ARGV: ns, 'all' | 'names', name...
     "list_adapters": r"""
-local names = {ARGV[2]}
-if ARGV[2] == '' then names = redis.call('SMEMBERS', k('adapters')) end
+local names = {unpack(ARGV, 3)}
+if ARGV[2] == 'all' then names = redis.call('SMEMBERS', k('adapters')) end
 local out = {}
 for _, name in ipairs(names) do
   local rec = hmap(redis.call('HGETALL', k('adapter', name)))

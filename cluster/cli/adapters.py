@@ -7,7 +7,7 @@ import argparse
 from cluster.catalog import validate_for_registry
 from cluster.cli.common import add_verb, print_json, print_table
 from cluster.records import PIN_POOLS, AdapterListing
-from cluster.registry import Registry
+from cluster.registry import LIST_PAGE, Registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +70,13 @@ def _locations(a: AdapterListing) -> str:
 
 
 def _list(reg: Registry, args: argparse.Namespace) -> int:
-    listings = reg.list_adapters()
+    # paged, so listing a big catalog never blocks the request path for long
+    names = reg.list_adapter_names()
+    listings = [
+        a
+        for i in range(0, len(names), LIST_PAGE)
+        for a in reg.list_adapters(names[i : i + LIST_PAGE])
+    ]
     if args.json:
         print_json([a.to_json() for a in listings])
         return 0

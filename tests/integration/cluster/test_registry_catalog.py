@@ -104,6 +104,9 @@ def test_list_and_show(registry: Registry, adapters):
     assert [x.to_json()["pinned"] for x in listing] == [True, False]
     assert [x.to_json()["warm_replicas"] for x in listing] == [0, 3]
     assert registry.show_adapter("b").to_json()["public"] is True
+    assert registry.list_adapter_names() == ["a", "b"]
+    assert [x.record.name for x in registry.list_adapters(["b", "zzz", "a"])] == ["a", "b"]
+    assert registry.list_adapters([]) == []
     with pytest.raises(AdapterNotFound):
         registry.show_adapter("zzz")
     with pytest.raises(AdapterNotFound):
