@@ -188,7 +188,7 @@ local f = fence(id, ARGV[3])
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
 if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
 -- the pool is copied in: it is fixed per epoch, so reads need no replica lookup
-local pool = redis.call('HGET', k('replica', id), 'pool')
+local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 redis.call('HSET', k('resident', name), id,
   ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. pool .. '|' .. ARGV[7])
 redis.call('SADD', k('replica', id, 'adapters'), name)
