@@ -8,11 +8,13 @@ Columns r >= rank of the slot are masked, so only the slot's own rank is read.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from kernels.meta import SegmentMeta, tile_programs
+from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
     MAX_SLICES,
     as_meta,
@@ -29,6 +31,44 @@ def _pick(s, v0, v1, v2):
 
 
 @triton.jit
+def _expand_tile(
+    y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+    s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr,
+):  # fmt: skip
+    """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    m_mask = offs_m < rows
+    rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
+    r_mask = offs_r < rank
+    tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
+    mask = m_mask[:, None] & n_mask[None, :]
+    if ADD_INPUTS:  # issued first: the y read overlaps the buf and B reads
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    buf_ptrs = (
+        buf_ptr
+        + s.to(tl.int64) * stride_bs
+        + tok[:, None] * stride_bt
+        + offs_r[None, :] * stride_bk
+    )
+    h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+    b_ptrs = (
+        b_slice
+        + slot.to(tl.int64) * stride_bl
+        + offs_n[None, :] * stride_bn
+        + offs_r[:, None] * stride_br
+    )
+    b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+    acc = tl.dot(h.to(b.dtype), b)
+    if ADD_INPUTS:
+        acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _expand_kernel(
     y_ptr, buf_ptr, b_ptr,
     tile_slot_ptr, tile_start_ptr, tile_rows_ptr, sorted_idx_ptr, slot_ranks_ptr,
@@ -38,9 +78,9 @@ def _expand_kernel(
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    ADD_INPUTS: tl.constexpr,
+    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
 ):  # fmt: skip
-    """Semantics (one program = n-tile j of slice s, tiles pid, pid + num_programs, ...):
+    """Semantics (one program = n-tile j of slice s, its tiles):
     for t in tile tokens, n in tile j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
                                          + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r]
     """
@@ -52,36 +92,48 @@ def _expand_kernel(
     n_mask = offs_n < n_s
     b_slice = b_ptr + _pick(s, 0, b_off1, b_off2).to(tl.int64)
     stride_bl = _pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
+    if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
+        tile = tl.program_id(0)
         slot = tl.load(tile_slot_ptr + tile)
         start = tl.load(tile_start_ptr + tile)
         rows = tl.load(tile_rows_ptr + tile)
-        rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
-        m_mask = offs_m < rows
-        tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
-        r_mask = offs_r < rank
-        buf_ptrs = (
-            buf_ptr
-            + s.to(tl.int64) * stride_bs
-            + tok[:, None] * stride_bt
-            + offs_r[None, :] * stride_bk
-        )
-        h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-        b_ptrs = (
-            b_slice
-            + slot.to(tl.int64) * stride_bl
-            + offs_n[None, :] * stride_bn
-            + offs_r[:, None] * stride_br
-        )
-        b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(h.to(b.dtype), b)
-        y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
-        mask = m_mask[:, None] & n_mask[None, :]
-        if ADD_INPUTS:
-            acc += tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        if slot >= 0:
+            _expand_tile(
+                y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+                BLOCK_M, BLOCK_R, ADD_INPUTS,
+            )  # fmt: skip
+    else:
+        for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
+            slot = tl.load(tile_slot_ptr + tile)
+            start = tl.load(tile_start_ptr + tile)
+            rows = tl.load(tile_rows_ptr + tile)
+            _expand_tile(
+                y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+                BLOCK_M, BLOCK_R, ADD_INPUTS,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    """Launch shape (benchmarks may set CONFIG_OVERRIDE to sweep it)."""
+
+    block_n: int
+    """Output columns per program; a power of two >= 16."""
+    num_warps: int = 4
+
+
+CONFIG_OVERRIDE: ExpandConfig | None = None
+
+
+def default_config(bm: int, br: int) -> ExpandConfig:
+    """Wide column tiles for decode (few rows per tile), narrower when rank is large."""
+    if bm <= 16:
+        return ExpandConfig(block_n=256 if br <= 64 else 128)
+    return ExpandConfig(block_n=128 if br <= 64 else 64, num_warps=4)
 
 
 def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> tuple[int, int, list[int]]:
@@ -125,7 +177,8 @@ def lora_expand_triton(
         return y
     meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device)
     br = block_r(rank)
-    bn = 128 if br <= 64 else 64
+    cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br)
+    bn = cfg.block_n
     n_tiles = [triton.cdiv(n, bn) for n in sizes]
     starts = [sum(n_tiles[:i]) for i in range(1, MAX_SLICES)]
     total = sum(n_tiles)
@@ -144,6 +197,7 @@ def lora_expand_triton(
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
         rank,
         BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, ADD_INPUTS=bool(add_inputs),
-        num_warps=4, num_stages=2,
+        SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
+        num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     return y
