@@ -360,6 +360,7 @@ def write(path: Path, doc: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/lora_kernels_h200.json"))
+    ap.add_argument("--sweep", action="store_true", help="also time launch-config variants")
     ap.add_argument(
         "--layers", default=",".join(LAYERS), help="comma-separated subset of " + ",".join(LAYERS)
     )
