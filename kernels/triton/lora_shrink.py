@@ -156,13 +156,20 @@ def _shrink_kernel(
             )  # fmt: skip
 
 
+MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
+
+
 def default_config(bm: int, br: int, elem: int) -> ShrinkConfig:
-    """Decode (bm 16): per-slice programs, many splits. Prefill: fused slices, few splits."""
-    fuse = bm >= 32
+    """Decode (bm 16): per-slice programs, ~8 per SM. Prefill: fused slices, ~4 per SM.
+
+    From benchmarks/lora_kernels.py --sweep on the H200 (results/lora_kernels_h200.json).
+    """
+    if bm >= 32:
+        return ShrinkConfig(block_k=128, programs_per_sm=4, fuse_slices=True)
     bk = 256
-    while bk > 32 and (bm + (3 if fuse else 1) * br) * bk * elem * 3 > 120_000:  # smem
+    while bk > 32 and (bm + br) * bk * elem * 3 > 120_000:  # smem of 3 stages
         bk //= 2
-    return ShrinkConfig(block_k=bk, programs_per_sm=8 if bm <= 16 else 2, fuse_slices=fuse)
+    return ShrinkConfig(block_k=bk, programs_per_sm=8, fuse_slices=False)
 
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
@@ -170,7 +177,7 @@ def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: t
     bk = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
     steps = triton.cdiv(hidden, bk)
     want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
-    split = min(want, steps)
+    split = min(max(want, triton.cdiv(hidden, MAX_K_PER_SPLIT)), steps)
     k_per_split = triton.cdiv(steps, split) * bk
     return bk, k_per_split, triton.cdiv(hidden, k_per_split)
 
