@@ -17,11 +17,12 @@ import triton.language as tl
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
     MAX_SLICES,
+    Slices,
     as_meta,
     block_r,
+    cdiv,
     check_device,
-    check_slices,
-    slice_offsets,
+    slices_of,
 )
 
 
@@ -135,28 +136,27 @@ def default_config(bm: int, br: int) -> ExpandConfig:
     return ExpandConfig(block_n=128 if br <= 64 else 64)
 
 
-def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> tuple[int, int, list[int]]:
+def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> Slices:
     if not isinstance(y, torch.Tensor) or y.dim() != 2:
         raise ValueError(f"y: a 2-D tensor [T, sum N_s]; got {getattr(y, 'shape', y)!r}")
     check_device(y, "y")
-    first = check_slices(lora_b, "lora_b", y.device)
-    num_slots, rank = first.shape[0], first.shape[2]
-    sizes = [b.shape[1] for b in lora_b]
-    for s, b in enumerate(lora_b):
-        if b.shape[2] != rank or b.stride()[1:] != first.stride()[1:]:
-            raise ValueError(
-                f"lora_b[{s}]: rank/inner strides differ from lora_b[0]; all slices must match"
-            )
-    if y.shape[1] != sum(sizes) or y.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(
-            f"y: {y.dtype} [.., {y.shape[1]}]; allowed: fp16/bf16/fp32 [T, {sum(sizes)}]"
-        )
-    want = (len(lora_b), y.shape[0], rank)
+    sl = slices_of(lora_b, "lora_b")
+    rank = sl.shapes[0][2]
+    if any(sh[2] != rank for sh in sl.shapes) or any(
+        st[1:] != sl.strides[0][1:] for st in sl.strides
+    ):
+        raise ValueError("lora_b: slices differ in rank/inner strides; all slices must match")
+    if sl.base.device != y.device:
+        raise ValueError(f"lora_b is on {sl.base.device}; allowed: y's device {y.device}")
+    width = sum(sh[1] for sh in sl.shapes)
+    if y.shape[1] != width or y.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"y: {y.dtype} [.., {y.shape[1]}]; allowed: fp16/bf16/fp32 [T, {width}]")
+    want = (sl.count, y.shape[0], rank)
     if not isinstance(buf, torch.Tensor) or tuple(buf.shape) != want or buf.device != y.device:
         raise ValueError(
             f"buf: shape {tuple(getattr(buf, 'shape', ()))}; allowed: {list(want)} on {y.device}"
         )
-    return num_slots, rank, sizes
+    return sl
 
 
 def lora_expand_triton(
@@ -171,27 +171,29 @@ def lora_expand_triton(
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L). Returns y.
     """
-    num_slots, rank, sizes = _check(y, buf, lora_b)
+    sl = _check(y, buf, lora_b)
+    num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
+    sizes = [sh[1] for sh in sl.shapes]
     if y.shape[0] == 0:
         return y
     meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device)
     br = block_r(rank)
     cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br)
     bn = cfg.block_n
-    n_tiles = [triton.cdiv(n, bn) for n in sizes]
+    n_tiles = [cdiv(n, bn) for n in sizes]
     starts = [sum(n_tiles[:i]) for i in range(1, MAX_SLICES)]
     total = sum(n_tiles)
     nt1, nt2 = [st if i + 1 < len(sizes) else total for i, st in enumerate(starts)]
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
-    stride_l = [b.stride(0) for b in lora_b] + [0] * (MAX_SLICES - len(sizes))
-    off1, off2 = slice_offsets(lora_b)
-    b = lora_b[0]
+    stride_l = sl.stride_l()
+    off1, off2 = sl.offsets
+    _, stride_n, stride_r = sl.strides[0]
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
     _expand_kernel[(programs, total)](
-        y, buf, b,
+        y, buf, sl.base,
         meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
         meta.num_tiles, programs,
-        off1, off2, stride_l[0], stride_l[1], stride_l[2], b.stride(1), b.stride(2),
+        off1, off2, stride_l[0], stride_l[1], stride_l[2], stride_n, stride_r,
         ns[0], ns[1], ns[2], nt1, nt2,
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
         rank,

@@ -18,12 +18,14 @@ import triton.language as tl
 
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
+    Slices,
     as_meta,
     block_r,
+    cdiv,
     check_device,
-    check_slices,
+    next_pow2,
     num_sms,
-    slice_offsets,
+    slices_of,
 )
 
 
@@ -174,28 +176,28 @@ def default_config(bm: int, br: int, elem: int) -> ShrinkConfig:
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
     """(BLOCK_K, k_per_split, split)."""
-    bk = min(cfg.block_k, max(16, triton.next_power_of_2(hidden)))
-    steps = triton.cdiv(hidden, bk)
+    bk = min(cfg.block_k, max(16, next_pow2(hidden)))
+    steps = cdiv(hidden, bk)
     want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
-    split = min(max(want, triton.cdiv(hidden, MAX_K_PER_SPLIT)), steps)
-    k_per_split = triton.cdiv(steps, split) * bk
-    return bk, k_per_split, triton.cdiv(hidden, k_per_split)
+    split = min(max(want, cdiv(hidden, MAX_K_PER_SPLIT)), steps)
+    k_per_split = cdiv(steps, split) * bk
+    return bk, k_per_split, cdiv(hidden, k_per_split)
 
 
-def _check(x: torch.Tensor, lora_a) -> tuple[int, int, int]:
+def _check(x: torch.Tensor, lora_a) -> Slices:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: a 2-D tensor [T, H]; got {getattr(x, 'shape', x)!r}")
     check_device(x, "x")
-    first = check_slices(lora_a, "lora_a", x.device, x.dtype)
-    for s, a in enumerate(lora_a):
-        if a.shape != first.shape or a.stride() != first.stride():
-            raise ValueError(
-                f"lora_a[{s}]: shape/strides differ from lora_a[0]; all slices must match"
-            )
-    num_slots, rank, hidden = first.shape
-    if hidden != x.shape[1]:
-        raise ValueError(f"lora_a: H={hidden}; x has H={x.shape[1]}")
-    return num_slots, rank, hidden
+    sl = slices_of(lora_a, "lora_a")
+    if any(sh != sl.shapes[0] for sh in sl.shapes) or any(st != sl.strides[0] for st in sl.strides):
+        raise ValueError("lora_a: slices differ in shape/strides; all slices must match")
+    if sl.base.dtype != x.dtype or sl.base.device != x.device:
+        raise ValueError(
+            f"lora_a is {sl.base.dtype} on {sl.base.device}; allowed: x's {x.dtype} on {x.device}"
+        )
+    if sl.shapes[0][2] != x.shape[1]:
+        raise ValueError(f"lora_a: H={sl.shapes[0][2]}; x has H={x.shape[1]}")
+    return sl
 
 
 def lora_shrink_triton(
@@ -209,8 +211,9 @@ def lora_shrink_triton(
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L).
     """
-    num_slots, rank, hidden = _check(x, lora_a)
-    tokens, num_slices = x.shape[0], len(lora_a)
+    sl = _check(x, lora_a)
+    num_slots, rank, hidden = sl.shapes[0]
+    tokens, num_slices = x.shape[0], sl.count
     out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
@@ -220,14 +223,14 @@ def lora_shrink_triton(
     programs = tile_programs(tokens, num_slots, bm)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
-    off1, off2 = slice_offsets(lora_a)
-    a = lora_a[0]
+    off1, off2 = sl.offsets
+    stride_l, stride_r, stride_h = sl.strides[0]
     _shrink_kernel[(groups, programs, split)](
-        x, a, out,
+        x, sl.base, out,
         meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
         meta.num_tiles, programs,
         off1, off2,
-        x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2), out.stride(0), out.stride(1),
+        x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
         hidden, rank, k_per_split, float(scale),
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,

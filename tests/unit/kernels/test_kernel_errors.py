@@ -70,3 +70,17 @@ def test_cpu_without_interpreter_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         lora_shrink_triton(*_shrink_args())
+
+
+def test_slice_checks_are_cached_per_tensors_and_revalidated_for_new_ones():
+    from kernels.triton.common import slices_of
+
+    a = (torch.randn(2, 8, 32), torch.randn(2, 8, 32))
+    first = slices_of(a, "lora_a")
+    assert slices_of(a, "lora_a") is first  # same tensors: checked once
+    assert slices_of(list(a), "lora_a") is first
+    bad = (a[0], torch.randn(3, 8, 32))
+    with pytest.raises(ValueError, match="slots"):
+        slices_of(bad, "lora_a")
+    other = (torch.randn(2, 8, 32),)
+    assert slices_of(other, "lora_a") is not first and slices_of(other, "lora_a").count == 1
