@@ -161,17 +161,20 @@ def _shrink_kernel(
 MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
 
 
-def default_config(bm: int, br: int, elem: int) -> ShrinkConfig:
-    """Decode (bm 16): per-slice programs, ~8 per SM. Prefill: fused slices, ~4 per SM.
+def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkConfig:
+    """Decode (bm 16): per-slice programs, ~8 per SM. Prefill: fused slices (rank <= 64, so
+    the S accumulators fit in registers), ~4 per SM. BLOCK_K halves until 3 pipeline stages
+    of the x and A tiles fit in ~120 KB of shared memory.
 
     From benchmarks/lora_kernels.py --sweep on the H200 (results/lora_kernels_h200.json).
     """
-    if bm >= 32:
-        return ShrinkConfig(block_k=128, programs_per_sm=4, fuse_slices=True)
-    bk = 256
-    while bk > 32 and (bm + br) * bk * elem * 3 > 120_000:  # smem of 3 stages
+    prefill = bm >= 32
+    fuse = prefill and br <= 64
+    rows = bm + (num_slices if fuse else 1) * br
+    bk = 128 if prefill else 256
+    while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    return ShrinkConfig(block_k=bk, programs_per_sm=8, fuse_slices=False)
+    return ShrinkConfig(block_k=bk, programs_per_sm=4 if prefill else 8, fuse_slices=fuse)
 
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
@@ -219,7 +222,7 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
     br, bm = block_r(rank), meta.block_m
-    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size())
+    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices)
     programs = tile_programs(tokens, num_slots, bm)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
