@@ -56,6 +56,8 @@ SMOKE = {
     "num_key_value_heads": 2,
 }
 DEVICE = torch.device("cuda")
+PROFILE = False
+GRAPHS = True
 
 
 class PreloadedSlots:
@@ -76,7 +78,7 @@ class PreloadedSlots:
 
 def sync() -> None:
     if DEVICE.type == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def copy_bandwidth() -> float:
@@ -116,7 +118,7 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
 def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, steps: int) -> dict:
     bs = 16
     blocks = -(-(prompt_len + steps + 8) // bs) * num_seqs + 8
-    shape = (blocks, bs, cfg.num_kv_heads, cfg.head_dim)
+    shape = (blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)  # + the CUDA-graph scratch block
     kv = [
         (
             torch.empty(shape, dtype=torch.bfloat16, device=DEVICE),
@@ -124,7 +126,14 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         )
         for _ in range(cfg.num_layers)
     ]
-    runner = ModelRunner(model, kv, bs, ctx)
+    graphs = None
+    if GRAPHS:
+        from replica.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(
+            model, kv, bs, ctx, blocks, num_seqs, -(-(prompt_len + steps + 8) // bs)
+        )
+    runner = ModelRunner(model, kv, bs, ctx, graphs)
     sched = Scheduler(BlockManager(blocks, bs, False), PreloadedSlots(num_adapters), num_seqs, 8192)
     params = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
@@ -148,14 +157,38 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
     step()  # prefill of every sequence (the token budget covers all prompts)
     for _ in range(3):
         step()
+    if PROFILE:
+        from torch.profiler import ProfilerActivity, profile
+
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            sync()
+        print(f"--- profile: {num_seqs} seqs, {num_adapters} adapters (3 steps)")
+        print(
+            prof.key_averages().table(
+                sort_by="cuda_time_total", row_limit=14, max_name_column_width=60
+            )
+        )
+        print(
+            prof.key_averages().table(
+                sort_by="cpu_time_total", row_limit=8, max_name_column_width=60
+            )
+        )
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     sync()
     dt = time.perf_counter() - t0
-    del kv
-    return {"decode_tokens_per_s": num_seqs * steps / dt, "step_ms": dt / steps * 1e3}
+    replays = graphs.replays if graphs else 0
+    del kv, graphs
+    return {
+        "decode_tokens_per_s": num_seqs * steps / dt,
+        "step_ms": dt / steps * 1e3,
+        "graph_replays": replays,
+    }
 
 
 def main() -> None:
@@ -166,10 +199,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
+        "--profile", action="store_true", help="print a torch.profiler table per configuration"
+    )
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs for decode steps")
+    ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
+    ap.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)"
     )
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, PROFILE, GRAPHS
+    PROFILE = args.profile
+    GRAPHS = not args.eager and not args.smoke
     hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
     if args.smoke:
         DEVICE = torch.device("cpu")
@@ -180,16 +220,20 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     per_adapter = buffers.nbytes / 32
     rows = []
-    for seqs in (32, 128):
-        for n in (0, 8, 32):
-            r = run(model, ctx, cfg, seqs, n, args.prompt_len, args.steps)
-            ctx_tokens = seqs * (args.prompt_len + args.steps)
-            kv_bytes = ctx_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
-            floor_s = (weight_bytes + n * per_adapter + kv_bytes) / bw
-            r.update(num_seqs=seqs, distinct_adapters=n, hbm_floor_step_ms=floor_s * 1e3)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+    combos = [(s, n) for s in (32, 128) for n in (0, 8, 32)]
+    if args.only:
+        combos = [tuple(int(v) for v in c.split(":")) for c in args.only.split(",")]
+    for seqs, n in combos:
+        r = run(model, ctx, cfg, seqs, n, args.prompt_len, args.steps)
+        ctx_tokens = seqs * (args.prompt_len + args.steps)
+        kv_bytes = ctx_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+        floor_s = (weight_bytes + n * per_adapter + kv_bytes) / bw
+        r.update(num_seqs=seqs, distinct_adapters=n, hbm_floor_step_ms=floor_s * 1e3)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     base = {r["num_seqs"]: r["decode_tokens_per_s"] for r in rows if r["distinct_adapters"] == 0}
+    for r in rows:
+        base.setdefault(r["num_seqs"], r["decode_tokens_per_s"])
     print(
         f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.1f} GB; adapter {per_adapter / 1e6:.1f} MB"
     )
@@ -214,6 +258,7 @@ def main() -> None:
                     "rank": args.rank,
                     "prompt_len": args.prompt_len,
                     "steps": args.steps,
+                    "cuda_graphs": GRAPHS,
                     "results": rows,
                 },
                 indent=2,

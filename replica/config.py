@@ -27,6 +27,7 @@ class EngineConfig:
     max_model_len: prompt + output tokens per sequence at most (0 = the model's).
     enable_prefix_caching: share full KV blocks of equal (adapter identity, tokens) prefixes.
     seed: engine-level seed for requests that give none.
+    cuda_graphs: replay decode-only steps from CUDA graphs (CUDA devices only).
     """
 
     model: str
@@ -43,6 +44,7 @@ class EngineConfig:
     max_model_len: int = 0
     enable_prefix_caching: bool = True
     seed: int = 0
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -67,7 +67,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tokenizer = load_tokenizer(model_dir)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     num_blocks = config.num_kv_blocks or -(-config.kv_cache_tokens // config.block_size)
-    shape = (num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+    # One block more than the block manager hands out: the scratch block that padding
+    # rows of CUDA-graph decode steps read and write.
+    shape = (num_blocks + 1, config.block_size, cfg.num_kv_heads, cfg.head_dim)
     kv = [
         (
             torch.zeros(shape, dtype=dtype, device=device),
@@ -89,10 +91,23 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     return EngineParts(
         model_dir=model_dir,
         tokenizer=tokenizer,
-        runner=ModelRunner(model, kv, config.block_size, ctx),
+        runner=ModelRunner(
+            model, kv, config.block_size, ctx, _graphs(config, model, kv, ctx, num_blocks, max_len)
+        ),
         adapters=adapters,
         num_blocks=num_blocks,
         max_model_len=max_len,
         eos_token_ids=_eos_ids(model_dir, tokenizer, cfg.eos_token_ids),
         vocab_size=cfg.vocab_size,
+    )
+
+
+def _graphs(config: EngineConfig, model, kv, ctx, num_blocks: int, max_len: int):
+    if not config.cuda_graphs or kv[0][0].device.type != "cuda":
+        return None
+    from replica.cuda_graphs import DecodeGraphs
+
+    max_blocks = -(-max_len // config.block_size)
+    return DecodeGraphs(
+        model, kv, config.block_size, ctx, num_blocks, config.max_num_seqs, max_blocks
     )

@@ -36,11 +36,14 @@ class ModelRunner:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         lora_ctx=None,
+        graphs=None,
     ):
+        """graphs: a `replica.cuda_graphs.DecodeGraphs` to replay decode-only steps, or None."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.lora_ctx = lora_ctx
+        self.graphs = graphs
         self.device = kv_caches[0][0].device
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
@@ -91,7 +94,19 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> torch.Tensor:
         """-> float32 logits [len(sample_seqs), V]."""
+        logits = self._replay(batch)
+        if logits is not None:
+            return logits
         if self.lora_ctx is not None:
             self.lora_ctx.set(batch.lora_slots, batch.any_lora)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         return self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+
+    def _replay(self, batch: StepBatch) -> torch.Tensor | None:
+        """Logits from a CUDA-graph replay when the step is decode-only, else None."""
+        meta = batch.meta
+        n = meta.num_decode
+        if self.graphs is None or meta.prefills or not n or batch.sample_rows.shape[0] != n:
+            return None
+        key = self.graphs.key_for(n, meta.decode_block_tables.shape[1], batch.any_lora)
+        return self.graphs.run(key, batch) if key is not None else None

@@ -131,6 +131,12 @@ def _offsets(tensors) -> tuple[int, int]:
     return offs[0], offs[1]
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact "ieee" for fp32 operands (Triton's default is tf32,
+    ~1e-3 relative error, enough to flip greedy tokens against an fp32 reference)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for ints (triton.cdiv is a constexpr function: microseconds per host call)."""
     return -(-a // b)

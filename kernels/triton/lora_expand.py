@@ -22,6 +22,7 @@ from kernels.triton.common import (
     block_r,
     cdiv,
     check_device,
+    dot_precision,
     slices_of,
 )
 
@@ -36,7 +37,7 @@ def _expand_tile(
     y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
     s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -63,7 +64,7 @@ def _expand_tile(
         + offs_r[:, None] * stride_br
     )
     b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-    acc = tl.dot(h.to(b.dtype), b)
+    acc = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
     if ADD_INPUTS:
         acc += y_old.to(tl.float32)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -79,7 +80,7 @@ def _expand_kernel(
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = n-tile j of slice s, its tiles):
     for t in tile tokens, n in tile j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
@@ -103,7 +104,7 @@ def _expand_kernel(
                 y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
                 s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_R, ADD_INPUTS,
+                BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
             )  # fmt: skip
     else:
         for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
@@ -114,7 +115,7 @@ def _expand_kernel(
                 y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
                 s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_R, ADD_INPUTS,
+                BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
             )  # fmt: skip
 
 
@@ -199,6 +200,7 @@ def lora_expand_triton(
         rank,
         BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
+        PRECISION=dot_precision(y.dtype),
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     return y

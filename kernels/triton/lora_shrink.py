@@ -23,6 +23,7 @@ from kernels.triton.common import (
     block_r,
     cdiv,
     check_device,
+    dot_precision,
     next_pow2,
     num_sms,
     slices_of,
@@ -69,7 +70,7 @@ def _shrink_tile(
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -94,11 +95,21 @@ def _shrink_tile(
     acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k in range(0, k_per_split, BLOCK_K):
         xv = _load_rows(x_ptrs, m_mask, k, offs_k, H, EVEN_K)
-        acc0 += tl.dot(xv, tl.trans(_load_rows(a0, r_mask, k, offs_k, H, EVEN_K)))
+        acc0 += tl.dot(
+            xv, tl.trans(_load_rows(a0, r_mask, k, offs_k, H, EVEN_K)), input_precision=PRECISION
+        )
         if NSL > 1:
-            acc1 += tl.dot(xv, tl.trans(_load_rows(a1, r_mask, k, offs_k, H, EVEN_K)))
+            acc1 += tl.dot(
+                xv,
+                tl.trans(_load_rows(a1, r_mask, k, offs_k, H, EVEN_K)),
+                input_precision=PRECISION,
+            )
         if NSL > 2:
-            acc2 += tl.dot(xv, tl.trans(_load_rows(a2, r_mask, k, offs_k, H, EVEN_K)))
+            acc2 += tl.dot(
+                xv,
+                tl.trans(_load_rows(a2, r_mask, k, offs_k, H, EVEN_K)),
+                input_precision=PRECISION,
+            )
         x_ptrs += BLOCK_K * stride_xh
         a0 += BLOCK_K * stride_ah
         a1 += BLOCK_K * stride_ah
@@ -122,6 +133,7 @@ def _shrink_kernel(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
@@ -143,7 +155,7 @@ def _shrink_kernel(
                 x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
             )  # fmt: skip
     else:
         for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
@@ -154,7 +166,7 @@ def _shrink_kernel(
                 x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
             )  # fmt: skip
 
 
@@ -238,6 +250,7 @@ def lora_shrink_triton(
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
+        PRECISION=dot_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

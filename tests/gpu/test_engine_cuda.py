@@ -20,7 +20,7 @@ PROMPTS = [
 ]
 
 
-def _run(model_dir, refs, device: str, dtype: str) -> list[list[int]]:
+def _run(model_dir, refs, device: str, dtype: str, graphs: bool = True) -> list[list[int]]:
     engine = LLMEngine(
         EngineConfig(
             model=str(model_dir),
@@ -29,6 +29,7 @@ def _run(model_dir, refs, device: str, dtype: str) -> list[list[int]]:
             max_loras=2,
             max_cpu_loras=3,
             max_lora_rank=16,
+            cuda_graphs=graphs,
         )
     )
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -40,6 +41,8 @@ def _run(model_dir, refs, device: str, dtype: str) -> list[list[int]]:
     while engine.has_unfinished():
         for o in engine.step():
             out[o.request_id] += o.new_token_ids
+    graphs_used = engine.runner.graphs.replays if engine.runner.graphs else 0
+    assert (graphs_used > 0) == (graphs and device == "cuda"), graphs_used
     return [out[rid] for rid, _, _ in reqs]
 
 
@@ -48,10 +51,11 @@ def refs(llama_adapters):
     return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
 
 
-def test_cuda_float32_equals_cpu(llama_dir, refs):
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
+def test_cuda_float32_equals_cpu(llama_dir, refs, graphs):
     assert torch.cuda.is_available()
     cpu = _run(llama_dir, refs, "cpu", "float32")
-    cuda = _run(llama_dir, refs, "cuda", "float32")
+    cuda = _run(llama_dir, refs, "cuda", "float32", graphs)
     assert cuda == cpu
 
 

@@ -1,0 +1,146 @@
+"""Decode steps replayed from CUDA graphs, so a step costs its GPU time, not the host's
+hundreds of kernel launches (every layer's GEMMs, attention and LoRA kernels).
+
+A decode-only step of B sequences replays the graph captured for the smallest batch
+bucket >= B and KV-width bucket (blocks per sequence) >= the longest block table.
+Inputs live in static tensors; rows past B are padding that reads and writes only a
+scratch KV block the block manager never hands out, with LoRA slot -1 (no adapter
+work) and logits that are ignored. Padding is rewritten before every replay, so a
+row left over from a larger earlier batch can never write into a live sequence's KV.
+
+Example: B = 5 real sequences, buckets (1, 2, 4, 8, ...): the 8-row graph runs; rows 5-7
+carry slot_mapping = scratch * block_size, context_len 1, block table [scratch, ...].
+Graphs are captured lazily on first use (after one eager warm-up run that compiles the
+Triton kernels) into one shared memory pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from replica.layers.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+
+def _buckets(limit: int, first: tuple[int, ...]) -> list[int]:
+    out = [b for b in first if b < limit]
+    while not out or out[-1] < limit:
+        out.append(min(limit, out[-1] * 2 if out else 1))
+    return out
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    lora_slots: torch.Tensor
+    logits: torch.Tensor
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model,
+        kv_caches,
+        block_size: int,
+        lora_ctx,
+        scratch_block: int,
+        max_batch: int,
+        max_blocks: int,
+    ):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.lora_ctx = lora_ctx
+        self.scratch = scratch_block
+        self.batch_buckets = _buckets(max_batch, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128))
+        self.width_buckets = _buckets(max_blocks, (1, 2, 4, 8, 16, 32))
+        self.device = kv_caches[0][0].device
+        self.pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.disabled = False
+        self.replays = 0
+
+    def key_for(self, num_decode: int, width: int, any_lora: bool) -> tuple[int, int, bool] | None:
+        if self.disabled or num_decode > self.batch_buckets[-1] or width > self.width_buckets[-1]:
+            return None
+        b = next(x for x in self.batch_buckets if x >= num_decode)
+        w = next(x for x in self.width_buckets if x >= width)
+        return b, w, any_lora
+
+    def run(self, key: tuple[int, int, bool], batch) -> torch.Tensor | None:
+        """Logits [num_decode, V] of a decode-only batch, or None if capture failed."""
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(key)
+            if g is None:
+                return None
+        n = batch.meta.num_decode
+        tables = batch.meta.decode_block_tables
+        g.input_ids[:n].copy_(batch.input_ids)
+        g.positions[:n].copy_(batch.positions)
+        g.slot_mapping[:n].copy_(batch.meta.slot_mapping)
+        g.context_lens[:n].copy_(batch.meta.decode_context_lens)
+        g.block_tables[:n, : tables.shape[1]].copy_(tables)
+        g.block_tables[:n, tables.shape[1] :].fill_(self.scratch)
+        g.lora_slots[:n].copy_(batch.lora_slots)
+        self._pad(g, n)
+        g.graph.replay()
+        self.replays += 1
+        return g.logits[:n]
+
+    def _pad(self, g: _Graph, n: int) -> None:
+        g.input_ids[n:].zero_()
+        g.positions[n:].zero_()
+        g.slot_mapping[n:].fill_(self.scratch * self.block_size)
+        g.context_lens[n:].fill_(1)
+        g.block_tables[n:].fill_(self.scratch)
+        g.lora_slots[n:].fill_(-1)
+
+    def _forward(self, g: _Graph, any_lora: bool) -> torch.Tensor:
+        meta = AttentionMetadata(
+            g.slot_mapping, g.input_ids.shape[0], g.block_tables, g.context_lens, []
+        )
+        if self.lora_ctx is not None:
+            self.lora_ctx.set(g.lora_slots, any_lora)
+        hidden = self.model(g.input_ids, g.positions, self.kv_caches, meta)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def _capture(self, key: tuple[int, int, bool]) -> _Graph | None:
+        b, w, any_lora = key
+        long = dict(dtype=torch.long, device=self.device)
+        g = _Graph(
+            graph=torch.cuda.CUDAGraph(),
+            input_ids=torch.zeros(b, **long),
+            positions=torch.zeros(b, **long),
+            slot_mapping=torch.full((b,), self.scratch * self.block_size, **long),
+            block_tables=torch.full((b, w), self.scratch, **long),
+            context_lens=torch.ones(b, **long),
+            lora_slots=torch.full((b,), -1, **long),
+            logits=torch.empty(0),
+        )
+        if any_lora:
+            g.lora_slots[0] = 0  # warm-up and capture take the LoRA path
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._forward(g, any_lora)  # compiles Triton kernels outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(g.graph, pool=self.pool):
+                g.logits = self._forward(g, any_lora)
+        except RuntimeError as e:
+            log.warning("CUDA graph capture failed for %s (%s); decode runs eagerly", key, e)
+            self.disabled = True
+            return None
+        self._graphs[key] = g
+        return g
