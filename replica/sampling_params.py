@@ -36,7 +36,9 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1")
         if not 0.0 <= float(self.temperature) <= 100.0:
-            raise InvalidRequest(f"temperature={self.temperature!r}; allowed: 0 <= temperature <= 100")
+            raise InvalidRequest(
+                f"temperature={self.temperature!r}; allowed: 0 <= temperature <= 100"
+            )
         if not 0.0 < float(self.top_p) <= 1.0:
             raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1")
         if not isinstance(self.top_k, int) or self.top_k < 0:

@@ -16,7 +16,9 @@ from torch import nn
 class Linear(nn.Module):
     """y = x @ W^T (+ b). weight: [N, H]; bias: [N] or None."""
 
-    def __init__(self, in_features: int, output_sizes: tuple[int, ...], bias: bool, tp_size: int = 1):
+    def __init__(
+        self, in_features: int, output_sizes: tuple[int, ...], bias: bool, tp_size: int = 1
+    ):
         super().__init__()
         if tp_size != 1:
             raise NotImplementedError("tensor parallelism: tp_size must be 1 for now")
@@ -25,7 +27,9 @@ class Linear(nn.Module):
         self.out_features = sum(output_sizes)
         self.tp_size = tp_size
         self.weight = nn.Parameter(torch.empty(self.out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, N]."""
@@ -34,7 +38,9 @@ class Linear(nn.Module):
     def slice_offset(self, shard: int) -> int:
         return sum(self.output_sizes[:shard])
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None
+    ) -> None:
         """Copy `loaded` (a whole weight, or slice `shard` of a fused one) into `param`."""
         if shard is None:
             if param.shape != loaded.shape:
@@ -44,7 +50,9 @@ class Linear(nn.Module):
         start, size = self.slice_offset(shard), self.output_sizes[shard]
         target = param.data.narrow(0, start, size)
         if target.shape != loaded.shape:
-            raise ValueError(f"slice {shard}: shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
+            raise ValueError(
+                f"slice {shard}: shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
 
@@ -66,7 +74,9 @@ class QKVParallelLinear(Linear):
     """Fused q, k, v projection: output_sizes = (heads*d, kv_heads*d, kv_heads*d)."""
 
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
-        super().__init__(hidden, (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim), bias)
+        super().__init__(
+            hidden, (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim), bias
+        )
 
 
 class RowParallelLinear(Linear):

@@ -1,0 +1,216 @@
+"""The demo: a tiny random Llama model, a byte-level BPE tokenizer and three adapters.
+
+Everything is generated deterministically (fixed seeds, a built-in corpus) on first
+use into a cache directory, so `serve run deploy/cluster.yaml` and
+`lorafleet generate` work on a fresh machine with no model hub. Tests reuse
+`build_tokenizer` and `build_model` to make their own tiny models.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+DEMO_BASE_NAME = "lorafleet-demo-base"
+_CORPUS_WORDS = (
+    "the quick brown fox jumps over the lazy dog while tenants share one base model "
+    "and every adapter answers its own questions about serving routing memory kernels "
+    "batches tokens prefix cache replica cluster redis registry slots ranks weights "
+    "hello world how are you today what is lorafleet a multi tenant lora serving system"
+).split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    """Paths of the generated demo: the base model dir and adapter dirs by name."""
+
+    model_dir: Path
+    adapters: dict[str, Path]
+    base_name: str = DEMO_BASE_NAME
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("LORAFLEET_CACHE") or Path.home() / ".cache" / "lorafleet"
+    return Path(root) / "demo-v1"
+
+
+def _corpus() -> list[str]:
+    g = torch.Generator().manual_seed(1234)
+    lines = []
+    for _ in range(400):
+        idx = torch.randint(len(_CORPUS_WORDS), (12,), generator=g).tolist()
+        lines.append(" ".join(_CORPUS_WORDS[i] for i in idx))
+    return lines
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 384) -> None:
+    """Train a small byte-level BPE tokenizer and save it as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+
+
+def build_model(
+    out_dir: Path,
+    *,
+    arch: str = "llama",
+    vocab_size: int = 384,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+    shard_bytes: str | None = None,
+) -> None:
+    """Save a random-init HF model (config.json + safetensors) of the given architecture."""
+    import transformers
+
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[arch]
+    cfg = cfg_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=1024,
+        initializer_range=0.08,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
+    model.save_pretrained(str(out_dir), safe_serialization=True, **kwargs)
+
+
+def write_peft_adapter(
+    out_dir: Path,
+    *,
+    num_layers: int,
+    shapes: dict[str, tuple[int, int]],
+    rank: int,
+    alpha: float,
+    seed: int,
+    base_model: str,
+) -> None:
+    """Write a PEFT-format LoRA adapter (adapter_config.json + adapter_model.safetensors).
+
+    shapes: PEFT module name -> (in_features, out_features) of the targeted modules.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(num_layers):
+        for module, (n_in, n_out) in shapes.items():
+            group = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{group}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, n_in, generator=g) * 0.2
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(n_out, rank, generator=g) * 0.2
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(shapes),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
+_DEMO_ADAPTERS = {
+    # name: (targets, rank, alpha, seed)
+    "demo-poet": (("q_proj", "v_proj"), 8, 16, 11),
+    "demo-coder": (("q_proj", "k_proj", "v_proj", "o_proj"), 16, 16, 12),
+    "demo-chef": (("gate_proj", "up_proj", "down_proj"), 4, 8, 13),
+}
+
+
+def ensure_demo(cache_dir: Path | None = None) -> DemoAssets:
+    """Generate the demo model, tokenizer and adapters once; return their paths."""
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    model_dir = root / DEMO_BASE_NAME
+    adapters = {name: root / "adapters" / name for name in _DEMO_ADAPTERS}
+    marker = root / ".complete"
+    if marker.exists():
+        return DemoAssets(model_dir, adapters)
+    root.mkdir(parents=True, exist_ok=True)
+    # Several replicas may start at once: one builds, the others wait on the lock.
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            _build_demo(model_dir, adapters)
+            marker.write_text("ok\n")
+    return DemoAssets(model_dir, adapters)
+
+
+def _build_demo(model_dir: Path, adapters: dict[str, Path]) -> None:
+    hidden, inter, heads, kv_heads, layers = 128, 256, 4, 2, 4
+    build_tokenizer(model_dir)
+    build_model(
+        model_dir, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=inter
+    )
+    head_dim = hidden // heads
+    full = {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    for name, (targets, rank, alpha, seed) in _DEMO_ADAPTERS.items():
+        write_peft_adapter(
+            adapters[name],
+            num_layers=layers,
+            shapes={t: full[t] for t in targets},
+            rank=rank,
+            alpha=alpha,
+            seed=seed,
+            base_model=DEMO_BASE_NAME,
+        )

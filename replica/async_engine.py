@@ -1,0 +1,146 @@
+"""asyncio front of the engine: a background thread steps the engine while callers
+stream their tokens (the Serve replica uses this).
+
+The engine is not thread-safe; every call into it holds `_lock`. The step loop
+sleeps when there is no work and wakes on new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from lora_core.identity import AdapterRef
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.outputs import EngineStats, RequestOutput
+from replica.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, engine: LLMEngine | None = None):
+        self.engine = engine or LLMEngine(config)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = False
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="lorafleet-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    def _loop(self) -> None:
+        while not self._stop:
+            with self._lock:
+                busy = self.engine.has_unfinished()
+                outputs: list[RequestOutput] | BaseException = []
+                if busy:
+                    try:
+                        outputs = self.engine.step()
+                    except Exception as e:  # noqa: BLE001 - fail in-flight requests, keep serving
+                        log.exception("engine step failed")
+                        outputs = e
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            if isinstance(outputs, BaseException):
+                self._fail_all(outputs)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out, out.finished)
+
+    def _deliver(self, request_id: str, item, last: bool) -> None:
+        entry = self._queues.pop(request_id, None) if last else self._queues.get(request_id)
+        if entry is not None:
+            loop, queue = entry
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            for rid in list(self._queues):
+                self.engine.abort(rid)
+        for rid in list(self._queues):
+            self._deliver(rid, error, True)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream incremental outputs; refusals raise before the first output.
+
+        Leaving the iteration early (break, cancel, client gone) aborts the request.
+        """
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        try:
+            await asyncio.to_thread(self._add, request_id, prompt_token_ids, params, adapter)
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._queues.pop(request_id, None)
+                with self._lock:
+                    self.engine.abort(request_id)
+
+    def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
+        with self._lock:
+            self.engine.add_request(request_id, prompt_token_ids, params, adapter)
+
+    async def abort(self, request_id: str) -> bool:
+        with self._lock:
+            return self.engine.abort(request_id)
+
+    async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
+        """Validate and load into the CPU cache (and a GPU slot if to_gpu)."""
+        await asyncio.to_thread(self._locked, self.engine.adapters.register, ref)
+        if to_gpu:
+            await asyncio.to_thread(self._locked, self.engine.adapters.prefetch_to_gpu, ref)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Refuse new requests for `name` now; memory is freed once in-flight ones finish."""
+        await asyncio.to_thread(self._locked, self.engine.adapters.unload, name)
+
+    def pin(self, ref: AdapterRef) -> None:
+        self._locked(self.engine.adapters.pin, ref)
+
+    def unpin(self, name: str) -> None:
+        self._locked(self.engine.adapters.unpin, name)
+
+    def stats(self) -> EngineStats:
+        return self._locked(self.engine.stats)
+
+    def _locked(self, fn, *args):
+        with self._lock:
+            return fn(*args)
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,106 @@
+"""KV block allocation with prefix caching (pure Python; no tensors).
+
+A full block is identified by a chain hash over (parent block hash, adapter identity,
+the block's tokens). Two sequences share a block only when their adapter identity
+AND every token up to the end of that block are equal, so one prompt under two
+adapters never shares KV.
+
+Example (block_size 2, adapter key "a@1:ff"): tokens [5, 6, 7, 8, 9] give full-block
+hashes h0 = H(None, "a@1:ff", (5, 6)), h1 = H(h0, "a@1:ff", (7, 8)); token 9 sits in a
+partial block that is never shared.
+
+Blocks whose last user left but that carry a hash stay cached (LRU) until a fresh
+block is needed; a later request with the same prefix revives them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence as Seq
+
+
+def block_hash(parent: int | None, adapter_key: str, tokens: Seq[int]) -> int:
+    return hash((parent, adapter_key, tuple(tokens)))
+
+
+class BlockManager:
+    """num_blocks blocks of block_size tokens; ref-counted; optional prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = enable_prefix_caching
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._hash_of: dict[int, int] = {}
+        self._cached: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int, have: int) -> int:
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > self.num_free:
+            raise RuntimeError("allocate beyond free blocks")  # callers check num_free first
+        out = []
+        for _ in range(count):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                del self._cached[self._hash_of.pop(block)]
+            self._ref[block] = 1
+            out.append(block)
+        return out
+
+    def match_prefix(
+        self, adapter_key: str, tokens: Seq[int], max_blocks: int
+    ) -> tuple[list[int], list[int]]:
+        """Take references on the cached blocks of the longest cached prefix.
+
+        Returns (blocks, their hashes); at most max_blocks blocks.
+        """
+        if not self.prefix_caching:
+            return [], []
+        blocks, hashes, parent = [], [], None
+        bs = self.block_size
+        for i in range(min(max_blocks, len(tokens) // bs)):
+            h = block_hash(parent, adapter_key, tokens[i * bs : (i + 1) * bs])
+            block = self._cached.get(h)
+            if block is None:
+                break
+            if self._ref[block] == 0:
+                del self._evictable[block]
+            self._ref[block] += 1
+            blocks.append(block)
+            hashes.append(h)
+            parent = h
+        self.prefix_hit_tokens += len(blocks) * bs
+        return blocks, hashes
+
+    def publish(self, block: int, h: int) -> None:
+        """Make a just-filled block findable by its hash (first writer wins)."""
+        if self.prefix_caching and h not in self._cached and block not in self._hash_of:
+            self._cached[h] = block
+            self._hash_of[block] = h
+
+    def free(self, blocks: Seq[int]) -> None:
+        for block in reversed(blocks):
+            self._ref[block] -= 1
+            assert self._ref[block] >= 0, "block freed twice"
+            if self._ref[block] == 0:
+                if block in self._hash_of:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]

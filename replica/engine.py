@@ -1,0 +1,169 @@
+"""The synchronous engine core: add_request, step, abort.
+
+One engine = one base model + KV cache + adapter slots on one device. Every step
+runs one mixed batch (prefill chunks and decode tokens of base and adapter requests
+together) and returns incremental outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+
+from lora_core.errors import CapacityExceeded, InvalidRequest
+from lora_core.identity import AdapterRef
+from replica.block_manager import BlockManager
+from replica.config import EngineConfig
+from replica.detokenizer import Detokenizer
+from replica.engine_setup import EngineParts, build_engine_parts
+from replica.outputs import EngineStats, RequestOutput
+from replica.sampler import sample
+from replica.sampling_params import SamplingParams
+from replica.scheduler import Scheduler
+from replica.sequence import Sequence, Status
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None):
+        self.config = config
+        p = parts or build_engine_parts(config)
+        self.parts = p
+        self.tokenizer = p.tokenizer
+        self.model_dir: Path = p.model_dir
+        self.adapters = p.adapters
+        self.max_model_len = p.max_model_len
+        self.blocks = BlockManager(p.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.blocks, self.adapters, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        self.runner = p.runner
+        self.detok = Detokenizer(self.tokenizer)
+        self.eos_ids = p.eos_token_ids
+        self.vocab_size = p.vocab_size
+        self._seqs: dict[str, Sequence] = {}
+        self._arrival = itertools.count()
+        self._pending: list[RequestOutput] = []
+
+    @property
+    def model_name(self) -> str:
+        return self.model_dir.name
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+    ) -> None:
+        """Queue a request. Raises before queueing if the request or its adapter is refused."""
+        if request_id in self._seqs:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        self._check_prompt(prompt_token_ids, params)
+        if adapter is not None:
+            self.adapters.register(adapter)
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        seq = Sequence(
+            request_id=request_id,
+            prompt_len=len(prompt_token_ids),
+            tokens=list(prompt_token_ids),
+            params=params,
+            adapter=adapter,
+            arrival=next(self._arrival),
+            generator=gen,
+        )
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequest("prompt is empty; allowed: at least one token")
+        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequest(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                f"the maximum context length {self.max_model_len}"
+            )
+        if -(-total // self.config.block_size) > self.blocks.num_blocks:
+            raise CapacityExceeded(
+                f"request needs more KV than the whole cache ({self.blocks.num_blocks} blocks)"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; its final output (finish_reason "abort") comes with the next step."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._pending.append(self._output(seq, "", []))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs) or bool(self._pending)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; returns outputs of requests that produced tokens or finished."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return outputs
+        batch = self.runner.prepare(sched.scheduled)
+        logits = self.runner.execute(batch)
+        self.scheduler.after_step(sched)
+        seqs = batch.sample_seqs
+        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        for i, seq in enumerate(seqs):
+            outputs.append(self._append(seq, tokens[i], logprobs[i] if logprobs else None))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
+        seq.tokens.append(token)
+        if logprob is not None and seq.params.logprobs:
+            seq.logprobs.append(logprob)
+        p = seq.params
+        reason = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            reason = "stop"
+        elif seq.num_output >= p.max_tokens:
+            reason = "length"
+        text, hit = self.detok.update(seq, final=reason is not None)
+        if hit:
+            reason = "stop"
+        new_ids = seq.output_ids[seq.emitted_tokens :]
+        seq.emitted_tokens = seq.num_output
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.request_id, None)
+        return self._output(seq, text, new_ids)
+
+    def _output(self, seq: Sequence, text: str, new_ids: list[int]) -> RequestOutput:
+        n_lp = len(new_ids) if seq.params.logprobs else 0
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            new_logprobs=seq.logprobs[len(seq.logprobs) - n_lp :] if n_lp else [],
+            finish_reason=seq.finish_reason if seq.status is Status.FINISHED else None,
+            num_prompt_tokens=seq.prompt_len,
+            num_output_tokens=seq.num_output,
+        )
+
+    def stats(self) -> EngineStats:
+        a = self.adapters.stats()
+        return EngineStats(
+            gpu_adapters=tuple(a.gpu),
+            cpu_adapters=tuple(a.cpu),
+            pinned=tuple(a.pinned),
+            free_slots=a.free_slots,
+            max_loras=self.config.max_loras,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.blocks.usage(),
+            adapter_loads=a.loads,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

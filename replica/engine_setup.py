@@ -1,0 +1,98 @@
+"""Assembles an engine's parts: device, model, tokenizer, KV cache, adapter slots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lora_core.errors import InvalidRequest, ModelLoadFailed
+from replica.config import EngineConfig
+from replica.model_runner import ModelRunner
+from replica.models.loader import load_model
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineParts:
+    model_dir: Path
+    tokenizer: object
+    runner: ModelRunner
+    adapters: object
+    num_blocks: int
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequest(
+            f"device={name!r} but no CUDA device is available; allowed: 'cpu' or 'auto'"
+        )
+    return dev
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:  # noqa: BLE001 - any tokenizer failure is a model load failure
+        raise ModelLoadFailed(f"cannot load the tokenizer from {model_dir}: {e}") from e
+
+
+def _eos_ids(model_dir: Path, tokenizer, config_eos: tuple[int, ...]) -> frozenset[int]:
+    ids = set(config_eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return frozenset(ids)
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    device = resolve_device(config.device)
+    dtype = _DTYPES[config.dtype]
+    model, model_dir = load_model(config.model, dtype, device)
+    cfg = model.config
+    tokenizer = load_tokenizer(model_dir)
+    max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    num_blocks = config.num_kv_blocks or -(-config.kv_cache_tokens // config.block_size)
+    shape = (num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+    kv = [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    from lora_core.context import LoraBatchContext
+    from lora_core.layers import apply_lora
+    from lora_core.manager import AdapterManager
+    from lora_core.slot_buffers import SlotBuffers
+
+    buffers = SlotBuffers(cfg.base_shape, config.max_loras, config.max_lora_rank, dtype, device)
+    ctx = LoraBatchContext()
+    apply_lora(model.model, buffers, ctx)
+    adapters = AdapterManager(
+        cfg.base_shape, buffers, config.max_cpu_loras, config.max_lora_rank, dtype
+    )
+    return EngineParts(
+        model_dir=model_dir,
+        tokenizer=tokenizer,
+        runner=ModelRunner(model, kv, config.block_size, ctx),
+        adapters=adapters,
+        num_blocks=num_blocks,
+        max_model_len=max_len,
+        eos_token_ids=_eos_ids(model_dir, tokenizer, cfg.eos_token_ids),
+        vocab_size=cfg.vocab_size,
+    )

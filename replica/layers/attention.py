@@ -1,0 +1,120 @@
+"""Attention over a paged KV cache (torch implementation, CPU and CUDA).
+
+KV cache layout per layer: k_cache, v_cache: [num_blocks, block_size, kv_heads, d].
+A token's KV lives at flat slot `block * block_size + offset`; a sequence's
+block table lists its blocks in order.
+
+Example (block_size 4): a sequence with block table [7, 2] and 6 tokens keeps
+tokens 0-3 in block 7 (slots 28..31) and tokens 4-5 in block 2 (slots 8, 9).
+
+The batch is laid out decode tokens first (one per sequence), then prefill chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's prefill chunk: tokens [start, start+q_len) of the batch.
+
+    context_len: tokens of the sequence whose KV exists after this step (cached + chunk).
+    block_table: long [num_blocks] of this sequence.
+    """
+
+    start: int
+    q_len: int
+    context_len: int
+    block_table: torch.Tensor
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs.
+
+    slot_mapping: long [T] flat KV slot of each batch token.
+    num_decode: the first num_decode tokens are decode tokens, one per sequence.
+    decode_block_tables: long [num_decode, max_blocks] (padded with 0).
+    decode_context_lens: long [num_decode] KV length of each decode sequence, this token included.
+    prefills: the prefill chunks that follow the decode tokens.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decode: int
+    decode_block_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    prefills: list[PrefillChunk]
+
+
+def write_kv(
+    k_cache, v_cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k, v: [T, kv_heads, d] stored at their flat slots."""
+    nb, bs, kvh, d = k_cache.shape
+    k_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, k)
+    v_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """block_table: long [..., nb] -> [..., nb * block_size, kv_heads, d]."""
+    g = cache[block_table]
+    return g.flatten(-4, -3)
+
+
+def decode_attention(
+    q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None
+):
+    """q: [D, heads, d] -> [D, heads, d]; each query sits at position context_len - 1."""
+    num_d, heads, d = q.shape
+    keys = _gather(k_cache, meta.decode_block_tables)  # [D, S, kvh, d]
+    vals = _gather(v_cache, meta.decode_block_tables)
+    kvh = keys.shape[2]
+    qg = q.view(num_d, kvh, heads // kvh, d)
+    scores = torch.einsum("bkgd,bskd->bkgs", qg.float(), keys.float()) * scale
+    pos = torch.arange(keys.shape[1], device=q.device)
+    last = meta.decode_context_lens[:, None] - 1
+    valid = pos[None, :] <= last
+    if window is not None:
+        valid &= pos[None, :] > last - window
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgs,bskd->bkgd", probs, vals.float())
+    return out.reshape(num_d, heads, d).to(q.dtype)
+
+
+def prefill_attention(q, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int | None):
+    """q: [n, heads, d] for positions [context_len - n, context_len) -> [n, heads, d]."""
+    n, heads, d = q.shape
+    ctx = chunk.context_len
+    keys = _gather(k_cache, chunk.block_table)[:ctx]  # [ctx, kvh, d]
+    vals = _gather(v_cache, chunk.block_table)[:ctx]
+    group = heads // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, d]
+    vals = vals.repeat_interleave(group, dim=1).transpose(0, 1)
+    qpos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
+    kpos = torch.arange(ctx, device=q.device)[None, :]
+    mask = kpos <= qpos
+    if window is not None:
+        mask &= kpos > qpos - window
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, vals, attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)
+
+
+def paged_attention(
+    q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None
+):
+    """q: [T, heads, d]; k, v: [T, kv_heads, d] (new tokens) -> [T, heads, d]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    nd = meta.num_decode
+    if nd:
+        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)
+    for chunk in meta.prefills:
+        s = slice(chunk.start, chunk.start + chunk.q_len)
+        out[s] = prefill_attention(q[s], k_cache, v_cache, chunk, scale, window)
+    return out

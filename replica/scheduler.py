@@ -1,0 +1,168 @@
+"""Continuous batching with chunked prefill, a token budget and preemption by recompute.
+
+Each step: running sequences first (decode tokens or the next prefill chunk), then
+waiting ones in arrival order while the step has budget, sequence room and KV
+blocks. A waiting request whose adapter cannot be made slot-resident now (every
+slot busy with running requests or pinned) is skipped, not blocking others; KV
+shortage blocks admission in FIFO order. When a running sequence needs a block and
+none is free, the latest-arrived running sequence is preempted: its blocks are
+freed, its slot released, and it is recomputed from its tokens later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from lora_core.identity import AdapterRef
+from replica.block_manager import BlockManager, block_hash
+from replica.sequence import Sequence, Status
+
+
+class AdapterAdmission(Protocol):
+    """What the scheduler needs from the adapter manager."""
+
+    def can_admit(self, ref: AdapterRef) -> bool: ...
+
+    def acquire(self, ref: AdapterRef) -> int: ...
+
+    def release(self, ref: AdapterRef) -> None: ...
+
+
+@dataclass
+class SchedulerOutput:
+    """scheduled: (sequence, tokens to compute this step), decode-like (1 token) first."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        adapters: AdapterAdmission,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ):
+        self.blocks = blocks
+        self.adapters = adapters
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_tokens)
+        self._schedule_waiting(out, budget)
+        out.scheduled.sort(key=lambda item: item[1] != 1)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        queue = list(self.running)
+        scheduled: set[int] = set()
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            n = min(seq.remaining, budget)
+            while not self._grow(seq, n):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append((seq, n))
+                scheduled.add(id(seq))
+                budget -= n
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.adapter is not None and not self.adapters.can_admit(seq.adapter):
+                skipped.append(self.waiting.popleft())
+                continue
+            if not self._admit(seq, budget, out):
+                break
+            self.waiting.popleft()
+            budget -= out.scheduled[-1][1]
+        self.waiting.extendleft(reversed(skipped))
+
+    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        bs = self.blocks.block_size
+        # Leave at least one token to compute so the step yields logits.
+        max_hit_blocks = (len(seq.tokens) - 1) // bs
+        hits, hashes = self.blocks.match_prefix(seq.adapter_key, seq.tokens, max_hit_blocks)
+        seq.block_table, seq.block_hashes = hits, hashes
+        seq.num_computed = len(hits) * bs
+        n = min(seq.remaining, budget)
+        if not self._grow(seq, n):
+            self.blocks.free(seq.block_table)
+            seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
+            return False
+        if seq.adapter is not None:
+            seq.lora_slot = self.adapters.acquire(seq.adapter)
+            seq.holds_slot = True
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        out.scheduled.append((seq, n))
+        return True
+
+    def _grow(self, seq: Sequence, n: int) -> bool:
+        """Give seq blocks for num_computed + n tokens; False if too few are free."""
+        need = self.blocks.blocks_needed(seq.num_computed + n, len(seq.block_table))
+        if need > self.blocks.num_free:
+            return False
+        seq.block_table.extend(self.blocks.allocate(need))
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_table)
+        seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
+        if seq.holds_slot:
+            self.adapters.release(seq.adapter)
+            seq.holds_slot, seq.lora_slot = False, -1
+
+    def after_step(self, out: SchedulerOutput) -> None:
+        """Advance computed counts and publish newly full blocks to the prefix cache."""
+        bs = self.blocks.block_size
+        for seq, n in out.scheduled:
+            seq.num_computed += n
+            full = seq.num_computed // bs
+            while len(seq.block_hashes) < full:
+                i = len(seq.block_hashes)
+                parent = seq.block_hashes[-1] if seq.block_hashes else None
+                h = block_hash(parent, seq.adapter_key, seq.tokens[i * bs : (i + 1) * bs])
+                seq.block_hashes.append(h)
+                self.blocks.publish(seq.block_table[i], h)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove seq wherever it is and free what it holds."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

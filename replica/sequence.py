@@ -1,0 +1,62 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from lora_core.identity import AdapterRef
+from replica.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """tokens: prompt followed by generated tokens. num_computed: tokens whose KV exists.
+
+    block_table: KV blocks in order; block_hashes: hashes of its leading full blocks
+    (published to the prefix cache once computed).
+    """
+
+    request_id: str
+    prompt_len: int
+    tokens: list[int]
+    params: SamplingParams
+    adapter: AdapterRef | None
+    arrival: int
+    generator: torch.Generator | None = None
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    lora_slot: int = -1
+    holds_slot: bool = False
+    finish_reason: str | None = None
+    text: str = ""
+    emitted_text_len: int = 0
+    emitted_tokens: int = 0
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def adapter_key(self) -> str:
+        return self.adapter.key if self.adapter else ""
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return len(self.tokens) - self.num_computed
