@@ -1,9 +1,26 @@
-"""Admin verbs of the `lorafleet` CLI (registered into deploy/cli.py's parser)."""
+"""Admin verbs of the `lorafleet` CLI (registered into deploy/cli.py's parser).
+
+    lorafleet adapters register NAME PATH [--base-model ID] [--tenant T] [--public] [--replace]
+    lorafleet adapters list | show NAME | unregister NAME
+    lorafleet adapters pin NAME [--pool P] | unpin NAME | warm NAME --replicas N [--pool P]
+    lorafleet replicas list
+    lorafleet tenants create NAME | list | key NAME | grant NAME ADAPTER | revoke NAME ADAPTER
+    lorafleet status
+
+Every verb takes --redis-url (env LORAFLEET_REDIS_URL, default redis://127.0.0.1:6379/0)
+and --namespace (env LORAFLEET_NAMESPACE, default lorafleet); listings take --json.
+Exit codes: 0 success, 1 error (one line on stderr), 2 usage error (argparse).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from cluster.cli import adapters, replicas, tenants
+
 
 def register_commands(sub: argparse._SubParsersAction) -> None:
     """Add the admin subcommands (adapters, replicas, tenants, status). Each sets `func`."""
+    adapters.register(sub)
+    replicas.register(sub)
+    tenants.register(sub)

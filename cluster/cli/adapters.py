@@ -1,0 +1,124 @@
+"""`lorafleet adapters ...`: register, list, show, unregister, pin, unpin, warm."""
+
+from __future__ import annotations
+
+import argparse
+
+from cluster.cli.common import add_verb, print_json, print_table
+from cluster.records import PIN_POOLS, AdapterListing
+from cluster.registry import Registry
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("adapters", help="manage the adapter catalog")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    p = add_verb(
+        verbs, "register", _register, "validate and register a PEFT adapter directory", listing=True
+    )
+    p.add_argument("name")
+    p.add_argument("path")
+    p.add_argument("--base-model", default=None, help="base model id (default: the adapter's)")
+    p.add_argument("--tenant", default=None, help="owning tenant (always authorized)")
+    p.add_argument("--public", action="store_true", help="any tenant may use it")
+    p.add_argument("--replace", action="store_true", help="register a new version of NAME")
+
+    add_verb(verbs, "list", _list, "list adapters with pins, warm targets, locations", listing=True)
+    add_verb(verbs, "show", _show, "show one adapter", listing=True).add_argument("name")
+    add_verb(
+        verbs, "unregister", _unregister, "stop new requests; unload when idle", listing=False
+    ).add_argument("name")
+
+    p = add_verb(verbs, "pin", _pin, "keep NAME in GPU on replicas holding it", listing=False)
+    p.add_argument("name")
+    p.add_argument("--pool", choices=PIN_POOLS, default="all")
+    add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False).add_argument("name")
+    p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False)
+    p.add_argument("name")
+    p.add_argument("--replicas", type=int, required=True, help="copies (0 clears the target)")
+    p.add_argument("--pool", choices=PIN_POOLS, default="all")
+
+
+def _register(reg: Registry, args: argparse.Namespace) -> int:
+    rec = reg.register_adapter(
+        args.name,
+        args.path,
+        base_model=args.base_model,
+        tenant=args.tenant,
+        public=args.public,
+        replace=args.replace,
+    )
+    if args.json:
+        print_json(AdapterListing(rec, None, None, ()).to_json())
+    else:
+        print(
+            f"registered {rec.name} version {rec.version} (rank {rec.rank}, "
+            f"sha256 {rec.content_hash[:16]})"
+        )
+    return 0
+
+
+def _locations(a: AdapterListing) -> str:
+    return ",".join(f"{loc.replica}:{loc.tier}" for loc in a.locations) or "-"
+
+
+def _list(reg: Registry, args: argparse.Namespace) -> int:
+    listings = reg.list_adapters()
+    if args.json:
+        print_json([a.to_json() for a in listings])
+        return 0
+    rows = [
+        (
+            a.record.name,
+            a.record.version,
+            a.record.rank,
+            a.record.base_model or "-",
+            a.record.state,
+            a.pin or "-",
+            f"{a.warm.replicas}/{a.warm.pool}" if a.warm else "-",
+            _locations(a),
+            a.record.path,
+        )
+        for a in listings
+    ]
+    print_table(
+        ("NAME", "VERSION", "RANK", "BASE_MODEL", "STATE", "PIN", "WARM", "LOCATIONS", "PATH"), rows
+    )
+    return 0
+
+
+def _show(reg: Registry, args: argparse.Namespace) -> int:
+    data = reg.show_adapter(args.name).to_json()
+    if args.json:
+        print_json(data)
+        return 0
+    data["locations"] = (
+        ", ".join(f"{x['replica']}:{x['tier']}({x['pool']})" for x in data["locations"]) or "-"
+    )
+    data["target_modules"] = ",".join(data["target_modules"])
+    print_table(("FIELD", "VALUE"), [(k, "-" if v is None else v) for k, v in data.items()])
+    return 0
+
+
+def _unregister(reg: Registry, args: argparse.Namespace) -> int:
+    outcome = reg.unregister_adapter(args.name)
+    print(f"{args.name}: {outcome}")
+    return 0
+
+
+def _pin(reg: Registry, args: argparse.Namespace) -> int:
+    reg.pin(args.name, args.pool)
+    print(f"pinned {args.name} (pool {args.pool})")
+    return 0
+
+
+def _unpin(reg: Registry, args: argparse.Namespace) -> int:
+    reg.unpin(args.name)
+    print(f"unpinned {args.name}")
+    return 0
+
+
+def _warm(reg: Registry, args: argparse.Namespace) -> int:
+    reg.warm(args.name, args.replicas, args.pool)
+    print(f"warm target of {args.name}: {args.replicas} replicas (pool {args.pool})")
+    return 0

@@ -1,0 +1,90 @@
+"""Options and error handling shared by every admin verb."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from cluster.client import DEFAULT_URL, RetryPolicy
+from cluster.registry import Registry
+from lora_core.errors import LoraFleetError
+
+# The CLI is interactive: fail within about a second when Redis is down.
+CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, connect_timeout_s=0.5)
+Handler = Callable[[Registry, argparse.Namespace], int]
+
+
+def connection_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("LORAFLEET_REDIS_URL", DEFAULT_URL),
+        help="registry Redis (env LORAFLEET_REDIS_URL; default %(default)s)",
+    )
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("LORAFLEET_NAMESPACE", "lorafleet"),
+        help="key prefix of this cluster (env LORAFLEET_NAMESPACE; default %(default)s)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=int(os.environ.get("LORAFLEET_MAX_LORA_RANK", "64")),
+        help="cluster max LoRA rank checked by register (env LORAFLEET_MAX_LORA_RANK; "
+        "default %(default)s)",
+    )
+    return p
+
+
+def json_parent() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def add_verb(
+    sub: argparse._SubParsersAction, name: str, handler: Handler, help: str, *, listing: bool
+) -> argparse.ArgumentParser:
+    parents = [connection_parent()] + ([json_parent()] if listing else [])
+    p = sub.add_parser(name, parents=parents, help=help, description=help)
+    p.set_defaults(func=lambda args: run(handler, args))
+    return p
+
+
+def run(handler: Handler, args: argparse.Namespace) -> int:
+    """Open the registry, run handler; LoraFleetError / ValueError -> one line, exit 1."""
+    try:
+        registry = Registry(
+            args.redis_url, args.namespace, max_lora_rank=args.max_lora_rank, retry=CLI_RETRY
+        )
+    except ValueError as e:
+        return fail(e)
+    try:
+        return handler(registry, args)
+    except (LoraFleetError, ValueError) as e:
+        return fail(e)
+    finally:
+        registry.close()
+
+
+def fail(err: BaseException) -> int:
+    print(
+        f"lorafleet: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """An aligned text table: one header line, then one line per row."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

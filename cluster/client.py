@@ -1,0 +1,135 @@
+"""Redis connection settings and the sync / asyncio plan executors.
+
+Both executors run a `cluster.ops.Plan` in exactly one round trip (EVALSHA, with
+redis-py's transparent reload when the script cache is empty, e.g. after a Redis
+restart) and turn connection failures, after the retry policy is spent, into
+`RegistryUnavailable` naming the URL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.backoff
+import redis.retry
+
+from cluster.ops import Plan
+from cluster.scripts import SCRIPTS
+from lora_core.errors import RegistryUnavailable
+
+T = TypeVar("T")
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a client rides out Redis outages before raising RegistryUnavailable.
+
+    retries: reconnect attempts per command after the first failure (>= 0).
+    backoff_base_s / backoff_cap_s: exponential backoff with jitter between attempts.
+    connect_timeout_s: TCP connect timeout per attempt.
+    socket_timeout_s: read timeout per command.
+    """
+
+    retries: int = 5
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 0.5
+    connect_timeout_s: float = 1.0
+    socket_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries={self.retries}; allowed: >= 0")
+        for field in ("backoff_base_s", "backoff_cap_s", "connect_timeout_s", "socket_timeout_s"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field}={getattr(self, field)}; allowed: > 0")
+
+    def _backoff(self) -> redis.backoff.AbstractBackoff:
+        return redis.backoff.ExponentialWithJitterBackoff(
+            cap=self.backoff_cap_s, base=self.backoff_base_s
+        )
+
+    def sync_retry(self) -> redis.retry.Retry:
+        return redis.retry.Retry(self._backoff(), self.retries)
+
+    def async_retry(self) -> redis.asyncio.retry.Retry:
+        return redis.asyncio.retry.Retry(self._backoff(), self.retries)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by '***' (safe for error messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def unavailable(url: str, err: BaseException) -> RegistryUnavailable:
+    return RegistryUnavailable(f"cannot reach Redis at {redact(url)}: {err}")
+
+
+class SyncExecutor:
+    """Runs plans on a thread-safe sync client (a pooled `redis.Redis`)."""
+
+    def __init__(self, url: str, ns: str, policy: RetryPolicy):
+        self.url, self.ns = url, ns
+        self.client = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            retry=policy.sync_retry(),
+            socket_connect_timeout=policy.connect_timeout_s,
+            socket_timeout=policy.socket_timeout_s,
+        )
+        self._scripts = {name: self.client.register_script(src) for name, src in SCRIPTS.items()}
+
+    def run(self, plan: Plan[T]) -> T:
+        try:
+            raw = self._send(plan)
+        except _CONNECTION_ERRORS as e:
+            raise unavailable(self.url, e) from e
+        return plan.parse(raw)
+
+    def _send(self, plan: Plan[Any]) -> Any:
+        if plan.script is None:
+            return self.client.execute_command(*plan.args)
+        return self._scripts[plan.script](args=(self.ns, *plan.args))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncExecutor:
+    """Runs plans on an asyncio client (bound to the event loop that first uses it)."""
+
+    def __init__(self, url: str, ns: str, policy: RetryPolicy):
+        self.url, self.ns = url, ns
+        self.client = redis.asyncio.Redis.from_url(
+            url,
+            decode_responses=True,
+            retry=policy.async_retry(),
+            socket_connect_timeout=policy.connect_timeout_s,
+            socket_timeout=policy.socket_timeout_s,
+        )
+        self._scripts = {name: self.client.register_script(src) for name, src in SCRIPTS.items()}
+
+    async def run(self, plan: Plan[T]) -> T:
+        try:
+            raw = await self._send(plan)
+        except _CONNECTION_ERRORS as e:
+            raise unavailable(self.url, e) from e
+        return plan.parse(raw)
+
+    async def _send(self, plan: Plan[Any]) -> Any:
+        if plan.script is None:
+            return await self.client.execute_command(*plan.args)
+        return await self._scripts[plan.script](args=(self.ns, *plan.args))
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,75 @@
+"""Pub/sub desired-state hints. A hint only says "re-read desired_state()": messages
+are lost while a subscriber is disconnected, so replicas also reconcile periodically."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+import redis.asyncio
+
+from cluster.client import unavailable
+from cluster.records import Hint
+
+_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def parse_hint(message: dict | None) -> Hint | None:
+    if message is None or message.get("type") != "message":
+        return None
+    data = json.loads(message["data"])
+    return Hint(version=int(data["version"]), adapter=data["adapter"], change=data["change"])
+
+
+class HintSubscription:
+    """Sync subscription to `{ns}:hints`; use as a context manager.
+
+    get(timeout_s) -> Hint | None waits up to timeout_s for the next hint.
+    """
+
+    def __init__(self, client: redis.Redis, channel: str, url: str):
+        self._url = url
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._pubsub.subscribe(channel)
+        except _ERRORS as e:
+            raise unavailable(url, e) from e
+
+    def get(self, timeout_s: float) -> Hint | None:
+        try:
+            return parse_hint(self._pubsub.get_message(timeout=timeout_s))
+        except _ERRORS as e:
+            raise unavailable(self._url, e) from e
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+    def __enter__(self) -> HintSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncHintSubscription:
+    """asyncio subscription to `{ns}:hints`: `async with` it, then `await get(t)`."""
+
+    def __init__(self, client: redis.asyncio.Redis, channel: str, url: str):
+        self._url, self._channel = url, channel
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+
+    async def get(self, timeout_s: float) -> Hint | None:
+        try:
+            return parse_hint(await self._pubsub.get_message(timeout=timeout_s))
+        except _ERRORS as e:
+            raise unavailable(self._url, e) from e
+
+    async def __aenter__(self) -> AsyncHintSubscription:
+        try:
+            await self._pubsub.subscribe(self._channel)
+        except _ERRORS as e:
+            raise unavailable(self._url, e) from e
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._pubsub.aclose()

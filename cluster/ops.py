@@ -1,0 +1,236 @@
+"""Registry operations as I/O-free plans: one Redis round trip each.
+
+A `Plan` says what to send (a Lua script from `cluster.scripts`, or one plain
+command) and how to turn the reply into a value or a typed error. `Registry` and
+`AsyncRegistry` execute the same plans with a sync or an asyncio client, so the
+logic exists once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from cluster.keys import Keys
+from cluster.records import (
+    AdapterListing,
+    AdapterRecord,
+    DesiredState,
+    Location,
+    RegistryStatus,
+    ReplicaInfo,
+    ResolvedRequest,
+    WarmTarget,
+)
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterDraining,
+    AdapterNotFound,
+    InvalidRequest,
+    StaleEpoch,
+    Unauthorized,
+)
+
+T = TypeVar("T")
+Arg = str | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan(Generic[T]):
+    """One round trip. script: a name in SCRIPTS (args are ARGV after the namespace),
+    or None for a plain command (args[0] is the command). parse: reply -> value."""
+
+    script: str | None
+    args: tuple[Arg, ...]
+    parse: Callable[[Any], T]
+
+
+def _list(x: Any) -> list[Any]:
+    # cjson encodes an empty Lua table as {}, so empty arrays arrive as dicts
+    return x if isinstance(x, list) else []
+
+
+def _locations(raw: Any) -> tuple[Location, ...]:
+    return tuple(sorted(Location(r[0], r[1], r[2]) for r in _list(raw)))
+
+
+def _warm(raw: str) -> WarmTarget | None:
+    if not raw:
+        return None
+    n, pool = raw.split("|", 1)
+    return WarmTarget(int(n), pool)
+
+
+def _status(name: str, reply: list[Any]) -> list[Any]:
+    """Raise the typed error a non-"ok" script status stands for; return the rest."""
+    status, rest = reply[0], reply[1:]
+    if status == "ok":
+        return rest
+    if status == "not_found":
+        raise AdapterNotFound(name)
+    if status == "draining":
+        raise AdapterDraining(name)
+    if status == "unauthorized":
+        raise Unauthorized("missing or unknown API key; allowed: a key issued by `tenants key`")
+    if status == "no_tenant":
+        raise InvalidRequest(f"tenant {rest[0]!r} does not exist; create it first")
+    raise AssertionError(f"unexpected script status {status!r}")
+
+
+def script(name: str, args: tuple[Arg, ...], parse: Callable[[list[Any]], T], subject: str):
+    """A script plan whose JSON reply is status-checked (errors named after subject)."""
+
+    def _parse(raw: str) -> T:
+        return parse(_status(subject, json.loads(raw)))
+
+    return Plan(name, args, _parse)
+
+
+def _fenced(replica_id: str, epoch: int, reply: list[Any]) -> list[Any] | None:
+    """None when the lease lapsed; raise StaleEpoch when a newer epoch exists."""
+    if reply[0] == "stale":
+        raise StaleEpoch(
+            f"replica {replica_id!r} epoch {epoch} is stale (current epoch {reply[1]}); "
+            "a newer registration of this replica id exists"
+        )
+    if reply[0] == "lapsed":
+        return None
+    return reply[1:]
+
+
+def fenced_write(name: str, args: tuple[Arg, ...], replica_id: str, epoch: int, subject: str):
+    """A replica write: refused with StaleEpoch when (replica_id, epoch) is not the lease."""
+
+    def _parse(raw: str) -> list[Any]:
+        reply = json.loads(raw)
+        rest = _fenced(replica_id, epoch, reply)
+        if rest is None:
+            raise StaleEpoch(
+                f"replica {replica_id!r} lease for epoch {epoch} lapsed; re-register first"
+            )
+        return _status(subject, reply)
+
+    return Plan(name, args, _parse)
+
+
+def heartbeat(replica_id: str, epoch: int, ttl_ms: int) -> Plan[bool]:
+    def _parse(raw: str) -> bool:
+        return _fenced(replica_id, epoch, json.loads(raw)) is not None
+
+    return Plan("heartbeat", (replica_id, epoch, ttl_ms), _parse)
+
+
+def get_adapter(keys: Keys, name: str) -> Plan[AdapterRecord]:
+    def _parse(h: dict[str, str]) -> AdapterRecord:
+        if not h:
+            raise AdapterNotFound(name)
+        return AdapterRecord.from_hash(h)
+
+    return Plan(None, ("HGETALL", keys.adapter(name)), _parse)
+
+
+def resolve_key(keys: Keys, key_hash: str) -> Plan[str | None]:
+    return Plan(None, ("GET", keys.apikey(key_hash)), lambda v: v)
+
+
+def list_tenants(keys: Keys) -> Plan[list[str]]:
+    return Plan(None, ("SMEMBERS", keys.tenants), lambda v: sorted(v))
+
+
+def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[ResolvedRequest]:
+    def _parse(rest: list[Any]) -> ResolvedRequest:
+        rec, tenant, locs = rest
+        return ResolvedRequest(
+            ref=AdapterRecord.from_hash(rec).ref,
+            tenant=tenant or None,
+            locations=_locations(locs),
+        )
+
+    return script("resolve_request", (name, key_hash, int(require_key)), _parse, name)
+
+
+def register_adapter(name: str, replace: bool, subject_args: tuple[Arg, ...]) -> Plan[int]:
+    def _parse_raw(raw: str) -> int:
+        reply = json.loads(raw)
+        if reply[0] == "exists":
+            raise AdapterAlreadyExists(
+                f"adapter {name!r} already exists (version {reply[1]}); "
+                "allowed: pass replace (--replace) to register a new version"
+            )
+        return int(_status(name, reply)[0])
+
+    return Plan("register_adapter", (name, int(replace), *subject_args), _parse_raw)
+
+
+def create_tenant(name: str, now: float) -> Plan[None]:
+    def _parse(raw: str) -> None:
+        if json.loads(raw)[0] == "exists":
+            raise InvalidRequest(f"tenant {name!r} already exists")
+
+    return Plan("create_tenant", (name, now), _parse)
+
+
+def listing(rest: list[Any]) -> list[AdapterListing]:
+    out = [
+        AdapterListing(
+            record=AdapterRecord.from_hash(rec),
+            pin=pin or None,
+            warm=_warm(warm),
+            locations=_locations(locs),
+        )
+        for rec, pin, warm, locs in _list(rest[0])
+    ]
+    return sorted(out, key=lambda a: a.record.name)
+
+
+def desired(rest: list[Any]) -> DesiredState:
+    version, pins, warm, draining, refs = rest
+    return DesiredState(
+        version=int(version),
+        pins=dict(pins) if isinstance(pins, dict) else {},
+        warm={n: _warm(w) for n, w in (warm.items() if isinstance(warm, dict) else [])},
+        draining=frozenset(_list(draining)),
+        refs={
+            n: AdapterRecord.from_hash(r).ref
+            for n, r in (refs.items() if isinstance(refs, dict) else [])
+            if r
+        },
+    )
+
+
+def replicas(rest: list[Any]) -> list[ReplicaInfo]:
+    out = [
+        ReplicaInfo(
+            replica_id=rec["id"],
+            pool=rec["pool"],
+            deployment=rec["deployment"],
+            slot_capacity=int(rec["slot_capacity"]),
+            epoch=int(rec["epoch"]),
+            live=bool(live),
+            registered=float(rec["registered"]),
+            gpu_adapters=int(gpu),
+            cpu_adapters=int(cpu),
+        )
+        for rec, live, gpu, cpu in _list(rest[0])
+    ]
+    return sorted(out, key=lambda r: r.replica_id)
+
+
+def status(rest: list[Any]) -> RegistryStatus:
+    adapters, draining, tenants, pins, warm, version, total, live = rest
+    return RegistryStatus(
+        adapters=int(adapters),
+        draining=int(draining),
+        tenants=int(tenants),
+        pins=int(pins),
+        warm=int(warm),
+        desired_version=int(version),
+        replicas_total=int(total),
+        replicas_live={p: int(n) for p, n in sorted(live.items())},
+    )
+
+
+def locations(rest: list[Any]) -> tuple[Location, ...]:
+    return _locations(rest[0])

@@ -1,0 +1,227 @@
+"""Typed values the registry returns (torch-free, immutable)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from lora_core.identity import AdapterRef
+
+Tier = Literal["gpu", "cpu"]
+ReplicaPool = Literal["prefill", "decode", "mixed"]
+PinPool = Literal["all", "prefill", "decode"]
+TIERS: tuple[str, ...] = ("gpu", "cpu")
+REPLICA_POOLS: tuple[str, ...] = ("prefill", "decode", "mixed")
+PIN_POOLS: tuple[str, ...] = ("all", "prefill", "decode")
+
+
+def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
+    """Return value if it is one of allowed, else raise ValueError naming both."""
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def pin_applies(pin_pool: str, replica_pool: str) -> bool:
+    """Whether a pin/warm target for pin_pool binds a replica of replica_pool.
+
+    "all" binds every replica; "prefill"/"decode" bind that pool and mixed replicas
+    (which run both phases).
+    """
+    return pin_pool == "all" or replica_pool in (pin_pool, "mixed")
+
+
+class Location(NamedTuple):
+    """Where one adapter is resident: on replica, in tier, and that replica's pool."""
+
+    replica: str
+    tier: str
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRecord:
+    """One registered adapter as stored in `{ns}:adapter:{name}`.
+
+    version: >= 1, bumped on every (re-)registration of name.
+    content_hash: sha256 hex of adapter_config.json + weights.
+    target_modules: PEFT module names the adapter touches, sorted.
+    owner: tenant that registered it ("" for none); the owner may always use it.
+    public: any tenant (any valid key) may use it.
+    created: unix seconds of this version's registration.
+    state: "active", or "draining" after unregister (new requests refused).
+    """
+
+    name: str
+    version: int
+    content_hash: str
+    path: str
+    rank: int
+    base_model: str
+    target_modules: tuple[str, ...]
+    owner: str
+    public: bool
+    created: float
+    state: str
+
+    @property
+    def ref(self) -> AdapterRef:
+        """The immutable request-path reference to this version."""
+        return AdapterRef(
+            name=self.name,
+            version=self.version,
+            content_hash=self.content_hash,
+            path=self.path,
+            rank=self.rank,
+            base_model=self.base_model,
+        )
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> AdapterRecord:
+        """Decode the stored hash (all values are strings)."""
+        return cls(
+            name=h["name"],
+            version=int(h["version"]),
+            content_hash=h["content_hash"],
+            path=h["path"],
+            rank=int(h["rank"]),
+            base_model=h.get("base_model", ""),
+            target_modules=tuple(json.loads(h.get("target_modules", "[]"))),
+            owner=h.get("owner", ""),
+            public=h.get("public") == "1",
+            created=float(h.get("created", "0")),
+            state=h.get("state", "active"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTarget:
+    """Desired number of GPU-resident copies of an adapter in pool."""
+
+    replicas: int
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterListing:
+    """An adapter with its desired state and live locations (what `adapters list` shows)."""
+
+    record: AdapterRecord
+    pin: str | None
+    warm: WarmTarget | None
+    locations: tuple[Location, ...]
+
+    def to_json(self) -> dict[str, object]:
+        r = self.record
+        return {
+            "name": r.name,
+            "version": r.version,
+            "content_hash": r.content_hash,
+            "path": r.path,
+            "base_model": r.base_model,
+            "rank": r.rank,
+            "target_modules": list(r.target_modules),
+            "owner": r.owner,
+            "public": r.public,
+            "created": r.created,
+            "state": r.state,
+            "pinned": self.pin is not None,
+            "pin_pool": self.pin,
+            "warm_replicas": self.warm.replicas if self.warm else 0,
+            "warm_pool": self.warm.pool if self.warm else None,
+            "locations": [loc._asdict() for loc in self.locations],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRequest:
+    """Answer of the request-path lookup.
+
+    tenant: the key's tenant, or None when resolved without a key (auth off).
+    locations: live replicas holding exactly ref's version.
+    """
+
+    ref: AdapterRef
+    tenant: str | None
+    locations: tuple[Location, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """One registered replica. live: its lease is held by its current epoch."""
+
+    replica_id: str
+    pool: str
+    deployment: str
+    slot_capacity: int
+    epoch: int
+    live: bool
+    registered: float
+    gpu_adapters: int
+    cpu_adapters: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "replica": self.replica_id,
+            "pool": self.pool,
+            "deployment": self.deployment,
+            "slot_capacity": self.slot_capacity,
+            "epoch": self.epoch,
+            "live": self.live,
+            "registered": self.registered,
+            "gpu_adapters": self.gpu_adapters,
+            "cpu_adapters": self.cpu_adapters,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """What replicas should hold, read in full (the periodic reconcile).
+
+    version: bumped on every pin/warm/drain/replace change (compare to skip no-ops).
+    pins: adapter name -> pin pool. warm: adapter name -> target.
+    draining: adapters to unload once idle.
+    refs: current AdapterRef of every pinned or warm adapter.
+    """
+
+    version: int
+    pins: dict[str, str]
+    warm: dict[str, WarmTarget]
+    draining: frozenset[str]
+    refs: dict[str, AdapterRef]
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """A pub/sub nudge: desired state changed (re-read it; hints may be lost)."""
+
+    version: int
+    adapter: str
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryStatus:
+    """Cluster-wide counts for `lorafleet status`."""
+
+    adapters: int
+    draining: int
+    tenants: int
+    pins: int
+    warm: int
+    desired_version: int
+    replicas_total: int
+    replicas_live: dict[str, int]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "adapters": self.adapters,
+            "draining": self.draining,
+            "tenants": self.tenants,
+            "pins": self.pins,
+            "warm": self.warm,
+            "desired_version": self.desired_version,
+            "replicas_total": self.replicas_total,
+            "replicas_live": dict(self.replicas_live),
+        }

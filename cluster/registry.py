@@ -1,0 +1,348 @@
+"""The cluster registry: adapters, tenants and keys, residency, leases, pins, warm targets.
+
+`Registry` (sync, thread-safe) and `AsyncRegistry` (asyncio) expose the same
+methods, defined once in `_Api`: each builds an I/O-free `cluster.ops.Plan` and
+hands it to the class's executor, so every method is exactly one Redis round trip
+(the request-path `resolve_request` included). On `AsyncRegistry` each method
+returns an awaitable of the documented type. The key layout lives in
+`cluster.keys`; the atomic multi-key logic in `cluster.scripts`.
+
+Liveness: a replica is live while `{ns}:lease:{id}` holds its current epoch.
+Every read that answers "where" checks that lease inside the same script, so a
+lapsed lease drops the replica from every answer at once, with no reliance on
+keyspace-expiry events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from cluster import ops
+from cluster.catalog import validate_for_registry
+from cluster.client import DEFAULT_URL, AsyncExecutor, RetryPolicy, SyncExecutor
+from cluster.hints import AsyncHintSubscription, HintSubscription
+from cluster.keys import Keys, check_name
+from cluster.records import (
+    PIN_POOLS,
+    REPLICA_POOLS,
+    TIERS,
+    AdapterListing,
+    AdapterRecord,
+    DesiredState,
+    Location,
+    RegistryStatus,
+    ReplicaInfo,
+    ResolvedRequest,
+    check_choice,
+)
+from lora_core.base_shape import BaseShape
+from lora_core.errors import AdapterNotFound
+from lora_core.identity import AdapterRef
+
+T = TypeVar("T")
+Reply = T | Awaitable[T]
+API_KEY_PREFIX = "lf-"
+AdapterVersion = AdapterRef | tuple[str, int]
+
+
+def hash_key(api_key: str) -> str:
+    """sha256 hex of an API key: the only form in which keys are stored."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _ttl_ms(ttl_s: float) -> int:
+    if not 0.01 <= ttl_s <= 3600:
+        raise ValueError(f"ttl_s={ttl_s}; allowed: 0.01 .. 3600 seconds")
+    return int(ttl_s * 1000)
+
+
+def _name_version(adapter: AdapterVersion) -> tuple[str, int, str]:
+    if isinstance(adapter, AdapterRef):
+        return adapter.name, adapter.version, adapter.key
+    name, version = adapter
+    return name, int(version), ""
+
+
+class _Api:
+    """The registry methods, shared by the sync and asyncio registries."""
+
+    def __init__(self, url: str, namespace: str, max_lora_rank: int, retry: RetryPolicy):
+        if not 1 <= max_lora_rank <= 1024:
+            raise ValueError(f"max_lora_rank={max_lora_rank}; allowed: 1 .. 1024")
+        self.url = url
+        self.keys = Keys(namespace)
+        self.max_lora_rank = max_lora_rank
+        self.retry = retry
+
+    def _run(self, plan: ops.Plan[T]) -> Reply[T]:
+        raise NotImplementedError
+
+    # -- adapter catalog ---------------------------------------------------------
+
+    def register_adapter(
+        self,
+        name: str,
+        path: str,
+        *,
+        base_model: str | None = None,
+        tenant: str | None = None,
+        public: bool = False,
+        replace: bool = False,
+        base: BaseShape | None = None,
+    ) -> Reply[AdapterRecord]:
+        """Validate the PEFT directory at path, then record it as name's next version.
+
+        Refused before anything is written: invalid directory (AdapterIncompatible /
+        AdapterLoadFailed from lora_core's validation, rank over max_lora_rank, or a
+        shape that does not fit `base` when given), an existing name without replace
+        (AdapterAlreadyExists), an unknown tenant (InvalidRequest). tenant becomes the
+        owner (always authorized). Returns the stored record.
+        """
+        check_name("adapter", name)
+        if tenant is not None:
+            check_name("tenant", tenant)
+        manifest = validate_for_registry(path, self.max_lora_rank, base)
+        record = AdapterRecord(
+            name=name,
+            version=0,
+            content_hash=manifest.content_hash,
+            path=manifest.path,
+            rank=manifest.rank,
+            base_model=base_model if base_model is not None else manifest.base_model,
+            target_modules=tuple(sorted(manifest.target_modules)),
+            owner=tenant or "",
+            public=public,
+            created=time.time(),
+            state="active",
+        )
+        fields = (
+            record.owner,
+            int(public),
+            record.content_hash,
+            record.path,
+            record.rank,
+            record.base_model,
+            json.dumps(list(record.target_modules)),
+            record.created,
+        )
+        plan = ops.register_adapter(name, replace, fields)
+        return self._run(
+            ops.Plan(plan.script, plan.args, lambda raw: replace_field(record, plan.parse(raw)))
+        )
+
+    def get_adapter(self, name: str) -> Reply[AdapterRecord]:
+        """The stored record of name (AdapterNotFound if none)."""
+        return self._run(ops.get_adapter(self.keys, name))
+
+    def show_adapter(self, name: str) -> Reply[AdapterListing]:
+        """name's record with its pin, warm target and live locations."""
+
+        def _one(rest: list) -> AdapterListing:
+            found = ops.listing(rest)
+            if not found:
+                raise AdapterNotFound(name)
+            return found[0]
+
+        return self._run(ops.script("list_adapters", (name,), _one, name))
+
+    def list_adapters(self) -> Reply[list[AdapterListing]]:
+        """Every adapter (sorted by name) with pin, warm target and live locations."""
+        return self._run(ops.script("list_adapters", ("",), ops.listing, ""))
+
+    def unregister_adapter(self, name: str) -> Reply[str]:
+        """Stop new requests for name. Returns "removed" when no live replica holds it
+        (the record is deleted now), else "draining" (deleted when the last live
+        replica removes it, or by `reap`). Pins and warm targets are dropped."""
+        return self._run(ops.script("unregister_adapter", (name,), lambda r: r[0], name))
+
+    # -- tenants and keys ----------------------------------------------------------
+
+    def create_tenant(self, name: str) -> Reply[None]:
+        """Create tenant name (InvalidRequest if it exists)."""
+        return self._run(ops.create_tenant(check_name("tenant", name), time.time()))
+
+    def list_tenants(self) -> Reply[list[str]]:
+        return self._run(ops.list_tenants(self.keys))
+
+    def issue_api_key(self, tenant: str) -> Reply[str]:
+        """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 is stored."""
+        key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        plan = ops.script("issue_api_key", (tenant, hash_key(key)), lambda _: key, "")
+        return self._run(plan)
+
+    def grant(self, tenant: str, adapter: str) -> Reply[bool]:
+        """Let tenant use adapter. True if newly granted. AdapterNotFound / InvalidRequest."""
+        return self._run(ops.script("grant", (tenant, adapter, 1), lambda r: r[0] == 1, adapter))
+
+    def revoke(self, tenant: str, adapter: str) -> Reply[bool]:
+        """Withdraw a grant. True if one was removed (owner/public access is unaffected)."""
+        return self._run(ops.script("grant", (tenant, adapter, 0), lambda r: r[0] == 1, adapter))
+
+    def resolve_key(self, api_key: str) -> Reply[str | None]:
+        """The tenant owning api_key, or None."""
+        return self._run(ops.resolve_key(self.keys, hash_key(api_key)))
+
+    def authorize(self, tenant: str, adapter: str) -> Reply[bool]:
+        """Whether tenant may send new requests to adapter (False if unknown or draining)."""
+        return self._run(ops.script("authorize", (tenant, adapter), lambda r: bool(r[0]), adapter))
+
+    def resolve_request(
+        self, api_key: str | None, model_name: str, *, auth: bool = True
+    ) -> Reply[ResolvedRequest]:
+        """The request path, one round trip: key -> tenant, adapter -> ref, access
+        check, live locations of that exact version.
+
+        Unauthorized: a bad key, or no key while auth is on. AdapterNotFound: unknown
+        and forbidden alike (existence must not leak). AdapterDraining: unregistered.
+        With auth off and no key, every adapter is allowed (tenant None).
+        """
+        key_hash = hash_key(api_key) if api_key is not None else ""
+        return self._run(ops.resolve_request(model_name, key_hash, auth))
+
+    # -- replicas, leases, residency ------------------------------------------------
+
+    def register_replica(
+        self, replica_id: str, pool: str, deployment: str, slot_capacity: int, ttl_s: float
+    ) -> Reply[int]:
+        """(Re-)register a replica: INCR its epoch, take the lease for ttl_s, and clear
+        what an earlier incarnation reported. Returns the new epoch (fencing token)."""
+        check_name("replica", replica_id)
+        check_choice("pool", pool, REPLICA_POOLS)
+        if slot_capacity < 0:
+            raise ValueError(f"slot_capacity={slot_capacity}; allowed: >= 0")
+        args = (replica_id, pool, deployment, slot_capacity, _ttl_ms(ttl_s), time.time())
+        return self._run(ops.script("register_replica", args, lambda r: int(r[0]), replica_id))
+
+    def heartbeat(self, replica_id: str, epoch: int, ttl_s: float) -> Reply[bool]:
+        """Renew the lease. False: it lapsed (re-register). StaleEpoch: superseded."""
+        return self._run(ops.heartbeat(replica_id, epoch, _ttl_ms(ttl_s)))
+
+    def report_resident(
+        self, replica_id: str, epoch: int, adapter: AdapterVersion, tier: str
+    ) -> Reply[None]:
+        """Record that replica holds adapter (AdapterRef or (name, version)) in tier
+        ("gpu" | "cpu"). StaleEpoch unless (replica_id, epoch) holds the lease."""
+        check_choice("tier", tier, TIERS)
+        name, version, ref_key = _name_version(adapter)
+        args = (replica_id, epoch, name, version, tier, ref_key)
+        return self._run(ops.fenced_write("report_resident", args, replica_id, epoch, name))
+
+    def remove_resident(
+        self, replica_id: str, epoch: int, adapter: AdapterVersion | str
+    ) -> Reply[bool]:
+        """Forget replica's copy of adapter (a bare name: any version). True if removed.
+        Finishes unregistering a draining adapter once no live replica holds it."""
+        if isinstance(adapter, str):
+            name, version = adapter, ""
+        else:
+            name, num, _ = _name_version(adapter)
+            version = str(num)
+        args = (replica_id, epoch, name, version)
+        plan = ops.fenced_write("remove_resident", args, replica_id, epoch, name)
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: plan.parse(raw)[0] == 1))
+
+    def locations(self, name: str) -> Reply[tuple[Location, ...]]:
+        """Live replicas holding name's current version: sorted (replica, tier, pool)."""
+        return self._run(ops.script("locations", (name,), ops.locations, name))
+
+    def list_replicas(self) -> Reply[list[ReplicaInfo]]:
+        """Every registered replica (live or not), sorted by id."""
+        return self._run(ops.script("list_replicas", (), ops.replicas, ""))
+
+    def reap(self) -> Reply[tuple[int, int]]:
+        """Forget replicas whose lease lapsed and finish drained adapters.
+        Returns (replicas removed, adapters removed). Safe to run from anywhere."""
+        return self._run(ops.script("reap", (), lambda r: (int(r[0]), int(r[1])), ""))
+
+    # -- desired state ---------------------------------------------------------------
+
+    def pin(self, name: str, pool: str = "all") -> Reply[None]:
+        """Replicas of pool ("all" | "prefill" | "decode") holding name keep it in GPU."""
+        check_choice("pool", pool, PIN_POOLS)
+        return self._run(ops.script("pin", (name, pool), lambda _: None, name))
+
+    def unpin(self, name: str) -> Reply[None]:
+        return self._run(ops.script("pin", (name, ""), lambda _: None, name))
+
+    def warm(self, name: str, replicas: int, pool: str = "all") -> Reply[None]:
+        """Desire `replicas` GPU-resident copies of name in pool (0 clears the target)."""
+        check_choice("pool", pool, PIN_POOLS)
+        if not 0 <= replicas <= 100_000:
+            raise ValueError(f"replicas={replicas}; allowed: 0 .. 100000")
+        return self._run(ops.script("warm", (name, replicas, pool), lambda _: None, name))
+
+    def desired_state(self) -> Reply[DesiredState]:
+        """The full desired state (the periodic reconcile; hints only say "re-read")."""
+        return self._run(ops.script("desired_state", (), ops.desired, ""))
+
+    def status(self) -> Reply[RegistryStatus]:
+        return self._run(ops.script("status", (), ops.status, ""))
+
+
+def replace_field(record: AdapterRecord, version: int) -> AdapterRecord:
+    return dataclasses.replace(record, version=version)
+
+
+class Registry(_Api):
+    """Sync registry on a pooled, thread-safe redis-py client."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        namespace: str = "lorafleet",
+        *,
+        max_lora_rank: int = 64,
+        retry: RetryPolicy = RetryPolicy(),
+    ):
+        super().__init__(url, namespace, max_lora_rank, retry)
+        self._exec = SyncExecutor(url, self.keys.ns, retry)
+
+    @property
+    def client(self):
+        """The underlying redis.Redis (for benchmarks and tests)."""
+        return self._exec.client
+
+    def _run(self, plan: ops.Plan[T]) -> T:
+        return self._exec.run(plan)
+
+    def subscribe_hints(self) -> HintSubscription:
+        """Subscribe to desired-state hints (see HintSubscription)."""
+        return HintSubscription(self._exec.client, self.keys.hints, self.url)
+
+    def close(self) -> None:
+        self._exec.close()
+
+
+class AsyncRegistry(_Api):
+    """asyncio registry: the same methods as Registry, each returning an awaitable."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        namespace: str = "lorafleet",
+        *,
+        max_lora_rank: int = 64,
+        retry: RetryPolicy = RetryPolicy(),
+    ):
+        super().__init__(url, namespace, max_lora_rank, retry)
+        self._exec = AsyncExecutor(url, self.keys.ns, retry)
+
+    @property
+    def client(self):
+        """The underlying redis.asyncio.Redis."""
+        return self._exec.client
+
+    def _run(self, plan: ops.Plan[T]) -> Awaitable[T]:
+        return self._exec.run(plan)
+
+    def subscribe_hints(self) -> AsyncHintSubscription:
+        return AsyncHintSubscription(self._exec.client, self.keys.hints, self.url)
+
+    async def close(self) -> None:
+        await self._exec.close()

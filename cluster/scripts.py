@@ -1,0 +1,325 @@
+"""Lua scripts of the registry: every multi-key read or write is one atomic script.
+
+Each script gets ARGV[1] = namespace and builds keys with `k(...)` exactly as
+`cluster.keys` documents them. Each returns a JSON array whose first element is a
+status ("ok", "not_found", "stale", ...) that `cluster.ops` turns into a value or
+a typed error. Redis runs a script with time frozen at its start, so the lease
+checks inside one script all see the same instant.
+"""
+
+from __future__ import annotations
+
+_HELPERS = r"""
+local ns = ARGV[1]
+local function k(...) return ns .. ':' .. table.concat({...}, ':') end
+local function ret(...) return cjson.encode({...}) end
+local function hmap(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local function split_resident(v)
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|')
+end
+-- Live locations of name (only entries whose replica still holds its lease with
+-- the epoch that wrote them); version nil means any version.
+local function locations(name, version)
+  local out = {}
+  local flat = redis.call('HGETALL', k('resident', name))
+  for i = 1, #flat, 2 do
+    local id = flat[i]
+    local tier, ver, ep = split_resident(flat[i + 1])
+    if (version == nil or ver == version) and redis.call('GET', k('lease', id)) == ep then
+      out[#out + 1] = {id, tier, redis.call('HGET', k('replica', id), 'pool') or ''}
+    end
+  end
+  return out
+end
+-- nil when (id, epoch) holds the lease; 'stale' when a newer registration exists;
+-- 'lapsed' when the lease expired (or Redis lost it) and the replica must re-register.
+local function fence(id, epoch)
+  local cur = redis.call('GET', k('epoch', id))
+  if cur and cur ~= epoch then return 'stale' end
+  if not cur or redis.call('GET', k('lease', id)) ~= epoch then return 'lapsed' end
+  return nil
+end
+local function bump(name, change)
+  local v = redis.call('INCR', k('desired'))
+  redis.call('PUBLISH', k('hints'), cjson.encode({version = v, adapter = name, change = change}))
+  return v
+end
+local function finalize(name)
+  for _, id in ipairs(redis.call('HKEYS', k('resident', name))) do
+    redis.call('SREM', k('replica', id, 'adapters'), name)
+  end
+  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name))
+  redis.call('SREM', k('adapters'), name)
+  redis.call('SREM', k('draining'), name)
+  redis.call('HDEL', k('pins'), name)
+  redis.call('HDEL', k('warm'), name)
+  bump(name, 'removed')
+end
+local function allowed(rec, tenant)
+  return rec.public == '1' or rec.owner == tenant
+    or redis.call('SISMEMBER', k('grants', rec.name), tenant) == 1
+end
+"""
+
+_BODIES: dict[str, str] = {
+    # ARGV: ns, name, replace, owner, public, content_hash, path, rank, base_model,
+    #       target_modules (JSON), created
+    "register_adapter": r"""
+local name, owner = ARGV[2], ARGV[4]
+if owner ~= '' and redis.call('EXISTS', k('tenant', owner)) == 0 then
+  return ret('no_tenant', owner)
+end
+local exists = redis.call('EXISTS', k('adapter', name)) == 1
+if exists and ARGV[3] ~= '1' then
+  return ret('exists', redis.call('HGET', k('adapter', name), 'version'))
+end
+local v = redis.call('INCR', k('version', name))
+redis.call('DEL', k('adapter', name))
+redis.call('HSET', k('adapter', name), 'name', name, 'version', v, 'content_hash', ARGV[6],
+  'path', ARGV[7], 'rank', ARGV[8], 'base_model', ARGV[9], 'target_modules', ARGV[10],
+  'owner', owner, 'public', ARGV[5], 'created', ARGV[11], 'state', 'active')
+redis.call('SADD', k('adapters'), name)
+if exists then
+  redis.call('SREM', k('draining'), name)
+  bump(name, 'replaced')
+end
+return ret('ok', v)
+""",
+    # ARGV: ns, name
+    "unregister_adapter": r"""
+local name = ARGV[2]
+if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
+if #locations(name, nil) == 0 then
+  finalize(name)
+  return ret('ok', 'removed')
+end
+redis.call('HSET', k('adapter', name), 'state', 'draining')
+redis.call('SADD', k('draining'), name)
+redis.call('HDEL', k('pins'), name)
+redis.call('HDEL', k('warm'), name)
+bump(name, 'draining')
+return ret('ok', 'draining')
+""",
+    # ARGV: ns, name, key_hash ('' = no key), require_key ('1'/'0')
+    "resolve_request": r"""
+local name, tenant = ARGV[2], false
+if ARGV[3] ~= '' then
+  tenant = redis.call('GET', k('apikey', ARGV[3]))
+  if not tenant then return ret('unauthorized') end
+elseif ARGV[4] == '1' then
+  return ret('unauthorized')
+end
+local rec = hmap(redis.call('HGETALL', k('adapter', name)))
+if not rec.name then return ret('not_found') end
+if tenant and not allowed(rec, tenant) then return ret('not_found') end
+if rec.state == 'draining' then return ret('draining') end
+return ret('ok', rec, tenant or '', locations(name, rec.version))
+""",
+    # ARGV: ns, name
+    "locations": r"""
+local version = redis.call('HGET', k('adapter', ARGV[2]), 'version')
+if not version then return ret('not_found') end
+return ret('ok', locations(ARGV[2], version))
+""",
+    # ARGV: ns, tenant, adapter
+    "authorize": r"""
+local rec = hmap(redis.call('HGETALL', k('adapter', ARGV[3])))
+if not rec.name or rec.state == 'draining' then return ret('ok', false) end
+if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('ok', false) end
+return ret('ok', allowed(rec, ARGV[2]))
+""",
+    # ARGV: ns, tenant, created
+    "create_tenant": r"""
+if redis.call('EXISTS', k('tenant', ARGV[2])) == 1 then return ret('exists') end
+redis.call('HSET', k('tenant', ARGV[2]), 'name', ARGV[2], 'created', ARGV[3])
+redis.call('SADD', k('tenants'), ARGV[2])
+return ret('ok')
+""",
+    # ARGV: ns, tenant, key_hash
+    "issue_api_key": r"""
+if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('no_tenant', ARGV[2]) end
+redis.call('SET', k('apikey', ARGV[3]), ARGV[2])
+redis.call('SADD', k('tenant', ARGV[2], 'keys'), ARGV[3])
+return ret('ok')
+""",
+    # ARGV: ns, tenant, adapter, '1' grant / '0' revoke
+    "grant": r"""
+if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('no_tenant', ARGV[2]) end
+if redis.call('EXISTS', k('adapter', ARGV[3])) == 0 then return ret('not_found') end
+if ARGV[4] == '1' then
+  return ret('ok', redis.call('SADD', k('grants', ARGV[3]), ARGV[2]))
+end
+return ret('ok', redis.call('SREM', k('grants', ARGV[3]), ARGV[2]))
+""",
+    # ARGV: ns, id, pool, deployment, slot_capacity, ttl_ms, now
+    "register_replica": r"""
+local id = ARGV[2]
+local e = redis.call('INCR', k('epoch', id))
+redis.call('SET', k('lease', id), e, 'PX', ARGV[6])
+redis.call('HSET', k('replica', id), 'id', id, 'pool', ARGV[3], 'deployment', ARGV[4],
+  'slot_capacity', ARGV[5], 'epoch', e, 'registered', ARGV[7])
+redis.call('SADD', k('replicas'), id)
+-- a new incarnation holds nothing until it reports again
+for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
+  redis.call('HDEL', k('resident', name), id)
+end
+redis.call('DEL', k('replica', id, 'adapters'))
+return ret('ok', e)
+""",
+    # ARGV: ns, id, epoch, ttl_ms
+    "heartbeat": r"""
+local f = fence(ARGV[2], ARGV[3])
+if f then return ret(f, redis.call('GET', k('epoch', ARGV[2])) or '0') end
+redis.call('PEXPIRE', k('lease', ARGV[2]), ARGV[4])
+return ret('ok')
+""",
+    # ARGV: ns, id, epoch, name, version, tier, ref_key
+    "report_resident": r"""
+local id, name = ARGV[2], ARGV[4]
+local f = fence(id, ARGV[3])
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
+redis.call('HSET', k('resident', name), id,
+  ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. ARGV[7])
+redis.call('SADD', k('replica', id, 'adapters'), name)
+return ret('ok')
+""",
+    # ARGV: ns, id, epoch, name, version ('' = any)
+    "remove_resident": r"""
+local id, name = ARGV[2], ARGV[4]
+local f = fence(id, ARGV[3])
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local cur = redis.call('HGET', k('resident', name), id)
+local removed = 0
+if cur then
+  local _, ver = split_resident(cur)
+  if ARGV[5] == '' or ver == ARGV[5] then
+    removed = redis.call('HDEL', k('resident', name), id)
+    redis.call('SREM', k('replica', id, 'adapters'), name)
+  end
+end
+if redis.call('SISMEMBER', k('draining'), name) == 1 and #locations(name, nil) == 0 then
+  finalize(name)
+end
+return ret('ok', removed)
+""",
+    # ARGV: ns, name, pool ('' = unpin)
+    "pin": r"""
+local name = ARGV[2]
+local state = redis.call('HGET', k('adapter', name), 'state')
+if not state then return ret('not_found') end
+if ARGV[3] == '' then
+  if redis.call('HDEL', k('pins'), name) == 1 then bump(name, 'unpin') end
+  return ret('ok')
+end
+if state == 'draining' then return ret('draining') end
+redis.call('HSET', k('pins'), name, ARGV[3])
+bump(name, 'pin')
+return ret('ok')
+""",
+    # ARGV: ns, name, replicas, pool
+    "warm": r"""
+local name = ARGV[2]
+local state = redis.call('HGET', k('adapter', name), 'state')
+if not state then return ret('not_found') end
+if ARGV[3] == '0' then
+  if redis.call('HDEL', k('warm'), name) == 1 then bump(name, 'warm') end
+  return ret('ok')
+end
+if state == 'draining' then return ret('draining') end
+redis.call('HSET', k('warm'), name, ARGV[3] .. '|' .. ARGV[4])
+bump(name, 'warm')
+return ret('ok')
+""",
+    # ARGV: ns
+    "desired_state": r"""
+local pins = hmap(redis.call('HGETALL', k('pins')))
+local warm = hmap(redis.call('HGETALL', k('warm')))
+local refs = {}
+for _, tbl in ipairs({pins, warm}) do
+  for name, _ in pairs(tbl) do
+    refs[name] = hmap(redis.call('HGETALL', k('adapter', name)))
+  end
+end
+return ret('ok', tonumber(redis.call('GET', k('desired')) or '0'), pins, warm,
+  redis.call('SMEMBERS', k('draining')), refs)
+""",
+    # ARGV: ns, name ('' = all)
+    "list_adapters": r"""
+local names = {ARGV[2]}
+if ARGV[2] == '' then names = redis.call('SMEMBERS', k('adapters')) end
+local out = {}
+for _, name in ipairs(names) do
+  local rec = hmap(redis.call('HGETALL', k('adapter', name)))
+  if rec.name then
+    out[#out + 1] = {rec, redis.call('HGET', k('pins'), name) or '',
+      redis.call('HGET', k('warm'), name) or '', locations(name, rec.version)}
+  end
+end
+return ret('ok', out)
+""",
+    # ARGV: ns
+    "list_replicas": r"""
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', k('replicas'))) do
+  local rec = hmap(redis.call('HGETALL', k('replica', id)))
+  if rec.id then
+    local live = redis.call('GET', k('lease', id)) == rec.epoch
+    local gpu, cpu = 0, 0
+    for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
+      local v = redis.call('HGET', k('resident', name), id)
+      if v then
+        if split_resident(v) == 'gpu' then gpu = gpu + 1 else cpu = cpu + 1 end
+      end
+    end
+    out[#out + 1] = {rec, live, gpu, cpu}
+  end
+end
+return ret('ok', out)
+""",
+    # ARGV: ns
+    "reap": r"""
+local dead = 0
+for _, id in ipairs(redis.call('SMEMBERS', k('replicas'))) do
+  local epoch = redis.call('HGET', k('replica', id), 'epoch')
+  if not epoch or redis.call('GET', k('lease', id)) ~= epoch then
+    for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
+      redis.call('HDEL', k('resident', name), id)
+    end
+    redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
+    redis.call('SREM', k('replicas'), id)
+    dead = dead + 1
+  end
+end
+local drained = 0
+for _, name in ipairs(redis.call('SMEMBERS', k('draining'))) do
+  if #locations(name, nil) == 0 then
+    finalize(name)
+    drained = drained + 1
+  end
+end
+return ret('ok', dead, drained)
+""",
+    # ARGV: ns
+    "status": r"""
+local live, total = {prefill = 0, decode = 0, mixed = 0}, 0
+for _, id in ipairs(redis.call('SMEMBERS', k('replicas'))) do
+  local rec = hmap(redis.call('HGETALL', k('replica', id)))
+  if rec.id then
+    total = total + 1
+    if redis.call('GET', k('lease', id)) == rec.epoch then
+      live[rec.pool] = (live[rec.pool] or 0) + 1
+    end
+  end
+end
+return ret('ok', redis.call('SCARD', k('adapters')), redis.call('SCARD', k('draining')),
+  redis.call('SCARD', k('tenants')), redis.call('HLEN', k('pins')),
+  redis.call('HLEN', k('warm')), tonumber(redis.call('GET', k('desired')) or '0'), total, live)
+""",
+}
+
+SCRIPTS: dict[str, str] = {name: _HELPERS + body for name, body in _BODIES.items()}

@@ -1,0 +1,96 @@
+"""Read a `.safetensors` header in pure Python (torch-free, so `cluster` can validate adapters).
+
+File layout: 8-byte little-endian header length n, then n bytes of JSON
+`{name: {"dtype": "F32", "shape": [r, h], "data_offsets": [begin, end]}, "__metadata__": {...}}`,
+then the tensor bytes; offsets are relative to the end of the header.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from lora_core.errors import AdapterLoadFailed
+
+DTYPE_BYTES: dict[str, int] = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+# The safetensors format itself refuses headers above 100 MB.
+MAX_HEADER_BYTES = 100_000_000
+
+TensorInfo = tuple[str, tuple[int, ...]]
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, TensorInfo]:
+    """{tensor_name: (dtype_str, shape)} of a safetensors file; AdapterLoadFailed if corrupt."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise _corrupt(path, f"file is {size} bytes, shorter than the 8-byte header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
+                raise _corrupt(path, f"header length {length} does not fit a {size}-byte file")
+            raw = f.read(length)
+    except OSError as e:
+        raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _corrupt(path, f"header is not valid JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise _corrupt(path, "header is not a JSON object")
+    data_bytes = size - 8 - length
+    return {
+        name: _tensor_info(path, name, entry, data_bytes)
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_bytes: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise _corrupt(path, f"entry {name!r} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+        raise _corrupt(path, f"tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise _corrupt(path, f"tensor {name!r} has a bad shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+    ):
+        raise _corrupt(path, f"tensor {name!r} has bad data_offsets {offsets!r}")
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if not 0 <= begin <= end <= data_bytes:
+        raise _corrupt(
+            path, f"tensor {name!r} data_offsets {offsets} lie beyond the {data_bytes} data bytes"
+        )
+    if end - begin != numel * DTYPE_BYTES[dtype]:
+        need = numel * DTYPE_BYTES[dtype]
+        raise _corrupt(
+            path, f"tensor {name!r} holds {end - begin} bytes; {dtype} {shape} needs {need}"
+        )
+    return dtype, tuple(shape)
+
+
+def _corrupt(path: Path, why: str) -> AdapterLoadFailed:
+    return AdapterLoadFailed(f"{path}: corrupt safetensors file: {why}")

@@ -1,0 +1,281 @@
+"""Validate a PEFT LoRA adapter directory without torch (the registry calls this too).
+
+Nothing is loaded: the config is parsed, the safetensors header is read, and every
+tensor name and shape is checked against the config (and the base model when given).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from lora_core.base_shape import BaseShape
+from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
+from lora_core.module_names import (
+    module_key,
+    parse_module_key,
+    parse_tensor_name,
+    supported_keys,
+    unsupported_keys,
+)
+from lora_core.peft_config import LoraSpec
+from lora_core.safetensors_header import TensorInfo, read_safetensors_header
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PICKLE_FILE = "adapter_model.bin"
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+_PATH_ALLOWED = f"an existing local directory holding {CONFIG_FILE} and {WEIGHTS_FILE}"
+_MODULES_ALLOWED = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One adapted projection: lora_A [rank, in_features], lora_B [out_features, rank]."""
+
+    rank: int
+    in_features: int
+    out_features: int
+    scaling: float
+    dtype: str
+
+
+@dataclass(frozen=True)
+class AdapterManifest:
+    """A validated adapter directory.
+
+    path: the resolved directory. spec: its parsed config.
+    rank: the largest rank of any module. target_modules: short names that have
+    tensors, sorted (e.g. ("k_proj", "q_proj")). modules: {(layer, short name): info}.
+    content_hash: sha256 hex of adapter_config.json bytes + adapter_model.safetensors bytes.
+    base_model: base_model_name_or_path from the config ("" if unset).
+    """
+
+    path: str
+    spec: LoraSpec
+    rank: int
+    target_modules: tuple[str, ...]
+    modules: dict[tuple[int, str], ModuleInfo]
+    content_hash: str
+    base_model: str
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.path) / CONFIG_FILE
+
+    @property
+    def weights_path(self) -> Path:
+        return Path(self.path) / WEIGHTS_FILE
+
+
+def resolve_adapter_dir(path: str | Path) -> Path:
+    """The resolved local directory; AdapterLoadFailed for URLs, hub ids, files, missing paths."""
+    text = str(path)
+    if "://" in text:
+        raise AdapterLoadFailed(
+            f"path={text!r}: URLs are not loaded here; allowed: {_PATH_ALLOWED}"
+        )
+    try:
+        resolved = Path(text).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as e:
+        raise AdapterLoadFailed(f"path={text!r} does not exist; allowed: {_PATH_ALLOWED}") from e
+    if not resolved.is_dir():
+        raise AdapterLoadFailed(f"path={text!r} is not a directory; allowed: {_PATH_ALLOWED}")
+    return resolved
+
+
+def content_hash(path: str | Path) -> str:
+    """sha256 hex over adapter_config.json bytes then adapter_model.safetensors bytes."""
+    root = resolve_adapter_dir(path)
+    digest = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            with (root / name).open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as e:
+            raise AdapterLoadFailed(f"cannot read {root / name}: {e}") from e
+    return digest.hexdigest()
+
+
+def validate_adapter_dir(
+    path: str | Path, *, max_rank: int, base: BaseShape | None = None
+) -> AdapterManifest:
+    """Check an adapter directory; AdapterLoadFailed / AdapterIncompatible name what is wrong.
+
+    Without `base` (the registry) everything but the fit to the base shapes is checked.
+    """
+    root = resolve_adapter_dir(path)
+    _require_files(root)
+    spec = LoraSpec.from_file(root / CONFIG_FILE)
+    tensors = read_safetensors_header(root / WEIGHTS_FILE)
+    expected = _check_targets(spec, _num_layers(tensors, base))
+    pairs = _pair_tensors(tensors)
+    modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
+    _check_coverage(expected, set(modules))
+    return AdapterManifest(
+        path=str(root),
+        spec=spec,
+        rank=max(info.rank for info in modules.values()),
+        target_modules=tuple(sorted({m for _, m in modules})),
+        modules=modules,
+        content_hash=content_hash(root),
+        base_model=spec.base_model,
+    )
+
+
+def _num_layers(tensors: dict[str, TensorInfo], base: BaseShape | None) -> int:
+    """The base's layer count, or (without a base) as many layers as the tensors name."""
+    if base is not None:
+        return base.num_layers
+    layers = [p[0] for name in tensors if (p := parse_tensor_name(name)) is not None]
+    return 1 + max(layers, default=0)
+
+
+def _require_files(root: Path) -> None:
+    if not (root / CONFIG_FILE).is_file():
+        raise AdapterLoadFailed(f"{root}: {CONFIG_FILE} is missing; allowed: {_PATH_ALLOWED}")
+    if not (root / WEIGHTS_FILE).is_file():
+        if (root / PICKLE_FILE).exists():
+            raise AdapterLoadFailed(
+                f"{root}: only {PICKLE_FILE} (pickle) is present; pickles are never loaded, "
+                f"safetensors only: allowed: {WEIGHTS_FILE} (save_pretrained(safe_serialization=True))"
+            )
+        raise AdapterLoadFailed(f"{root}: {WEIGHTS_FILE} is missing; allowed: {_PATH_ALLOWED}")
+
+
+def _pair_tensors(tensors: dict[str, TensorInfo]) -> dict[tuple[int, str], dict[str, TensorInfo]]:
+    """{(layer, module): {"A": info, "B": info}}; refuses foreign or unpaired tensors."""
+    pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
+    for name, info in tensors.items():
+        parsed = parse_tensor_name(name)
+        if parsed is None:
+            raise AdapterIncompatible(
+                name,
+                "not a lora_A/lora_B weight of a supported module",
+                f"base_model.model.model.layers.<i>.(self_attn|mlp).<module>.lora_(A|B).weight "
+                f"for module in {_MODULES_ALLOWED}",
+            )
+        layer, module, ab = parsed
+        pairs.setdefault((layer, module), {})[ab] = info
+    if not pairs:
+        raise AdapterIncompatible(WEIGHTS_FILE, "holds no LoRA tensors", "lora_A/lora_B weights")
+    for (layer, module), ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            missing = "lora_B" if "A" in ab else "lora_A"
+            raise AdapterIncompatible(
+                f"{module_key(layer, module)}.{missing}.weight",
+                "is missing",
+                "both lora_A and lora_B",
+            )
+    return pairs
+
+
+def _check_targets(spec: LoraSpec, num_layers: int) -> set[tuple[int, str]]:
+    """The (layer, module) pairs the config targets; refuses targets the base lacks."""
+    for key in unsupported_keys(num_layers):
+        if spec.targets(key):
+            raise AdapterIncompatible(
+                "target_modules",
+                f"matches {key!r}, which this engine cannot adapt",
+                _MODULES_ALLOWED,
+            )
+    matched = [k for k in supported_keys(num_layers) if spec.targets(k)]
+    if not matched:
+        raise AdapterIncompatible(
+            "target_modules",
+            f"{spec.target_modules!r} matches no module of the base model",
+            _MODULES_ALLOWED,
+        )
+    if not isinstance(spec.target_modules, str):
+        for entry in spec.target_modules:
+            if not any(k == entry or k.endswith(f".{entry}") for k in matched):
+                raise AdapterIncompatible(
+                    "target_modules",
+                    f"{entry!r} matches no module of the base model",
+                    _MODULES_ALLOWED,
+                )
+    return {lm for k in matched if (lm := parse_module_key(k)) is not None}
+
+
+def _module_info(
+    spec: LoraSpec,
+    layer_module: tuple[int, str],
+    ab: dict[str, TensorInfo],
+    max_rank: int,
+    base: BaseShape | None,
+) -> ModuleInfo:
+    layer, module = layer_module
+    key = module_key(layer, module)
+    (a_dtype, a_shape), (b_dtype, b_shape) = ab["A"], ab["B"]
+    for suffix, dtype, shape in (("A", a_dtype, a_shape), ("B", b_dtype, b_shape)):
+        if dtype not in FLOAT_DTYPES or len(shape) != 2:
+            raise AdapterIncompatible(
+                f"{key}.lora_{suffix}.weight",
+                f"dtype {dtype} shape {list(shape)}",
+                "a 2-D float tensor",
+            )
+    rank, in_features = a_shape
+    out_features = b_shape[0]
+    if b_shape[1] != rank:
+        raise AdapterIncompatible(
+            f"{key}.lora_B.weight",
+            f"shape {list(b_shape)} does not match lora_A {list(a_shape)}",
+            f"[out_features, {rank}]",
+        )
+    _check_rank(spec, key, rank, max_rank)
+    if base is not None and layer >= base.num_layers:
+        raise AdapterIncompatible(
+            f"{key}.lora_A.weight",
+            f"layer {layer} does not exist in the base model",
+            f"layers 0..{base.num_layers - 1}",
+        )
+    if base is not None and (in_features, out_features) != base.module_shape(module):
+        want_in, want_out = base.module_shape(module)
+        raise AdapterIncompatible(
+            f"{key}.lora_A/lora_B.weight",
+            f"in/out features ({in_features}, {out_features}) do not fit the base model",
+            f"lora_A [r, {want_in}], lora_B [{want_out}, r]",
+        )
+    return ModuleInfo(rank, in_features, out_features, spec.scaling_for(key), a_dtype)
+
+
+def _check_rank(spec: LoraSpec, key: str, rank: int, max_rank: int) -> None:
+    declared, field = spec.rank_for(key), spec.rank_field(key)
+    if declared > max_rank:
+        raise AdapterIncompatible(
+            field, f"rank {declared} of {key} exceeds max_rank", f"rank <= {max_rank}"
+        )
+    if rank != declared:
+        raise AdapterIncompatible(
+            f"{key}.lora_A.weight", f"rank {rank} but {field} says {declared}", f"rank {declared}"
+        )
+
+
+def _check_coverage(expected: set[tuple[int, str]], present: set[tuple[int, str]]) -> None:
+    extra = sorted(present - expected)
+    if extra:
+        layer, module = extra[0]
+        raise AdapterIncompatible(
+            f"{module_key(layer, module)}.lora_A.weight",
+            "is not targeted by target_modules/layers_to_transform",
+            "tensors only for targeted modules",
+        )
+    missing = sorted(expected - present)
+    if missing:
+        layer, module = missing[0]
+        raise AdapterIncompatible(
+            f"{module_key(layer, module)}.lora_A.weight",
+            f"is missing ({len(missing)} targeted modules have no tensors)",
+            "lora_A and lora_B for every targeted module",
+        )
+
+
+__all__ = [
+    "AdapterManifest",
+    "ModuleInfo",
+    "content_hash",
+    "resolve_adapter_dir",
+    "validate_adapter_dir",
+]
