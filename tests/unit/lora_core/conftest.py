@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,35 +36,34 @@ def tiny_base(arch: str = "llama") -> BaseShape:
     return BaseShape.from_hf_config(cfg)
 
 
-def build_peft_model(arch: str = "llama", seed: int = 0, **lora: object):
-    """A PeftModel with random (non-zero) lora_A and lora_B."""
+def build_peft_model(arch: str = "llama", seed: int = 0, lora_seed: int = 1, **lora: object):
+    """A PeftModel with random (non-zero) lora_A and lora_B; `seed` fixes the base weights."""
     lora.setdefault("r", 4)
     lora.setdefault("lora_alpha", 8)
     lora.setdefault("target_modules", ["q_proj", "v_proj"])
-    model = get_peft_model(tiny_model(arch, seed), LoraConfig(init_lora_weights=False, **lora))
+    base_model = tiny_model(arch, seed)
+    torch.manual_seed(lora_seed)
+    model = get_peft_model(base_model, LoraConfig(init_lora_weights=False, **lora))
     return model.eval()
 
 
-def save_adapter(path: Path, arch: str = "llama", seed: int = 0, **lora: object) -> Path:
+def save_adapter(
+    path: Path, arch: str = "llama", seed: int = 0, lora_seed: int = 1, **lora: object
+) -> Path:
     """Build a PEFT adapter with random weights and save_pretrained it under `path`."""
-    model = build_peft_model(arch, seed, **lora)
+    model = build_peft_model(arch, seed, lora_seed, **lora)
     model.save_pretrained(str(path))
     return path
 
 
-def edit_config(path: Path, **changes: object) -> None:
-    cfg_path = path / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(changes)
-    cfg_path.write_text(json.dumps(cfg))
-
-
 @pytest.fixture
 def make_adapter(tmp_path: Path) -> Callable[..., Path]:
-    """make_adapter(name="a", arch="llama", seed=0, **LoraConfig kwargs) -> adapter dir."""
+    """make_adapter(name="a", arch="llama", seed=0, lora_seed=1, **LoraConfig kwargs) -> dir."""
 
-    def make(name: str = "a", arch: str = "llama", seed: int = 0, **lora: object) -> Path:
-        return save_adapter(tmp_path / name, arch, seed, **lora)
+    def make(
+        name: str = "a", arch: str = "llama", seed: int = 0, lora_seed: int = 1, **lora: object
+    ) -> Path:
+        return save_adapter(tmp_path / name, arch, seed, lora_seed, **lora)
 
     return make
 
@@ -77,5 +75,5 @@ def base() -> BaseShape:
 
 @pytest.fixture
 def build_peft() -> Callable[..., torch.nn.Module]:
-    """build_peft(arch="llama", seed=0, **LoraConfig kwargs) -> PeftModel (random A and B)."""
+    """build_peft(arch="llama", seed=0, lora_seed=1, **LoraConfig kwargs) -> PeftModel."""
     return build_peft_model
