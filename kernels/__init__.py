@@ -7,9 +7,27 @@ Semantics:
         for t, s: out[s, t] = scale * A_s[slot_t] @ x[t]   (0 where slot_t == -1)
     lora_expand(y, buf, lora_b, token_slots, add_inputs=True) -> y
         for t with slot_t >= 0, for s: y[t, off_s:off_s+N_s] (+)= B_s[slot_t] @ buf[s, t]
+    With per-slot ranks (SegmentMeta.slot_ranks, int [L]), slot l uses only rows
+    r < rank_l of A_s[l] / columns r < rank_l of B_s[l]; out[s, t, r >= rank_l] = 0.
+
+Signatures:
+    lora_shrink(x: [T, H], lora_a: tuple of S [L, R, H], token_slots: int [T] | SegmentMeta,
+                *, scale: float = 1.0) -> float32 [S, T, R]
+    lora_expand(y: [T, sum N_s], buf: float32 [S, T, R], lora_b: tuple of S [L, N_s, R],
+                token_slots: int [T] | SegmentMeta, *, add_inputs: bool = True) -> y
+    build_meta(token_slots: int [T], num_slots: int, slot_ranks: int [L] | None = None,
+               out: SegmentMeta | None = None) -> SegmentMeta
+    SegmentMeta.empty(num_tokens, num_slots, device, block_m=None) -> SegmentMeta (preallocated)
+
+S is 1 (plain), 2 (gate_up) or 3 (qkv); x, lora_a share a dtype (fp16/bf16/fp32);
+every tensor may have any strides. Pass token_slots (a tensor) and the metadata is
+built per call; build a SegmentMeta once per step and pass it to every layer to
+build it once and to use per-slot ranks. build_meta into a preallocated SegmentMeta
+runs on the device with no host sync, so a decode step can be captured in a CUDA graph.
 
 Backend: LORAFLEET_KERNELS=auto|triton|reference (auto: Triton on CUDA tensors,
-reference on CPU).
+reference on CPU). `triton` on CPU tensors needs TRITON_INTERPRET=1 (set before
+kernels.triton is imported): the Triton interpreter, as the CPU tests run it.
 """
 
 from __future__ import annotations
@@ -18,6 +36,7 @@ import os
 
 import torch
 
+from kernels.meta import SegmentMeta, build_meta
 from kernels.reference import lora_expand_ref, lora_shrink_ref
 
 _BACKENDS = ("auto", "triton", "reference")
@@ -33,22 +52,44 @@ def backend_for(device: torch.device) -> str:
     return choice
 
 
-def lora_shrink(x, lora_a, token_slots, *, scale: float = 1.0):
-    """x: [T, H]; lora_a: tuple of S [L, R, H]; token_slots: int [T] -> float32 [S, T, R]."""
+def _split(token_slots: torch.Tensor | SegmentMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(token_slots, slot_ranks) for the reference."""
+    if isinstance(token_slots, SegmentMeta):
+        return token_slots.token_slots, token_slots.slot_ranks
+    return token_slots, None
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    token_slots: torch.Tensor | SegmentMeta,
+    *,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """x: [T, H]; lora_a: tuple of S [L, R, H]; token_slots: int [T] or SegmentMeta -> float32 [S, T, R]."""
     if backend_for(x.device) == "triton":
         from kernels.triton.lora_shrink import lora_shrink_triton
 
         return lora_shrink_triton(x, lora_a, token_slots, scale=scale)
-    return lora_shrink_ref(x, lora_a, token_slots, scale=scale)
+    slots, ranks = _split(token_slots)
+    return lora_shrink_ref(x, lora_a, slots, scale=scale, slot_ranks=ranks)
 
 
-def lora_expand(y, buf, lora_b, token_slots, *, add_inputs: bool = True):
+def lora_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: tuple[torch.Tensor, ...],
+    token_slots: torch.Tensor | SegmentMeta,
+    *,
+    add_inputs: bool = True,
+) -> torch.Tensor:
     """y: [T, sum N_s] updated in place; buf: float32 [S, T, R]; lora_b: tuple of S [L, N_s, R]."""
     if backend_for(y.device) == "triton":
         from kernels.triton.lora_expand import lora_expand_triton
 
         return lora_expand_triton(y, buf, lora_b, token_slots, add_inputs=add_inputs)
-    return lora_expand_ref(y, buf, lora_b, token_slots, add_inputs=add_inputs)
+    slots, ranks = _split(token_slots)
+    return lora_expand_ref(y, buf, lora_b, slots, add_inputs=add_inputs, slot_ranks=ranks)
 
 
-__all__ = ["backend_for", "lora_expand", "lora_shrink"]
+__all__ = ["SegmentMeta", "backend_for", "build_meta", "lora_expand", "lora_shrink"]

@@ -2,7 +2,8 @@
 
 Correct on any device and dtype; used on CPU by default and as the oracle for the
 Triton kernels. Tokens are grouped by slot so the cost is one gather+matmul per
-active slot, never per token.
+active slot, never per token. `slot_ranks` (int [L], the actual rank of each slot)
+limits slot l to its first slot_ranks[l] rows of A / columns of B.
 """
 
 from __future__ import annotations
@@ -21,22 +22,29 @@ def _groups(token_slots: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     return [(s, torch.tensor(idx, device=dev, dtype=torch.long)) for s, idx in by_slot.items()]
 
 
+def _rank_of(slot: int, slot_ranks: torch.Tensor | None, rank: int) -> int:
+    return rank if slot_ranks is None else min(int(slot_ranks[slot]), rank)
+
+
 def lora_shrink_ref(
     x: torch.Tensor,
     lora_a: tuple[torch.Tensor, ...],
     token_slots: torch.Tensor,
     *,
     scale: float = 1.0,
+    slot_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H]; lora_a: S x [L, R, H]; token_slots: int [T] -> float32 [S, T, R]."""
     num_slices = len(lora_a)
     tokens = x.shape[0]
     rank = lora_a[0].shape[1]
     out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     for slot, idx in _groups(token_slots):
-        xs = x.index_select(0, idx).float()
+        r = _rank_of(slot, slot_ranks, rank)
+        xs = x.index_select(0, idx).to(acc)
         for s, a in enumerate(lora_a):
-            out[s, idx] = scale * (xs @ a[slot].float().t())
+            out[s, idx, :r] = (scale * (xs @ a[slot, :r].to(acc).t())).float()
     return out
 
 
@@ -47,15 +55,19 @@ def lora_expand_ref(
     token_slots: torch.Tensor,
     *,
     add_inputs: bool = True,
+    slot_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y: [T, sum N_s] (in place); buf: float32 [S, T, R]; lora_b: S x [L, N_s, R]."""
+    rank = lora_b[0].shape[2]
+    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
     for slot, idx in _groups(token_slots):
+        r = _rank_of(slot, slot_ranks, rank)
         offset = 0
         for s, b in enumerate(lora_b):
             n = b.shape[1]
-            delta = buf[s, idx].float() @ b[slot].float().t()
+            delta = buf[s, idx, :r].to(acc) @ b[slot, :, :r].to(acc).t()
             cur = y[idx, offset : offset + n]
-            new = cur.float() + delta if add_inputs else delta
+            new = cur.to(acc) + delta if add_inputs else delta
             y[idx, offset : offset + n] = new.to(y.dtype)
             offset += n
     return y

@@ -1,0 +1,86 @@
+"""Oracle and tolerances for validating the kernels (used by tests and the benchmark).
+
+The oracle is a dense float64 per-token computation, independent of the reference's
+grouping: out64[s, t] = scale * A_s[slot_t, :rank] @ x[t].
+"""
+
+from __future__ import annotations
+
+import torch
+
+# ||out - ref|| / ||ref|| allowed, keyed by input dtype. fp32: Triton's dot on CUDA
+# uses tf32; 16-bit: operands rounded to fp16/bf16, output rounded to y's dtype.
+TOLERANCE: dict[torch.dtype, float] = {
+    torch.float32: 2e-3,
+    torch.float16: 5e-3,
+    torch.bfloat16: 2e-2,
+}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 (NaN anywhere -> inf)."""
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
+
+
+def rank_mask(
+    token_slots: torch.Tensor, slot_ranks: torch.Tensor | None, rank: int
+) -> torch.Tensor:
+    """float64 [T, R]: 1 where r < rank of the token's slot, 0 elsewhere and for slot -1."""
+    slots = token_slots.long().cpu()
+    ranks = (
+        torch.full((int(slots.max().clamp_min(0)) + 1,), rank)
+        if slot_ranks is None
+        else slot_ranks.long().cpu()
+    )
+    per_tok = torch.where(slots >= 0, ranks[slots.clamp_min(0)].clamp(max=rank), 0)
+    return (torch.arange(rank)[None, :] < per_tok[:, None]).double()
+
+
+def oracle_shrink(x, lora_a, token_slots, scale=1.0, slot_ranks=None) -> torch.Tensor:
+    """float64 [S, T, R] on the CPU."""
+    slots = token_slots.long().cpu()
+    mask = rank_mask(slots, slot_ranks, lora_a[0].shape[1])
+    x64 = x.double().cpu()
+    outs = []
+    for a in lora_a:
+        a_tok = a.double().cpu()[slots.clamp_min(0)]  # [T, R, H]
+        outs.append(scale * torch.einsum("trh,th->tr", a_tok, x64) * mask)
+    return torch.stack(outs)
+
+
+def oracle_expand(y, buf, lora_b, token_slots, add_inputs=True, slot_ranks=None) -> torch.Tensor:
+    """float64 [T, sum N_s] on the CPU: the expected y after the call."""
+    slots = token_slots.long().cpu()
+    mask = rank_mask(slots, slot_ranks, lora_b[0].shape[2])
+    live = (slots >= 0)[:, None]
+    y64 = y.double().cpu()
+    parts, off = [], 0
+    for s, b in enumerate(lora_b):
+        n = b.shape[1]
+        b_tok = b.double().cpu()[slots.clamp_min(0)]  # [T, N, R]
+        delta = torch.einsum("tnr,tr->tn", b_tok, buf[s].double().cpu() * mask)
+        base = y64[:, off : off + n]
+        new = base + delta if add_inputs else delta
+        parts.append(torch.where(live, new, base))
+        off += n
+    return torch.cat(parts, dim=1)
+
+
+def random_slots(
+    tokens: int, num_slots: int, distinct: int, none_frac: float, gen=None
+) -> torch.Tensor:
+    """int64 [T]: `distinct` slots drawn from [0, L) shuffled over the tokens, ~none_frac of them -1."""
+    chosen = torch.randperm(num_slots, generator=gen)[:distinct]
+    slots = chosen[torch.randint(0, distinct, (tokens,), generator=gen)]
+    slots[: min(distinct, tokens)] = chosen[: min(distinct, tokens)]  # every chosen slot present
+    none = torch.rand(tokens, generator=gen) < none_frac
+    slots = torch.where(none, -1, slots)
+    return slots[torch.randperm(tokens, generator=gen)]
+
+
+def random_slices(num_slots: int, dims: list[tuple[int, int]], dtype, device, std: float) -> tuple:
+    """tuple of S [L, d0, d1] tensors, fresh normal values * std."""
+    return tuple((torch.randn(num_slots, d0, d1, device=device) * std).to(dtype) for d0, d1 in dims)

@@ -1,0 +1,72 @@
+"""Bad arguments to the Triton launchers raise ValueError naming the argument."""
+
+import pytest
+import torch
+
+from kernels import SegmentMeta, build_meta
+from kernels.triton.lora_expand import lora_expand_triton
+from kernels.triton.lora_shrink import lora_shrink_triton
+
+CPU = torch.device("cpu")
+
+
+def _shrink_args():
+    return (
+        torch.randn(4, 32),
+        (torch.randn(2, 8, 32), torch.randn(2, 8, 32)),
+        torch.tensor([0, 1, -1, 0]),
+    )
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda x, a, s: (x.half(), a, s), "lora_a"),
+        (lambda x, a, s: (x, a[0], s), "lora_a"),
+        (lambda x, a, s: (x, a * 2, s), "lora_a"),
+        (lambda x, a, s: (x, (a[0], a[1][:, :4]), s), "lora_a"),
+        (lambda x, a, s: (x[:, :16], a, s), "H="),
+        (lambda x, a, s: (x[0], a, s), "x"),
+        (lambda x, a, s: (x, (torch.randn(2, 300, 32),), s), "rank"),
+        (lambda x, a, s: (x, a, s[:3]), "token_slots"),
+        (lambda x, a, s: (x, a, s.tolist()), "token_slots"),
+        (lambda x, a, s: (x, a, build_meta(s, 3)), "token_slots"),
+        (
+            lambda x, a, s: (x, a, build_meta(s, 2, out=SegmentMeta.empty(4, 2, CPU, block_m=8))),
+            "block_m",
+        ),
+    ],
+)
+def test_shrink_refuses(change, match):
+    x, a, s = change(*_shrink_args())
+    with pytest.raises(ValueError, match=match):
+        lora_shrink_triton(x, a, s)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda y, buf, b, s: (y[:, :10], buf, b, s), "y"),
+        (lambda y, buf, b, s: (y.int(), buf, b, s), "y"),
+        (lambda y, buf, b, s: (y, buf[:1], b, s), "buf"),
+        (lambda y, buf, b, s: (y, buf, (b[0], b[1].half()), s), "lora_b"),
+        (lambda y, buf, b, s: (y, buf, (b[0], torch.randn(2, 8, 4)), s), "lora_b"),
+        (lambda y, buf, b, s: (y, buf, b, torch.tensor([0, 1])), "token_slots"),
+    ],
+)
+def test_expand_refuses(change, match):
+    args = (
+        torch.randn(4, 24),
+        torch.randn(2, 4, 8),
+        (torch.randn(2, 16, 8), torch.randn(2, 8, 8)),
+        torch.tensor([0, 1, -1, 0]),
+    )
+    y, buf, b, s = change(*args)
+    with pytest.raises(ValueError, match=match):
+        lora_expand_triton(y, buf, b, s)
+
+
+def test_cpu_without_interpreter_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        lora_shrink_triton(*_shrink_args())

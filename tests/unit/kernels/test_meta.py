@@ -1,0 +1,85 @@
+"""build_meta: the worked example exactly, and the grouping invariants on random maps."""
+
+import pytest
+import torch
+
+from kernels.meta import FULL_RANK, SegmentMeta, build_meta, max_tiles
+
+CPU = torch.device("cpu")
+
+
+def test_worked_example():
+    meta = SegmentMeta.empty(5, 3, CPU, block_m=2)
+    got = build_meta(torch.tensor([2, -1, 0, 2, 2]), 3, out=meta)
+    assert got is meta
+    assert meta.sorted_idx.tolist() == [2, 0, 3, 4, 1]
+    assert meta.seg_len.tolist() == [1, 0, 3]
+    assert meta.seg_start.tolist() == [0, 1, 1]
+    assert meta.tile_slot.tolist() == [0, 2, 2, -1, -1, -1]
+    assert meta.tile_start.tolist() == [0, 1, 3, 0, 0, 0]
+    assert meta.tile_rows.tolist() == [1, 2, 1, 0, 0, 0]
+    assert meta.slot_ranks.tolist() == [FULL_RANK] * 3
+
+
+@pytest.mark.parametrize("tokens,slots,block_m", [(1, 1, 16), (7, 3, 2), (64, 8, 16), (300, 64, 4)])
+def test_tiles_cover_each_slot_once(tokens, slots, block_m):
+    token_slots = torch.randint(-1, slots, (tokens,))
+    meta = build_meta(
+        token_slots, slots, out=SegmentMeta.empty(tokens, slots, CPU, block_m=block_m)
+    )
+    assert meta.tile_slot.shape[0] == max_tiles(tokens, slots, block_m)
+    seen = {s: [] for s in range(slots)}
+    for slot, start, rows in zip(
+        meta.tile_slot.tolist(), meta.tile_start.tolist(), meta.tile_rows.tolist(), strict=True
+    ):
+        if slot < 0:
+            assert rows == 0
+            continue
+        assert 1 <= rows <= block_m
+        seen[slot] += meta.sorted_idx[start : start + rows].tolist()
+    for s in range(slots):
+        want = (token_slots == s).nonzero().flatten().tolist()
+        assert seen[s] == want  # stable: token order kept inside a slot
+
+
+def test_refill_in_place_and_ranks():
+    meta = SegmentMeta.empty(6, 4, CPU)
+    build_meta(torch.tensor([0, 0, 1, 1, 2, 3]), 4, out=meta)
+    build_meta(
+        torch.tensor([3, -1, 3, 1, -1, 3]), 4, slot_ranks=torch.tensor([8, 16, 4, 2]), out=meta
+    )
+    assert meta.sorted_idx.tolist() == [3, 0, 2, 5, 1, 4]
+    assert meta.seg_len.tolist() == [0, 1, 0, 3]
+    assert meta.tile_slot.tolist()[:2] == [1, 3] and set(meta.tile_slot.tolist()[2:]) == {-1}
+    assert meta.slot_ranks.tolist() == [8, 16, 4, 2]
+
+
+def test_out_of_range_slots_are_no_work():
+    meta = build_meta(torch.tensor([5, 0, -3]), 2)
+    assert meta.seg_len.tolist() == [1, 0]
+    assert meta.tile_rows.sum().item() == 1
+
+
+@pytest.mark.parametrize(
+    "slots,num_slots,ranks,out,match",
+    [
+        (torch.zeros(3), 2, None, None, "token_slots"),
+        (torch.zeros(2, 2, dtype=torch.long), 2, None, None, "token_slots"),
+        (
+            torch.zeros(3, dtype=torch.long),
+            2,
+            torch.zeros(3, dtype=torch.int32),
+            None,
+            "slot_ranks",
+        ),
+        (torch.zeros(3, dtype=torch.long), 2, None, SegmentMeta.empty(4, 2, CPU), "out"),
+    ],
+)
+def test_bad_inputs_raise(slots, num_slots, ranks, out, match):
+    with pytest.raises(ValueError, match=match):
+        build_meta(slots, num_slots, slot_ranks=ranks, out=out)
+
+
+def test_bad_block_m():
+    with pytest.raises(ValueError, match="block_m"):
+        SegmentMeta.empty(4, 2, CPU, block_m=24)

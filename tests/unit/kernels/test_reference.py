@@ -1,0 +1,47 @@
+"""The torch reference against the dense float64 oracle (ranks, slot -1, slices)."""
+
+import pytest
+import torch
+
+from kernels import SegmentMeta, build_meta, lora_expand, lora_shrink
+from kernels.reference import lora_expand_ref, lora_shrink_ref
+from kernels.testing import oracle_expand, oracle_shrink, random_slices, random_slots, rel_err
+
+
+@pytest.mark.parametrize("sizes", [(24,), (16, 8), (32, 8, 8)])
+@pytest.mark.parametrize("ranked", [False, True])
+def test_reference_matches_oracle(sizes, ranked):
+    tokens, hidden, slots, rank = 13, 40, 5, 8
+    x = torch.randn(tokens, hidden)
+    token_slots = random_slots(tokens, slots, 3, 0.3)
+    ranks = torch.tensor([1, 8, 3, 5, 2], dtype=torch.int32) if ranked else None
+    lora_a = random_slices(slots, [(rank, hidden)] * len(sizes), torch.float32, "cpu", 1.0)
+    lora_b = random_slices(slots, [(n, rank) for n in sizes], torch.float32, "cpu", 1.0)
+    buf = lora_shrink_ref(x, lora_a, token_slots, scale=0.5, slot_ranks=ranks)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5, ranks)) < 1e-6
+    y = torch.randn(tokens, sum(sizes))
+    want = oracle_expand(y, buf, lora_b, token_slots, True, ranks)
+    lora_expand_ref(y, buf, lora_b, token_slots, slot_ranks=ranks)
+    assert rel_err(y, want) < 1e-6
+
+
+def test_default_backend_on_cpu_is_reference_and_takes_meta(monkeypatch):
+    monkeypatch.delenv("LORAFLEET_KERNELS", raising=False)
+    x = torch.randn(4, 16)
+    token_slots = torch.tensor([1, -1, 0, 1])
+    lora_a = random_slices(2, [(4, 16)], torch.float32, "cpu", 1.0)
+    meta = build_meta(token_slots, 2, slot_ranks=torch.tensor([4, 2]))
+    assert isinstance(meta, SegmentMeta)
+    out = lora_shrink(x, lora_a, meta)
+    assert rel_err(out, oracle_shrink(x, lora_a, token_slots, 1.0, meta.slot_ranks)) < 1e-6
+    assert out[0, 1].abs().sum() == 0 and out[0, [0, 3], 2:].abs().sum() == 0
+    y = torch.randn(4, 8)
+    before = y.clone()
+    lora_expand(y, out, random_slices(2, [(8, 4)], torch.float32, "cpu", 1.0), meta)
+    assert torch.equal(y[1], before[1])
+
+
+def test_unknown_backend_raises(monkeypatch):
+    monkeypatch.setenv("LORAFLEET_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="LORAFLEET_KERNELS"):
+        lora_shrink(torch.randn(1, 4), (torch.randn(1, 2, 4),), torch.tensor([0]))

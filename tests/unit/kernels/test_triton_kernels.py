@@ -1,0 +1,106 @@
+"""The Triton kernels in the CPU interpreter against the float64 oracle (small shapes).
+
+bf16 is left to tests/gpu: the interpreter has been seen computing bf16 dots and adds
+on raw bit patterns.
+"""
+
+import pytest
+import torch
+
+from kernels import build_meta, lora_expand, lora_shrink
+from kernels.testing import (
+    TOLERANCE,
+    oracle_expand,
+    oracle_shrink,
+    random_slices,
+    random_slots,
+    rel_err,
+)
+
+SLICES = {1: (24,), 2: (40, 24), 3: (48, 16, 16)}
+
+
+def _case(tokens, hidden, num_slices, rank, distinct, none_frac, dtype, slots=4):
+    token_slots = random_slots(tokens, slots, distinct, none_frac)
+    x = torch.randn(tokens, hidden).to(dtype)
+    lora_a = random_slices(slots, [(rank, hidden)] * num_slices, dtype, "cpu", hidden**-0.5)
+    lora_b = random_slices(slots, [(n, rank) for n in SLICES[num_slices]], dtype, "cpu", 1.0)
+    return token_slots, x, lora_a, lora_b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "tokens,hidden,num_slices,rank,distinct,none_frac",
+    [
+        (1, 200, 1, 8, 1, 0.0),  # decode, split-K + atomics, H not a multiple of BLOCK_K
+        (5, 64, 3, 16, 3, 0.4),
+        (33, 128, 2, 32, 4, 0.2),  # several tiles per slot
+        (20, 96, 3, 1, 2, 0.0),  # rank 1
+        (64, 64, 3, 64, 4, 0.1),
+        (40, 320, 1, 4, 1, 0.5),  # one adapter, many tiles
+    ],
+)
+def test_shrink_expand_match_oracle(
+    triton_backend, dtype, tokens, hidden, num_slices, rank, distinct, none_frac
+):
+    token_slots, x, lora_a, lora_b = _case(
+        tokens, hidden, num_slices, rank, distinct, none_frac, dtype
+    )
+    buf = lora_shrink(x, lora_a, token_slots, scale=0.75)
+    assert buf.dtype == torch.float32 and buf.shape == (num_slices, tokens, rank)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.75)) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+    y = torch.randn(tokens, sum(SLICES[num_slices])).to(dtype)
+    before = y.clone()
+    want = oracle_expand(y, buf, lora_b, token_slots)
+    assert lora_expand(y, buf, lora_b, token_slots) is y
+    assert rel_err(y, want) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], before[token_slots < 0])
+
+
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_per_slot_rank_and_overwrite(triton_backend, num_slices):
+    """Ranks from the meta cut A rows / B columns; add_inputs=False overwrites poisoned y."""
+    token_slots, x, lora_a, lora_b = _case(17, 64, num_slices, 16, 4, 0.3, torch.float32)
+    ranks = torch.tensor([3, 16, 8, 1], dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks)
+    buf = lora_shrink(x, lora_a, meta)
+    assert (
+        rel_err(buf, oracle_shrink(x, lora_a, token_slots, 1.0, ranks)) < TOLERANCE[torch.float32]
+    )
+    per_tok = ranks[token_slots.clamp_min(0)]
+    cut = torch.arange(16)[None, :] >= per_tok[:, None]
+    assert buf[:, cut].abs().sum() == 0
+    buf = buf + torch.randn_like(buf) * cut  # garbage beyond each slot's rank must be ignored
+    y = torch.full((17, sum(SLICES[num_slices])), float("nan"))
+    want = oracle_expand(torch.zeros_like(y), buf, lora_b, token_slots, False, ranks)
+    lora_expand(y, buf, lora_b, meta, add_inputs=False)
+    live = token_slots >= 0
+    assert rel_err(y[live], want[live]) < TOLERANCE[torch.float32]
+    assert torch.isnan(y[~live]).all()
+
+
+def test_non_contiguous_inputs(triton_backend):
+    token_slots, _, lora_a, lora_b = _case(9, 64, 2, 8, 3, 0.2, torch.float16)
+    x = torch.randn(64, 18).to(torch.float16).t()[::2]  # [9, 64], strides (2, 18)
+    assert not x.is_contiguous()
+    buf = lora_shrink(x, lora_a, token_slots)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots)) < TOLERANCE[torch.float16]
+    wide = torch.randn(9, 100).to(torch.float16)
+    y = wide[:, 10 : 10 + 64]
+    want = oracle_expand(y, buf, lora_b, token_slots)
+    lora_expand(y, buf.transpose(0, 1).contiguous().transpose(0, 1), lora_b, token_slots)
+    assert rel_err(y, want) < TOLERANCE[torch.float16]
+    assert torch.equal(wide[:, :10], wide[:, :10].clone())
+
+
+def test_all_tokens_without_adapter(triton_backend):
+    token_slots = torch.full((6,), -1)
+    x = torch.randn(6, 32)
+    lora_a = random_slices(2, [(4, 32)], torch.float32, "cpu", 1.0)
+    buf = lora_shrink(x, lora_a, token_slots)
+    assert buf.abs().sum() == 0
+    y = torch.randn(6, 16)
+    before = y.clone()
+    lora_expand(y, buf, random_slices(2, [(16, 4)], torch.float32, "cpu", 1.0), token_slots)
+    assert torch.equal(y, before)
