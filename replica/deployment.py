@@ -78,11 +78,12 @@ class LoraReplica:
         from replica.async_engine import AsyncEngine
 
         self.settings = settings
-        self.engine = AsyncEngine(settings.engine)
         self.refs: dict[str, AdapterRef] = {}
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.publisher: RegistryPublisher | None = None
         self._task: asyncio.Task | None = None
+        self.engine = None
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.engine = AsyncEngine(settings.engine)
         if settings.redis_url:
             self._start_publisher(settings)
 
@@ -157,7 +158,8 @@ class LoraReplica:
                 log.warning(
                     "deregistering %s failed (%s); its lease will lapse", self.replica_id, e
                 )
-        self.engine.shutdown()
+        if self.engine is not None:
+            self.engine.shutdown()
 
 
 ReplicaDeployment = serve.deployment(

@@ -56,7 +56,7 @@ class Frontend:
 
     def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer(prompt).input_ids
         else:
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]

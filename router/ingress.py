@@ -7,8 +7,8 @@ admin endpoints (admin key required) POST /v1/load_lora_adapter,
 LoRA-affinity request router picks the replica.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI must see the real `Request`
+# annotation of the routes to inject the request.
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -61,6 +61,12 @@ def model_max_len(model_dir: str, configured: int) -> int:
     return min(configured, native) if configured else native
 
 
+def _key(request: Request) -> str | None:
+    return bearer_key(request.headers.get("authorization"))
+
+
+# Helpers the routes use are defined above the class: Serve pickles the ingress
+# class by value when it is built, capturing the globals that exist at that point.
 app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
 
 
@@ -187,7 +193,3 @@ class LoraIngress(GrpcInferenceMixin):
             return rest.error_response(InvalidRequest(str(e)))
         except Exception as e:
             return rest.error_response(e)
-
-
-def _key(request: Request) -> str | None:
-    return bearer_key(request.headers.get("authorization"))

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from router.proto import lorafleet_pb2 as lorafleet__pb2
+from router.proto import lorafleet_pb2 as router_dot_proto_dot_lorafleet__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lorafleet_pb2_grpc.py depends on'
+        + ' but the generated code in router/proto/lorafleet_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class InferenceStub:
         """
         self.Generate = channel.unary_stream(
                 '/lorafleet.v1.Inference/Generate',
-                request_serializer=lorafleet__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=lorafleet__pb2.GenerateChunk.FromString,
+                request_serializer=router_dot_proto_dot_lorafleet__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=router_dot_proto_dot_lorafleet__pb2.GenerateChunk.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/lorafleet.v1.Inference/ListModels',
-                request_serializer=lorafleet__pb2.ListModelsRequest.SerializeToString,
-                response_deserializer=lorafleet__pb2.ListModelsReply.FromString,
+                request_serializer=router_dot_proto_dot_lorafleet__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=router_dot_proto_dot_lorafleet__pb2.ListModelsReply.FromString,
                 _registered_method=True)
 
 
@@ -68,13 +68,13 @@ def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=lorafleet__pb2.GenerateRequest.FromString,
-                    response_serializer=lorafleet__pb2.GenerateChunk.SerializeToString,
+                    request_deserializer=router_dot_proto_dot_lorafleet__pb2.GenerateRequest.FromString,
+                    response_serializer=router_dot_proto_dot_lorafleet__pb2.GenerateChunk.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
-                    request_deserializer=lorafleet__pb2.ListModelsRequest.FromString,
-                    response_serializer=lorafleet__pb2.ListModelsReply.SerializeToString,
+                    request_deserializer=router_dot_proto_dot_lorafleet__pb2.ListModelsRequest.FromString,
+                    response_serializer=router_dot_proto_dot_lorafleet__pb2.ListModelsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -102,8 +102,8 @@ class Inference:
             request,
             target,
             '/lorafleet.v1.Inference/Generate',
-            lorafleet__pb2.GenerateRequest.SerializeToString,
-            lorafleet__pb2.GenerateChunk.FromString,
+            router_dot_proto_dot_lorafleet__pb2.GenerateRequest.SerializeToString,
+            router_dot_proto_dot_lorafleet__pb2.GenerateChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -129,8 +129,8 @@ class Inference:
             request,
             target,
             '/lorafleet.v1.Inference/ListModels',
-            lorafleet__pb2.ListModelsRequest.SerializeToString,
-            lorafleet__pb2.ListModelsReply.FromString,
+            router_dot_proto_dot_lorafleet__pb2.ListModelsRequest.SerializeToString,
+            router_dot_proto_dot_lorafleet__pb2.ListModelsReply.FromString,
             options,
             channel_credentials,
             insecure,
