@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lora_core.base_shape import MODULES
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import strip_peft_prefix
 
@@ -28,6 +29,7 @@ _REFUSED_VARIANTS: dict[str, tuple[str, str]] = {
     "trainable_token_indices": ("trainable token embeddings are not supported", "null"),
     "arrow_config": ("Arrow routing is not supported", "null"),
 }
+ALL_LINEAR = "all-linear"
 _MODULES_ALLOWED = "a list of module names or one regex over q/k/v/o/gate/up/down_proj"
 
 
@@ -96,6 +98,9 @@ class LoraSpec:
                 "null or []",
             )
         targets = _names(cfg, "target_modules", allow_regex=True)
+        if isinstance(targets, str) and targets.lower() == ALL_LINEAR:
+            # peft resolves it when training; for the Llama family it is every projection.
+            targets = MODULES
         if not targets:
             raise AdapterIncompatible("target_modules", "missing or empty", _MODULES_ALLOWED)
         return cls(
@@ -107,7 +112,7 @@ class LoraSpec:
             alpha_pattern=_pattern(cfg, "alpha_pattern", float),
             use_rslora=_bool(cfg, "use_rslora"),
             fan_in_fan_out=_bool(cfg, "fan_in_fan_out"),
-            lora_dropout=float(cfg.get("lora_dropout") or 0.0),
+            lora_dropout=_dropout(cfg),
             bias=bias,
             use_dora=False,
             modules_to_save=(),
@@ -196,6 +201,13 @@ def _number(cfg: dict, field: str, default: float) -> float:
     value = cfg.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise AdapterIncompatible(field, f"{field}={value!r}", "a number > 0")
+    return float(value)
+
+
+def _dropout(cfg: dict) -> float:
+    value = cfg.get("lora_dropout") or 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise AdapterIncompatible("lora_dropout", f"lora_dropout={value!r}", "a number in [0, 1)")
     return float(value)
 
 

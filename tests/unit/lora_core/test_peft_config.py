@@ -106,6 +106,8 @@ def _base_cfg(**changes: object) -> dict:
         (dict(layers_to_transform=["a"]), "layers_to_transform"),
         (dict(use_rslora="yes"), "use_rslora"),
         (dict(layer_replication=[[0, 1]]), "layer_replication"),
+        (dict(lora_dropout="x"), "lora_dropout"),
+        (dict(trainable_token_indices=[1, 2]), "trainable_token_indices"),
     ],
 )
 def test_refusals_name_the_field(changes: dict, field: str) -> None:
@@ -126,3 +128,8 @@ def test_defaults_and_base_model() -> None:
     )
     assert spec.target_modules == ("q_proj",)
     assert spec.scaling_for("model.layers.0.self_attn.q_proj") == 2.0
+
+
+def test_all_linear_means_every_projection() -> None:
+    spec = LoraSpec.from_dict(_base_cfg(target_modules="all-linear"))
+    assert [k for k in KEYS if spec.targets(k)] == supported_keys(3)

@@ -240,6 +240,7 @@ def test_validate_is_torch_free() -> None:
 
     code = (
         "import sys, lora_core.validate, lora_core.peft_config, lora_core.safetensors_header;"
+        "import lora_core.pool, lora_core.identity, lora_core.errors;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
