@@ -14,6 +14,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from lora_core.errors import StaleEpoch
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
 
@@ -68,6 +69,8 @@ class RegistryPublisher:
                 self._set_registry_health(True)
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch:
+                self.epoch = None  # fenced off: register again as a new incarnation
             except Exception as e:
                 self._set_registry_health(False, e)
             await asyncio.sleep(self.config.tick_s)
