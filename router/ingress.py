@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import JSONResponse, Response
@@ -61,6 +62,9 @@ def model_max_len(model_dir: str, configured: int) -> int:
     return min(configured, native) if configured else native
 
 
+REPLICA_DEATH_RETRIES = 1
+
+
 def _key(request: Request) -> str | None:
     return bearer_key(request.headers.get("authorization"))
 
@@ -93,6 +97,19 @@ class LoraIngress(GrpcInferenceMixin):
         self.frontend = Frontend(tokenizer, resolver, self._dispatch, max_len)
 
     async def _dispatch(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
+        """One replica call; a replica that dies before the first output is retried once."""
+        for attempt in range(REPLICA_DEATH_RETRIES + 1):
+            started = False
+            try:
+                async for out in self._call_replica(call):
+                    started = True
+                    yield out
+                return
+            except (ActorDiedError, ActorUnavailableError):
+                if started or attempt == REPLICA_DEATH_RETRIES:
+                    raise
+
+    async def _call_replica(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         handle = self.replicas.options(
             stream=True, method_name="generate", multiplexed_model_id=call.adapter_key or ""
         )

@@ -5,7 +5,6 @@ The engine is a stand-in exposing only what the publisher reads (stats) and call
 """
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
