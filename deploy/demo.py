@@ -214,3 +214,38 @@ def _build_demo(model_dir: Path, adapters: dict[str, Path]) -> None:
             seed=seed,
             base_model=DEMO_BASE_NAME,
         )
+
+
+def demo_prompts_jsonl(path: Path, assets: DemoAssets) -> None:
+    """A sample input for `lorafleet generate`: each prompt under base and every demo adapter."""
+    prompts = ["hello world how are you", "what is lorafleet", "the quick brown fox"]
+    with path.open("w") as f:
+        for prompt in prompts:
+            for name in [None, *assets.adapters]:
+                f.write(json.dumps({"prompt": prompt, "adapter": name}) + "\n")
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Generate the demo model/adapters; print their paths.")
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument(
+        "--write-input", type=Path, default=None, help="also write a sample generate input"
+    )
+    args = ap.parse_args()
+    assets = ensure_demo(args.cache_dir)
+    if args.write_input:
+        demo_prompts_jsonl(args.write_input, assets)
+    print(
+        json.dumps(
+            {
+                "model_dir": str(assets.model_dir),
+                "adapters": {k: str(v) for k, v in assets.adapters.items()},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

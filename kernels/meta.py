@@ -16,8 +16,9 @@ Worked example: token_slots = [2, -1, 0, 2, 2], num_slots L = 3, block_m = 2.
     tile_slot   = [0, 2, 2, -1, -1, -1]  slot of each block_m-row tile; -1 = no work
     tile_start  = [0, 1, 3, 0, 0, 0]     first position in sorted_idx of each tile
     tile_rows   = [1, 2, 1, 0, 0, 0]     valid rows of each tile
-Kernels launch one program per (tile, ...) and return at once for tile_slot -1,
-so tokens of slot -1 cost nothing and no tile is launched for absent slots.
+    num_tiles   = [3]                    tiles with work (they come first)
+Kernels run a grid of programs that stride over tiles [0, num_tiles) (read on the
+device), so tokens of slot -1 cost nothing and no work is done for absent slots.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + min(num_slots, num_tokens)
 
 
+def tile_programs(num_tokens: int, num_slots: int, block_m: int) -> int:
+    """Programs the kernels launch along tiles; each strides over the valid tiles.
+
+    One per possible tile while that bound is small; with many slots and many tokens
+    the bound is loose (most slots absent), so cap it and let programs loop instead.
+    """
+    return min(max_tiles(num_tokens, num_slots, block_m), -(-num_tokens // block_m) + 64)
+
+
 @dataclass(frozen=True)
 class SegmentMeta:
     """Tokens grouped by slot, ready for the kernels (see the module docstring's example).
@@ -67,6 +77,8 @@ class SegmentMeta:
     """[max_tiles]: first position in sorted_idx of each tile."""
     tile_rows: torch.Tensor
     """[max_tiles]: valid rows of each tile (0..block_m)."""
+    num_tiles: torch.Tensor
+    """[1]: tiles with work; they come first in the tile list."""
     num_slots: int
     """L: slots in the adapter pool."""
     block_m: int
@@ -106,6 +118,7 @@ class SegmentMeta:
             tile_slot=buf(nt),
             tile_start=buf(nt),
             tile_rows=buf(nt),
+            num_tiles=buf(1),
             num_slots=num_slots,
             block_m=bm,
         )
@@ -182,3 +195,4 @@ def _fill_tiles(out: SegmentMeta, seg_len: torch.Tensor, seg_start: torch.Tensor
     out.tile_slot.copy_(torch.where(valid, slot, -1))
     out.tile_start.copy_(torch.where(valid, seg_start[slot_c] + m0, 0))
     out.tile_rows.copy_(rows)
+    out.num_tiles.copy_(tile_end[-1:])

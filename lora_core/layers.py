@@ -60,7 +60,7 @@ class LinearWithLoRA(nn.Module):
         """x: [T, H] -> [T, sum N_s]."""
         y = self.base_layer(x)
         if self.ctx.any_lora:
-            slots = self.ctx.token_slots
+            slots = self.ctx.kernel_slots
             buf = kernels.lora_shrink(x, self.buffers.a(self.layer, self.group), slots)
             kernels.lora_expand(y, buf, self.buffers.b(self.layer, self.group), slots)
         return y

@@ -8,7 +8,6 @@ sleeps when there is no work and wakes on new requests.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -29,7 +28,6 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = False
-        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="lorafleet-engine", daemon=True)
         self._thread.start()
 
@@ -121,7 +119,8 @@ class AsyncEngine:
         """Validate and load into the CPU cache (and a GPU slot if to_gpu)."""
         await asyncio.to_thread(self._locked, self.engine.adapters.register, ref)
         if to_gpu:
-            await asyncio.to_thread(self._locked, self.engine.adapters.prefetch_to_gpu, ref)
+            await asyncio.to_thread(self._locked, self.engine.adapters.pin, ref)
+            await asyncio.to_thread(self._locked, self.engine.adapters.unpin, ref)
 
     async def unload_adapter(self, name: str) -> None:
         """Refuse new requests for `name` now; memory is freed once in-flight ones finish."""
@@ -130,8 +129,8 @@ class AsyncEngine:
     def pin(self, ref: AdapterRef) -> None:
         self._locked(self.engine.adapters.pin, ref)
 
-    def unpin(self, name: str) -> None:
-        self._locked(self.engine.adapters.unpin, name)
+    def unpin(self, ref: AdapterRef) -> None:
+        self._locked(self.engine.adapters.unpin, ref)
 
     def stats(self) -> EngineStats:
         return self._locked(self.engine.stats)

@@ -156,14 +156,14 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         a = self.adapters.stats()
         return EngineStats(
-            gpu_adapters=tuple(a.gpu),
-            cpu_adapters=tuple(a.cpu),
-            pinned=tuple(a.pinned),
+            gpu_adapters=a.gpu_keys,
+            cpu_adapters=a.cpu_keys,
+            pinned=a.pinned,
             free_slots=a.free_slots,
             max_loras=self.config.max_loras,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             kv_usage=self.blocks.usage(),
-            adapter_loads=a.loads,
+            adapter_loads=a.slot_loads,
             num_preemptions=self.scheduler.num_preemptions,
         )

@@ -81,7 +81,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     from lora_core.slot_buffers import SlotBuffers
 
     buffers = SlotBuffers(cfg.base_shape, config.max_loras, config.max_lora_rank, dtype, device)
-    ctx = LoraBatchContext()
+    ctx = LoraBatchContext(config.max_num_batched_tokens, device, buffers.slot_ranks)
     apply_lora(model.model, buffers, ctx)
     adapters = AdapterManager(
         cfg.base_shape, buffers, config.max_cpu_loras, config.max_lora_rank, dtype

@@ -148,6 +148,8 @@ class Scheduler:
         """Advance computed counts and publish newly full blocks to the prefix cache."""
         bs = self.blocks.block_size
         for seq, n in out.scheduled:
+            if seq.status is not Status.RUNNING:
+                continue  # finished or aborted since it was scheduled
             seq.num_computed += n
             full = seq.num_computed // bs
             while len(seq.block_hashes) < full:

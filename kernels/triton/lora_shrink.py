@@ -1,7 +1,7 @@
 """Segmented LoRA shrink (Punica SGMV): out[s, t] = scale * A_s[slot_t] @ x[t], one launch.
 
-Grid: (slice, tile, k-split). A tile is up to BLOCK_M tokens of one slot (from
-SegmentMeta); tiles with slot -1 return at once. Split-K over H gives decode-sized
+Grid: (slice, tile program, k-split). A tile is up to BLOCK_M tokens of one slot
+(from SegmentMeta); programs stride over the valid tiles only. Split-K over H gives decode-sized
 batches enough programs to stream A at full bandwidth; partial sums meet through
 fp32 atomics in the zeroed output. Rows r >= rank of the slot are masked, so a
 low-rank adapter in a high-rank pool reads only its own rows of A.
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.meta import SegmentMeta
+from kernels.meta import SegmentMeta, tile_programs
 from kernels.triton.common import (
     as_meta,
     block_r,
@@ -23,68 +23,71 @@ from kernels.triton.common import (
     slice_offsets,
 )
 
+_STAGES = 3
+
 
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr,
     tile_slot_ptr, tile_start_ptr, tile_rows_ptr, sorted_idx_ptr, slot_ranks_ptr,
+    num_tiles_ptr, num_programs,
     a_off1, a_off2,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr,
 ):  # fmt: skip
-    """Semantics (one program = slice s, tile, k-split):
+    """Semantics (one program = slice s, k-split, tiles pid, pid + num_programs, ...):
     for t in tile tokens, r < rank[slot]: out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
     """
     pid_s = tl.program_id(0)
-    tile = tl.program_id(1)
     pid_k = tl.program_id(2)
-    slot = tl.load(tile_slot_ptr + tile)
-    if slot < 0:
-        return
-    start = tl.load(tile_start_ptr + tile)
-    rows = tl.load(tile_rows_ptr + tile)
-    rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < rows
-    tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    r_mask = offs_r < rank
-
     slice_off = tl.where(pid_s == 0, 0, tl.where(pid_s == 1, a_off1, a_off2)).to(tl.int64)
-    a_base = a_ptr + slice_off + slot.to(tl.int64) * stride_al
     k0 = pid_k.to(tl.int64) * k_per_split
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
-    a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ah
-
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k in range(0, k_per_split, BLOCK_K):
-        if EVEN_K:
-            xv = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-            av = tl.load(a_ptrs, mask=r_mask[:, None], other=0.0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
+        slot = tl.load(tile_slot_ptr + tile)
+        start = tl.load(tile_start_ptr + tile)
+        rows = tl.load(tile_rows_ptr + tile)
+        rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
+        m_mask = offs_m < rows
+        tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
+        r_mask = offs_r < rank
+        a_base = a_ptr + slice_off + slot.to(tl.int64) * stride_al
+        x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
+        a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ah
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k in range(0, k_per_split, BLOCK_K):
+            if EVEN_K:
+                xv = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+                av = tl.load(a_ptrs, mask=r_mask[:, None], other=0.0)
+            else:
+                k_mask = (offs_k + k) < H
+                xv = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                av = tl.load(a_ptrs, mask=r_mask[:, None] & k_mask[None, :], other=0.0)
+            acc += tl.dot(xv, tl.trans(av))
+            x_ptrs += BLOCK_K * stride_xh
+            a_ptrs += BLOCK_K * stride_ah
+        acc = acc * scale
+        out_ptrs = (
+            out_ptr + pid_s.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
+        )
+        mask = m_mask[:, None] & r_mask[None, :]
+        if USE_ATOMIC:
+            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
         else:
-            k_mask = (offs_k + k) < H
-            xv = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            av = tl.load(a_ptrs, mask=r_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += tl.dot(xv, tl.trans(av))
-        x_ptrs += BLOCK_K * stride_xh
-        a_ptrs += BLOCK_K * stride_ah
-    acc = acc * scale
-
-    out_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
-    mask = m_mask[:, None] & r_mask[None, :]
-    if USE_ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        tl.store(out_ptrs, acc, mask=mask)
+            tl.store(out_ptrs, acc, mask=mask)
 
 
-def _config(num_slices: int, tiles: int, hidden: int, br: int, device: torch.device):
-    """(BLOCK_K, k_per_split, split): enough programs (~8 per SM) to saturate HBM."""
-    bk = 256 if hidden >= 2048 and br <= 64 else (128 if hidden >= 1024 else 64)
+def _config(
+    num_slices: int, tiles: int, hidden: int, bm: int, br: int, elem: int, device: torch.device
+):
+    """(BLOCK_K, k_per_split, split): ~8 programs per SM so decode streams A at full bandwidth."""
+    bk = 256
+    while bk > 32 and (bm + br) * bk * elem * _STAGES > 100_000:  # smem per program
+        bk //= 2
     bk = min(bk, max(16, triton.next_power_of_2(hidden)))
     steps = triton.cdiv(hidden, bk)
     want = max(1, (8 * num_sms(device)) // max(1, tiles * num_slices))
@@ -127,18 +130,21 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
     br = block_r(rank)
-    tiles = meta.tile_slot.shape[0]
-    bk, k_per_split, split = _config(num_slices, tiles, hidden, br, x.device)
+    programs = tile_programs(tokens, num_slots, meta.block_m)
+    bk, k_per_split, split = _config(
+        num_slices, programs, hidden, meta.block_m, br, x.element_size(), x.device
+    )
     off1, off2 = slice_offsets(lora_a)
     a = lora_a[0]
-    _shrink_kernel[(num_slices, tiles, split)](
+    _shrink_kernel[(num_slices, programs, split)](
         x, a, out,
         meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
+        meta.num_tiles, programs,
         off1, off2,
         x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2), out.stride(0), out.stride(1),
         hidden, rank, k_per_split, float(scale),
         BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
-        num_warps=4, num_stages=3,
+        num_warps=4, num_stages=_STAGES,
     )  # fmt: skip
     return out

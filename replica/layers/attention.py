@@ -68,21 +68,22 @@ def decode_attention(
     q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None
 ):
     """q: [D, heads, d] -> [D, heads, d]; each query sits at position context_len - 1."""
-    num_d, heads, d = q.shape
-    keys = _gather(k_cache, meta.decode_block_tables)  # [D, S, kvh, d]
-    vals = _gather(v_cache, meta.decode_block_tables)
-    kvh = keys.shape[2]
-    qg = q.view(num_d, kvh, heads // kvh, d)
-    scores = torch.einsum("bkgd,bskd->bkgs", qg.float(), keys.float()) * scale
-    pos = torch.arange(keys.shape[1], device=q.device)
+    keys = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)  # [D, kvh, S, d]
+    vals = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
+    pos = torch.arange(keys.shape[2], device=q.device)
     last = meta.decode_context_lens[:, None] - 1
     valid = pos[None, :] <= last
     if window is not None:
         valid &= pos[None, :] > last - window
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bkgs,bskd->bkgd", probs, vals.float())
-    return out.reshape(num_d, heads, d).to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None, :],
+        keys,
+        vals,
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[:, :, 0, :]
 
 
 def prefill_attention(q, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int | None):

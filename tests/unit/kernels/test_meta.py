@@ -18,6 +18,7 @@ def test_worked_example():
     assert meta.tile_slot.tolist() == [0, 2, 2, -1, -1, -1]
     assert meta.tile_start.tolist() == [0, 1, 3, 0, 0, 0]
     assert meta.tile_rows.tolist() == [1, 2, 1, 0, 0, 0]
+    assert meta.num_tiles.tolist() == [3]
     assert meta.slot_ranks.tolist() == [FULL_RANK] * 3
 
 
@@ -37,6 +38,8 @@ def test_tiles_cover_each_slot_once(tokens, slots, block_m):
             continue
         assert 1 <= rows <= block_m
         seen[slot] += meta.sorted_idx[start : start + rows].tolist()
+    assert (meta.tile_slot >= 0).sum().item() == meta.num_tiles.item()
+    assert (meta.tile_slot[: meta.num_tiles.item()] >= 0).all()
     for s in range(slots):
         want = (token_slots == s).nonzero().flatten().tolist()
         assert seen[s] == want  # stable: token order kept inside a slot

@@ -104,3 +104,18 @@ def test_all_tokens_without_adapter(triton_backend):
     before = y.clone()
     lora_expand(y, buf, random_slices(2, [(16, 4)], torch.float32, "cpu", 1.0), token_slots)
     assert torch.equal(y, before)
+
+
+def test_many_slots_programs_loop_over_tiles(triton_backend):
+    """L=128 and 90 adapters in 100 tokens: more valid tiles than tile programs (each loops)."""
+    from kernels.meta import tile_programs
+
+    token_slots, x, lora_a, lora_b = _case(100, 32, 2, 4, 90, 0.0, torch.float32, slots=128)
+    meta = build_meta(token_slots, 128)
+    assert meta.num_tiles.item() > tile_programs(100, 128, meta.block_m)
+    buf = lora_shrink(x, lora_a, meta)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots)) < TOLERANCE[torch.float32]
+    y = torch.randn(100, sum(SLICES[2]))
+    want = oracle_expand(y, buf, lora_b, token_slots)
+    lora_expand(y, buf, lora_b, meta)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]

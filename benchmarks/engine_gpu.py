@@ -1,0 +1,201 @@
+"""Engine decode throughput on the GPU: a random-weight Llama-3-8B-shaped model in bf16.
+
+    python benchmarks/engine_gpu.py [--out benchmarks/results/engine_gpu_h200.json]
+
+Measures decode tokens/s at 32 and 128 concurrent sequences for base-only and for 8
+and 32 distinct rank-16 adapters on all seven projections. Adapter weights are
+random and written straight into the engine's GPU slots (loading is not what is
+timed). The floor printed beside each figure is the base-only run at the same
+concurrency, and the HBM floor of one decode step (weights + adapters + KV read
+once at the copy bandwidth measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lora_core.identity import AdapterRef  # noqa: E402
+from replica.block_manager import BlockManager  # noqa: E402
+from replica.model_runner import ModelRunner  # noqa: E402
+from replica.models.config import ModelConfig  # noqa: E402
+from replica.models.llama import CausalLM  # noqa: E402
+from replica.sampler import sample  # noqa: E402
+from replica.sampling_params import SamplingParams  # noqa: E402
+from replica.scheduler import Scheduler  # noqa: E402
+from replica.sequence import Sequence  # noqa: E402
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "eos_token_id": 128001,
+}
+
+
+class PreloadedSlots:
+    """Adapter admission over slots filled once with random weights (slot = adapter index)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def can_admit(self, ref: AdapterRef) -> bool:
+        return True
+
+    def acquire(self, ref: AdapterRef) -> int:
+        return int(ref.name)
+
+    def release(self, ref: AdapterRef) -> None:
+        pass
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 10 / (time.perf_counter() - t0)
+
+
+def build(cfg: ModelConfig, max_loras: int, rank: int):
+    from lora_core.context import LoraBatchContext
+    from lora_core.layers import apply_lora
+    from lora_core.slot_buffers import SlotBuffers
+
+    with torch.device("cuda"):
+        model = CausalLM(cfg).to(torch.bfloat16)
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    buffers = SlotBuffers(cfg.base_shape, max_loras, rank, torch.bfloat16, torch.device("cuda"))
+    for t in list(buffers.iter_tensors()):
+        t.normal_(0, 0.02)
+    buffers.slot_ranks.fill_(rank)
+    ctx = LoraBatchContext(8192, torch.device("cuda"))
+    apply_lora(model.model, buffers, ctx)
+    return model, ctx, buffers
+
+
+def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, steps: int) -> dict:
+    bs = 16
+    blocks = -(-(prompt_len + steps + 8) // bs) * num_seqs + 8
+    shape = (blocks, bs, cfg.num_kv_heads, cfg.head_dim)
+    kv = [
+        (
+            torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
+            torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    runner = ModelRunner(model, kv, bs, ctx)
+    sched = Scheduler(BlockManager(blocks, bs, False), PreloadedSlots(num_adapters), num_seqs, 8192)
+    params = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    for i in range(num_seqs):
+        ref = AdapterRef(str(i % num_adapters), 1, "0" * 64, "", 16) if num_adapters else None
+        prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
+        sched.add(Sequence(str(i), prompt_len, prompt, params, ref, i))
+
+    def step():
+        out = sched.schedule()
+        batch = runner.prepare(out.scheduled)
+        logits = runner.execute(batch)
+        sched.after_step(out)
+        toks, _ = sample(
+            logits, [s.params for s in batch.sample_seqs], [None] * len(batch.sample_seqs)
+        )
+        for s, t in zip(batch.sample_seqs, toks, strict=True):
+            s.tokens.append(t)
+        return out
+
+    step()  # prefill of every sequence (the token budget covers all prompts)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    del kv
+    return {"decode_tokens_per_s": num_seqs * steps / dt, "step_ms": dt / steps * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    cfg = ModelConfig.from_hf({**LLAMA3_8B, "num_hidden_layers": args.layers})
+    bw = copy_bandwidth()
+    model, ctx, buffers = build(cfg, 32, args.rank)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_adapter = buffers.nbytes() / 32
+    rows = []
+    for seqs in (32, 128):
+        for n in (0, 8, 32):
+            r = run(model, ctx, cfg, seqs, n, args.prompt_len, args.steps)
+            ctx_tokens = seqs * (args.prompt_len + args.steps)
+            kv_bytes = ctx_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+            floor_s = (weight_bytes + n * per_adapter + kv_bytes) / bw
+            r.update(num_seqs=seqs, distinct_adapters=n, hbm_floor_step_ms=floor_s * 1e3)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    base = {r["num_seqs"]: r["decode_tokens_per_s"] for r in rows if r["distinct_adapters"] == 0}
+    print(
+        f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.1f} GB; adapter {per_adapter / 1e6:.1f} MB"
+    )
+    print(
+        f"{'seqs':>5} {'adapters':>8} {'tok/s':>9} {'step ms':>8} {'HBM floor ms':>12} {'vs base':>8}"
+    )
+    for r in rows:
+        r["ratio_to_base"] = r["decode_tokens_per_s"] / base[r["num_seqs"]]
+        print(
+            f"{r['num_seqs']:>5} {r['distinct_adapters']:>8} {r['decode_tokens_per_s']:>9.0f} {r['step_ms']:>8.2f} {r['hbm_floor_step_ms']:>12.2f} {r['ratio_to_base']:>7.2f}x"
+        )
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": "python " + " ".join(sys.argv),
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "copy_bandwidth_Bps": bw,
+                    "model": "Llama-3-8B shape, random bf16 weights",
+                    "layers": args.layers,
+                    "rank": args.rank,
+                    "prompt_len": args.prompt_len,
+                    "steps": args.steps,
+                    "results": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

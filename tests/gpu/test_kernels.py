@@ -1,0 +1,139 @@
+"""Triton LoRA kernels on CUDA at real widths, against the float64 reference (run with -m gpu)."""
+
+import pytest
+import torch
+
+from kernels import SegmentMeta, build_meta, lora_expand, lora_shrink
+from kernels.reference import lora_expand_ref, lora_shrink_ref
+from kernels.testing import TOLERANCE, random_slices, random_slots, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+LAYERS = {  # name: (H, slice sizes)
+    "qkv4096": (4096, (4096, 1024, 1024)),
+    "o4096": (4096, (4096,)),
+    "gate_up4096": (4096, (14336, 14336)),
+    "down14336": (14336, (4096,)),
+    "qkv5120": (5120, (5120, 1024, 1024)),
+    "o8192": (8192, (8192,)),
+}
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+CASES = [  # layer, T, rank, distinct, slots, none_frac, dtype
+    ("qkv4096", 1, 16, 1, 8, 0.0, BF16),
+    ("qkv4096", 7, 8, 3, 8, 0.3, BF16),
+    ("qkv4096", 64, 16, 8, 32, 0.0, BF16),
+    ("qkv4096", 256, 64, 32, 64, 0.1, BF16),
+    ("qkv4096", 4096, 16, 64, 64, 0.2, BF16),
+    ("qkv4096", 2048, 128, 8, 8, 0.0, BF16),
+    ("qkv4096", 100, 1, 4, 4, 0.0, F16),
+    ("qkv4096", 300, 32, 16, 16, 0.5, F32),
+    ("o4096", 1, 64, 1, 1, 0.0, F16),
+    ("o4096", 1024, 64, 64, 64, 0.0, BF16),
+    ("gate_up4096", 16, 16, 8, 8, 0.0, BF16),
+    ("gate_up4096", 1024, 128, 4, 8, 0.1, BF16),
+    ("down14336", 3, 64, 3, 64, 0.0, BF16),
+    ("down14336", 4096, 64, 1, 4, 0.0, BF16),
+    ("down14336", 512, 8, 32, 32, 0.2, F32),
+    ("qkv5120", 33, 16, 5, 16, 0.2, F16),
+    ("o8192", 257, 128, 16, 16, 0.0, BF16),
+    ("o8192", 64, 16, 64, 64, 0.0, F32),
+]
+
+
+def _tensors(layer, tokens, rank, distinct, slots, none_frac, dtype):
+    hidden, sizes = LAYERS[layer]
+    token_slots = random_slots(tokens, slots, distinct, none_frac).cuda()
+    x = torch.randn(tokens, hidden, device="cuda").to(dtype)
+    lora_a = random_slices(slots, [(rank, hidden)] * len(sizes), dtype, "cuda", hidden**-0.5)
+    lora_b = random_slices(slots, [(n, rank) for n in sizes], dtype, "cuda", rank**-0.5)
+    return token_slots, x, lora_a, lora_b
+
+
+def _oracle(x, lora_a, lora_b, y, token_slots, scale, ranks=None):
+    """float64 reference on the GPU: (shrink out, expected y)."""
+    buf = lora_shrink_ref(
+        x.double(), tuple(a.double() for a in lora_a), token_slots, scale=scale, slot_ranks=ranks
+    )
+    y64 = lora_expand_ref(
+        y.double(), buf.double(), tuple(b.double() for b in lora_b), token_slots, slot_ranks=ranks
+    )
+    return buf, y64
+
+
+@pytest.mark.parametrize("layer,tokens,rank,distinct,slots,none_frac,dtype", CASES)
+def test_matches_reference(layer, tokens, rank, distinct, slots, none_frac, dtype):
+    token_slots, x, lora_a, lora_b = _tensors(
+        layer, tokens, rank, distinct, slots, none_frac, dtype
+    )
+    y = torch.randn(tokens, sum(LAYERS[layer][1]), device="cuda").to(dtype)
+    want_buf, want_y = _oracle(x, lora_a, lora_b, y, token_slots, 0.5)
+    buf = lora_shrink(x, lora_a, token_slots, scale=0.5)
+    assert rel_err(buf, want_buf) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum().item() == 0
+    before = y.clone()
+    lora_expand(y, buf, lora_b, token_slots)
+    assert rel_err(y, want_y) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], before[token_slots < 0])
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_mixed_ranks_overwrite_poisoned_y(dtype):
+    token_slots, x, lora_a, lora_b = _tensors("qkv4096", 200, 64, 16, 16, 0.2, dtype)
+    ranks = torch.tensor([16, 64] * 8, dtype=torch.int32, device="cuda")
+    meta = build_meta(token_slots, 16, slot_ranks=ranks)
+    y = torch.full((200, 6144), float("nan"), device="cuda", dtype=dtype)
+    want_buf, want_y = _oracle(x, lora_a, lora_b, torch.zeros_like(y), token_slots, 1.0, ranks)
+    buf = lora_shrink(x, lora_a, meta)
+    assert rel_err(buf, want_buf) < TOLERANCE[dtype]
+    lora_expand(y, buf, lora_b, meta, add_inputs=False)
+    live = token_slots >= 0
+    assert rel_err(y[live], want_y[live]) < TOLERANCE[dtype]
+    assert torch.isnan(y[~live]).all()
+
+
+def test_cuda_graph_replay_with_new_slots():
+    """build_meta + shrink + expand captured once; replays follow new slot maps copied in."""
+    tokens, slots = 64, 32
+    token_slots, x, lora_a, lora_b = _tensors("qkv4096", tokens, 16, 8, slots, 0.2, BF16)
+    static_slots = token_slots.clone()
+    meta = SegmentMeta.empty(tokens, slots, torch.device("cuda"))
+    y0 = torch.randn(tokens, 6144, device="cuda", dtype=BF16)
+    y = y0.clone()
+
+    def step():
+        build_meta(static_slots, slots, out=meta)
+        y.copy_(y0)
+        lora_expand(y, lora_shrink(x, lora_a, meta), lora_b, meta)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        new = random_slots(tokens, slots, 8, 0.2).cuda()
+        static_slots.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(y, _oracle(x, lora_a, lora_b, y0, new, 1.0)[1]) < TOLERANCE[BF16]
+
+
+def test_offsets_beyond_int32_and_strided_x():
+    """Row stride 2**20 (fits int32) times token index 2049 passes 2**31: needs 64-bit offsets."""
+    rows, hidden, stride = 2**11 + 2, 4096, 2**20
+    storage = torch.empty(stride * (rows - 1) + hidden, device="cuda", dtype=BF16)
+    x = storage.as_strided((rows, hidden), (stride, 1))
+    x.copy_(torch.randn(rows, hidden, device="cuda"))
+    token_slots = random_slots(rows, 4, 4, 0.1).cuda()
+    lora_a = random_slices(4, [(16, hidden)], BF16, "cuda", hidden**-0.5)
+    lora_b = random_slices(4, [(hidden, 16)], BF16, "cuda", 0.25)
+    y = torch.empty_like(storage).as_strided((rows, hidden), (stride, 1))
+    y.copy_(torch.randn(rows, hidden, device="cuda"))
+    want_buf, want_y = _oracle(x, lora_a, lora_b, y, token_slots, 1.0)
+    buf = lora_shrink(x, lora_a, token_slots)
+    assert rel_err(buf, want_buf) < TOLERANCE[BF16]
+    lora_expand(y, buf, lora_b, token_slots)
+    assert rel_err(y, want_y) < TOLERANCE[BF16]

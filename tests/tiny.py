@@ -1,0 +1,75 @@
+"""Builders of tiny models and PEFT adapters shared by the test suite.
+
+Every test builds what it needs from these (no hub access): a random-init HF model
+of a given architecture with a locally trained byte-level BPE tokenizer, and PEFT
+LoRA adapters saved by `peft` itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from deploy.demo import build_model, build_tokenizer
+
+TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+
+
+def make_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
+    """A tiny random model + tokenizer in out_dir (returns it)."""
+    if (out_dir / "config.json").exists():
+        return out_dir
+    build_tokenizer(out_dir)
+    build_model(out_dir, arch=arch, seed=seed, **{**TINY, **overrides})
+    return out_dir
+
+
+def make_peft_adapter(
+    model_dir: Path, out_dir: Path, seed: int = 0, scale: float = 0.3, **lora_kwargs
+) -> Path:
+    """Save a PEFT LoRA adapter for model_dir with random (non-zero) A and B."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    if (out_dir / "adapter_config.json").exists():
+        return out_dir
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    lora_kwargs.setdefault("lora_dropout", 0.0)
+    model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora_kwargs))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+# Five adapters of different ranks and targets (rsLoRA, rank/alpha patterns, partial modules).
+ADAPTER_SPECS: dict[str, dict] = {
+    "qv8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "all16rs": dict(
+        r=16,
+        lora_alpha=8,
+        use_rslora=True,
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    ),
+    "mlp4": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"]),
+    "pattern": dict(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        rank_pattern={"q_proj": 16, "o_proj": 2},
+        alpha_pattern={"v_proj": 32},
+    ),
+    "regex12": dict(r=12, lora_alpha=24, target_modules=r".*\.(k_proj|down_proj)"),
+}

@@ -1,0 +1,257 @@
+"""Engine behaviour on a tiny model: batch invariance, prefix-cache isolation between
+adapters, sampling controls, abort, unload draining, pins, preemption."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lora_core.errors import AdapterDraining, InvalidRequest, PinRefused
+from replica.async_engine import AsyncEngine
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.offline import adapter_ref
+from replica.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+PROMPTS = [
+    "hello world how are you today",
+    "the quick brown fox jumps over the lazy dog while tenants share",
+    "what",
+    "serving routing memory kernels batches tokens prefix cache replica",
+]
+
+
+def _engine(model_dir, **kw) -> LLMEngine:
+    cfg = dict(
+        model=str(model_dir),
+        device="cpu",
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        block_size=4,
+    )
+    return LLMEngine(EngineConfig(**{**cfg, **kw}))
+
+
+def _run(engine, requests) -> dict[str, list[int]]:
+    """requests: [(rid, prompt, params, ref)] -> {rid: tokens}."""
+    for rid, prompt, params, ref in requests:
+        engine.add_request(rid, engine.tokenizer(prompt).input_ids, params, ref)
+    out: dict[str, list[int]] = {rid: [] for rid, *_ in requests}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    return out
+
+
+@pytest.fixture(scope="module")
+def refs(llama_adapters):
+    return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
+
+
+def test_mixed_batch_equals_each_request_alone(llama_dir, refs):
+    engine = _engine(llama_dir, max_num_batched_tokens=24)
+    names = [None, "qv8", "all16rs", "mlp4", "pattern"]
+    reqs = [
+        (f"{i}", PROMPTS[i % 4], GREEDY, refs[n] if n else None) for i, n in enumerate(names * 2)
+    ]
+    together = _run(engine, reqs)
+    alone = {}
+    for req in reqs:
+        alone.update(_run(_engine(llama_dir), [req]))
+    assert together == alone
+    assert len({tuple(v) for v in together.values()}) > 4  # adapters change outputs
+
+
+def test_same_prompt_two_adapters_share_no_blocks(llama_dir, refs):
+    engine = _engine(llama_dir)
+    prompt = PROMPTS[1]
+    _run(engine, [("a1", prompt, GREEDY, refs["qv8"])])
+    assert engine.blocks.prefix_hit_tokens == 0
+    _run(engine, [("b1", prompt, GREEDY, refs["mlp4"])])
+    assert engine.blocks.prefix_hit_tokens == 0  # other adapter: no reuse
+    _run(engine, [("base", prompt, GREEDY, None)])
+    assert engine.blocks.prefix_hit_tokens == 0  # base model: no reuse either
+    again = _run(engine, [("a2", prompt, GREEDY, refs["qv8"])])
+    assert engine.blocks.prefix_hit_tokens > 0  # same adapter: reused
+    assert (
+        again["a2"]
+        == _run(
+            _engine(llama_dir, enable_prefix_caching=False), [("x", prompt, GREEDY, refs["qv8"])]
+        )["x"]
+    )
+
+
+def test_seeded_sampling_is_reproducible(llama_dir, refs):
+    p = SamplingParams(
+        max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=42, ignore_eos=True
+    )
+    a = _run(
+        _engine(llama_dir), [("x", PROMPTS[0], p, refs["qv8"]), ("y", PROMPTS[1], GREEDY, None)]
+    )["x"]
+    b = _run(_engine(llama_dir), [("x", PROMPTS[0], p, refs["qv8"])])["x"]
+    assert a == b
+    other = SamplingParams(
+        max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=43, ignore_eos=True
+    )
+    assert _run(_engine(llama_dir), [("x", PROMPTS[0], other, refs["qv8"])])["x"] != a
+
+
+def test_stop_strings_stop_token_ids_and_finish_reasons(llama_dir):
+    engine = _engine(llama_dir)
+    base = _run(
+        engine,
+        [
+            (
+                "ref",
+                PROMPTS[0],
+                SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                None,
+            )
+        ],
+    )["ref"]
+    full_text = engine.tokenizer.decode(base)
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 2]
+    assert stop.strip(), full_text
+    engine.add_request(
+        "s",
+        engine.tokenizer(PROMPTS[0]).input_ids,
+        SamplingParams(max_tokens=12, temperature=0.0, stop=(stop,), ignore_eos=True),
+    )
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    text = "".join(o.new_text for o in outs)
+    assert outs[-1].finish_reason == "stop"
+    assert text == full_text[: full_text.find(stop)]
+    engine.add_request(
+        "t",
+        engine.tokenizer(PROMPTS[0]).input_ids,
+        SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(base[3],), ignore_eos=True),
+    )
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [t for o in outs for t in o.new_token_ids] == base[: base.index(base[3]) + 1]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_logprobs_and_usage(llama_dir):
+    engine = _engine(llama_dir)
+    engine.add_request(
+        "l",
+        engine.tokenizer(PROMPTS[2]).input_ids,
+        SamplingParams(max_tokens=5, temperature=0.0, logprobs=True, ignore_eos=True),
+    )
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    lps = [lp for o in outs for lp in o.new_logprobs]
+    assert len(lps) == 5 and all(lp <= 0.0 for lp in lps)
+    assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 5
+
+
+def test_abort_frees_everything(llama_dir, refs):
+    engine = _engine(llama_dir)
+    engine.add_request("a", engine.tokenizer(PROMPTS[1]).input_ids, GREEDY, refs["qv8"])
+    engine.step()
+    assert engine.stats().num_running == 1
+    assert engine.abort("a")
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "abort")]
+    assert engine.stats().num_running == 0 and engine.blocks.usage() == 0.0
+    assert not engine.has_unfinished()
+
+
+def test_bad_requests_are_refused(llama_dir):
+    engine = _engine(llama_dir, max_model_len=32)
+    with pytest.raises(InvalidRequest, match="empty"):
+        engine.add_request("e", [], GREEDY)
+    with pytest.raises(InvalidRequest, match="token ids"):
+        engine.add_request("v", [10**6], GREEDY)
+    with pytest.raises(InvalidRequest, match="maximum context length 32"):
+        engine.add_request("l", [1] * 30, GREEDY)
+    engine.add_request("ok", [1, 2], GREEDY)
+    with pytest.raises(InvalidRequest, match="already in use"):
+        engine.add_request("ok", [1, 2], GREEDY)
+
+
+def test_preemption_gives_the_same_tokens(llama_dir, refs):
+    reqs = [
+        (
+            str(i),
+            PROMPTS[i],
+            SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+            refs["all16rs"] if i % 2 else None,
+        )
+        for i in range(4)
+    ]
+    tight = _engine(llama_dir, num_kv_blocks=14)
+    got = _run(tight, reqs)
+    assert tight.scheduler.num_preemptions > 0
+    assert got == _run(_engine(llama_dir), reqs)
+
+
+def test_unload_refuses_new_lets_inflight_finish_then_frees(llama_dir, refs):
+    engine = _engine(llama_dir)
+    ref = refs["qv8"]
+    engine.add_request("inflight", engine.tokenizer(PROMPTS[0]).input_ids, GREEDY, ref)
+    tokens = [t for o in engine.step() for t in o.new_token_ids]
+    engine.adapters.unload(ref.name)
+    with pytest.raises(AdapterDraining):
+        engine.add_request("new", [1, 2, 3], GREEDY, ref)
+    assert ref.key in engine.stats().gpu_adapters  # still serving the in-flight request
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens += o.new_token_ids
+    assert len(tokens) == GREEDY.max_tokens
+    s = engine.stats()
+    assert ref.key not in s.gpu_adapters and ref.key not in s.cpu_adapters and s.free_slots == 2
+
+
+def test_pinning_every_slot_is_refused(llama_dir, refs):
+    engine = _engine(llama_dir)
+    engine.adapters.register(refs["qv8"])
+    engine.adapters.register(refs["mlp4"])
+    engine.adapters.pin(refs["qv8"])
+    with pytest.raises(PinRefused):
+        engine.adapters.pin(refs["mlp4"])
+    engine.adapters.unpin(refs["qv8"])
+    engine.adapters.pin(refs["mlp4"])
+
+
+def test_async_engine_streams_and_cancel_aborts(llama_dir, refs):
+    engine = AsyncEngine(
+        EngineConfig(
+            model=str(llama_dir), device="cpu", max_loras=2, max_cpu_loras=4, max_lora_rank=16
+        )
+    )
+    ids = engine.tokenizer(PROMPTS[0]).input_ids
+
+    async def collect(rid, ref):
+        return [o async for o in engine.generate(rid, ids, GREEDY, ref)]
+
+    async def main():
+        outs = await asyncio.gather(collect("a", refs["qv8"]), collect("b", None))
+        agen = engine.generate(
+            "c", ids, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True), refs["qv8"]
+        )
+        first = await agen.__anext__()
+        await agen.aclose()
+        return outs, first
+
+    try:
+        (a, b), first = asyncio.run(main())
+        expected = _run(
+            _engine(llama_dir),
+            [("a", PROMPTS[0], GREEDY, refs["qv8"]), ("b", PROMPTS[0], GREEDY, None)],
+        )
+        assert [t for o in a for t in o.new_token_ids] == expected["a"]
+        assert [t for o in b for t in o.new_token_ids] == expected["b"]
+        assert a[-1].finish_reason == "length" and first.new_token_ids
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.num_waiting == 0
+    finally:
+        engine.shutdown()

@@ -1,0 +1,103 @@
+"""Model loading: architectures, sharded checkpoints, hub ids from the local HF cache,
+and clear failures. Each checks our decoder's logits against transformers'."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+
+from lora_core.errors import ModelLoadFailed
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.sampling_params import SamplingParams
+from tests.tiny import make_tiny_model
+
+
+def _greedy(engine: LLMEngine, ids: list[int], n: int) -> list[int]:
+    engine.add_request("r", ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    out = []
+    while engine.has_unfinished():
+        out += [t for o in engine.step() for t in o.new_token_ids]
+    return out
+
+
+def _hf_greedy(model_dir, ids: list[int], n: int) -> list[int]:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    ).eval()
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def _engine(model: str, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model, device="cpu", block_size=4, **kw))
+
+
+def test_mistral_sliding_window_matches_transformers(tmp_path):
+    model_dir = make_tiny_model(tmp_path / "mistral", "mistral", seed=4)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["sliding_window"] = 6
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(20, 40))
+    assert _greedy(_engine(str(model_dir)), ids, 10) == _hf_greedy(model_dir, ids, 10)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    model_dir = tmp_path / "sharded"
+    from deploy.demo import build_model, build_tokenizer
+
+    build_tokenizer(model_dir)
+    build_model(
+        model_dir,
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        seed=5,
+        shard_bytes="60KB",
+    )
+    assert (model_dir / "model.safetensors.index.json").exists()
+    ids = list(range(30, 42))
+    assert _greedy(_engine(str(model_dir)), ids, 6) == _hf_greedy(model_dir, ids, 6)
+
+
+def test_hub_id_resolved_from_local_cache(tmp_path, llama_dir, monkeypatch):
+    snap = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / "abc123"
+    shutil.copytree(llama_dir, snap)
+    (tmp_path / "hub" / "models--acme--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-llama" / "refs" / "main").write_text("abc123")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    ids = list(range(50, 60))
+    assert _greedy(_engine("acme/tiny-llama"), ids, 5) == _greedy(_engine(str(llama_dir)), ids, 5)
+
+
+def test_unreadable_models_fail_clearly(tmp_path, llama_dir):
+    with pytest.raises(ModelLoadFailed, match="not in the local HF cache"):
+        _engine("nobody/nothing-here")
+    broken = tmp_path / "broken"
+    shutil.copytree(llama_dir, broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadFailed, match="safetensors"):
+        _engine(str(broken))
+    gpt2 = tmp_path / "gpt2"
+    shutil.copytree(llama_dir, gpt2)
+    cfg = json.loads((gpt2 / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (gpt2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadFailed, match="LlamaForCausalLM"):
+        _engine(str(gpt2))

@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from lora_core.errors import InvalidRequest
+from replica.detokenizer import _holdback
+from replica.sampler import _filter_top_k_top_p, sample
+from replica.sampling_params import SamplingParams
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_greedy_is_argmax_and_logprobs_are_raw_log_softmax():
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=0.0, logprobs=True)] * 3
+    tokens, lps = sample(logits, params, [None] * 3)
+    assert tokens == logits.argmax(-1).tolist()
+    ref = torch.log_softmax(logits, -1)[torch.arange(3), logits.argmax(-1)]
+    assert lps == pytest.approx(ref.tolist(), abs=1e-6)
+
+
+def test_seeded_sampling_reproducible_and_batch_invariant():
+    logits = torch.randn(4, 100)
+    p = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=7)
+    alone = [sample(logits[i : i + 1], [p], [_gen(100 + i)])[0][0] for i in range(4)]
+    together = sample(logits, [p] * 4, [_gen(100 + i) for i in range(4)])[0]
+    assert alone == together
+    again = sample(logits, [p] * 4, [_gen(100 + i) for i in range(4)])[0]
+    assert again == together
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert torch.isinf(_filter_top_k_top_p(logits, 2, 1.0)).tolist() == [False, False, True, True]
+    probs = torch.softmax(logits, -1)  # ~[0.64, 0.24, 0.09, 0.03]
+    kept = ~torch.isinf(_filter_top_k_top_p(logits, 0, 0.8))
+    assert kept.tolist() == [True, True, False, False]
+    assert probs[0] < 0.8
+    only_first = ~torch.isinf(_filter_top_k_top_p(logits, 0, 0.5))
+    assert only_first.tolist() == [True, False, False, False]
+
+
+def test_sampling_never_picks_filtered_tokens():
+    logits = torch.tensor([[5.0, 4.9, -1.0, -2.0]])
+    p = SamplingParams(temperature=1.0, top_k=2)
+    picks = {sample(logits, [p], [_gen(s)])[0][0] for s in range(50)}
+    assert picks == {0, 1}
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_tokens", 0),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("stop", [""]),
+    ],
+)
+def test_invalid_sampling_params_name_the_field(field, value):
+    with pytest.raises(InvalidRequest, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_holdback_of_partial_stop_strings():
+    assert _holdback("hello wor", ("world",)) == 3
+    assert _holdback("hello", ("xyz",)) == 0
+    assert _holdback("ab", ("abc", "b!")) == 2
