@@ -94,14 +94,17 @@ def test_streamed_equals_non_streamed(cluster):
             stream=True,
             stream_options={"include_usage": True},
         )
-        parts, usage = [], None
+        parts, usage, finish = [], None, None
         for ch in chunks:
             if ch.choices:
                 parts.append(ch.choices[0].delta.content or "")
+                finish = ch.choices[0].finish_reason or finish
             if ch.usage:
                 usage = ch.usage
         assert "".join(parts) == chat.choices[0].message.content
-        assert usage.completion_tokens == chat.usage.completion_tokens == MAX_TOKENS
+        assert finish == chat.choices[0].finish_reason
+        assert usage.completion_tokens == chat.usage.completion_tokens
+        assert usage.prompt_tokens == chat.usage.prompt_tokens
 
 
 def test_eight_adapters_on_two_replicas_under_concurrent_load(cluster, offline):
