@@ -56,7 +56,7 @@ class ClusterArgs(BaseModel):
     router: Literal["affinity", "default"] = "affinity"
     """affinity: the LoRA-affinity router; default: Serve's power-of-two (benchmarks)."""
     num_replicas: int = Field(2, ge=1)
-    num_cpus_per_replica: float = Field(1.0, ge=0.0)
+    num_cpus_per_replica: float = Field(0.5, ge=0.0)
     num_gpus_per_replica: float = Field(0.0, ge=0.0)
     max_ongoing_requests: int = Field(32, ge=1)
     max_queued_requests: int = Field(256, ge=-1)

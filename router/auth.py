@@ -78,7 +78,9 @@ class AdapterResolver:
             raise Unauthorized("missing API key; send 'Authorization: Bearer <key>'")
         if model == self.base_name:
             return Resolved(adapter=None, tenant=await self.tenant(api_key))
-        found = await self._registry().resolve_request(api_key, model, auth=self.auth)
+        # With auth off a client's key (OpenAI clients always send one) is ignored.
+        key = api_key if self.auth else None
+        found = await self._registry().resolve_request(key, model, auth=self.auth)
         residency = tuple((loc.replica, loc.tier) for loc in found.locations)
         return Resolved(adapter=found.ref, residency=residency, tenant=found.tenant)
 

@@ -81,7 +81,7 @@ class FakeRegistry:
     async def resolve_request(self, api_key, model_name, *, auth):
         self.resolves += 1
         tenant = self.keys.get(api_key) if api_key else None
-        if auth and tenant is None:
+        if (auth or api_key is not None) and tenant is None:
             raise Unauthorized("bad key")
         rec = self.recs.get(model_name)
         if rec is None:
@@ -145,6 +145,8 @@ def test_auth_off_resolves_everything_and_carries_residency():
     resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
     got = run(resolver.resolve(None, "a1"))
     assert got.adapter == ref("a1")
+    # Any key is ignored (the fake registry, like the real one, refuses unknown keys).
+    assert run(resolver.resolve("whatever", "a1")).adapter == ref("a1")
     assert got.residency == (("r1", "gpu"), ("r2", "cpu"))
     assert run(resolver.resolve(None, BASE)).adapter is None
 
