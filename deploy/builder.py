@@ -54,7 +54,8 @@ class ClusterArgs(BaseModel):
     register_demo_adapters: bool = True
     """With model "demo": register the demo adapters (public) in the registry."""
     router: Literal["affinity", "default"] = "affinity"
-    """affinity: the LoRA-affinity router; default: Serve's power-of-two (benchmarks)."""
+    """affinity: the LoRA-affinity router; default: Serve's power-of-two router with
+    `@serve.multiplexed` adapter loading (the benchmark baseline)."""
     num_replicas: int = Field(2, ge=1)
     num_cpus_per_replica: float = Field(0.5, ge=0.0)
     num_gpus_per_replica: float = Field(0.0, ge=0.0)
@@ -154,7 +155,12 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         request_routing_stats_period_s=cfg.routing_stats_period_s,
         request_routing_stats_timeout_s=max(1.0, cfg.routing_stats_period_s * 3),
     )
-    replicas = ReplicaDeployment.options(
+    deployment = ReplicaDeployment
+    if cfg.router == "default":
+        from replica.serve_multiplexed import multiplexed_deployment
+
+        deployment = multiplexed_deployment(cfg.max_loras)
+    replicas = deployment.options(
         num_replicas=cfg.num_replicas,
         max_ongoing_requests=cfg.max_ongoing_requests,
         max_queued_requests=cfg.max_queued_requests,

@@ -38,6 +38,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -52,7 +61,10 @@ def start_redis_server(port: int | None, data_dir: Path) -> tuple[str, subproces
     exe = shutil.which("redis-server")
     if exe is None:
         raise RedisNotInstalled(INSTALL_HINT)
-    port = port or free_port()
+    if port is None:
+        port = free_port()
+    elif not _port_free(port):
+        raise RuntimeError(f"port {port} on 127.0.0.1 is taken; pick another redis_port or none")
     data_dir.mkdir(parents=True, exist_ok=True)
     args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
     args += ["--save", "", "--appendonly", "no"]

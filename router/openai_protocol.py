@@ -38,6 +38,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
     """Only one choice per request."""
+    ignore_eos: bool = False
+    """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
 
     def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
         stop = () if self.stop is None else self.stop
@@ -48,6 +50,7 @@ class _Sampling(BaseModel):
             seed=self.seed,
             stop=stop,
             logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
         )
 
     @property

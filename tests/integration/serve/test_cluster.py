@@ -307,6 +307,18 @@ def test_grpc_cancel_aborts_in_the_engine(cluster):
     assert _running(cluster) == 0
 
 
+def test_local_redis_actor_lives_with_the_cluster_and_is_reused(cluster):
+    import redis
+
+    from deploy.local_redis import ensure_local_redis
+
+    url = ensure_local_redis()
+    assert ensure_local_redis() == url
+    client = redis.Redis.from_url(url)
+    assert client.ping()
+    client.close()
+
+
 def test_killing_a_replica_mid_traffic(cluster):
     import ray
 
