@@ -97,14 +97,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run_one(router: str, args, model_dir: str, redis_url: str, http: str) -> dict:
+def run_one(router: str, max_loras: int, args, model_dir: str, redis_url: str, http: str) -> dict:
     cfg = ClusterArgs(
         router=router,
-        max_loras=args.max_loras,
-        max_cpu_loras=max(args.max_loras, args.max_cpu_loras),
+        max_loras=max_loras,
+        max_cpu_loras=2 * max_loras,
         num_replicas=args.replicas,
         num_cpus_per_replica=0.5,
         routing_stats_period_s=0.5,
+        hot_queue_len=args.hot_queue_len,
         device="cpu",
         kv_cache_tokens=8192,
     )
@@ -119,6 +120,8 @@ def run_one(router: str, args, model_dir: str, redis_url: str, http: str) -> dic
     serve.delete("bench")
     return {
         "router": router,
+        "max_loras": max_loras,
+        "max_cpu_loras": 2 * max_loras,
         "adapter_loads": loads,
         "distinct_adapters": len(set(sequence)),
         "p50_latency_s": round(pct(latencies, 0.50), 4),
@@ -137,8 +140,10 @@ def main() -> int:
     p.add_argument("--zipf", type=float, default=1.1)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--max-loras", type=int, default=2)
-    p.add_argument("--max-cpu-loras", type=int, default=4)
+    p.add_argument(
+        "--max-loras", type=int, nargs="+", default=[2, 4], help="one scenario each (CPU cache: 2x)"
+    )
+    p.add_argument("--hot-queue-len", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -156,25 +161,43 @@ def main() -> int:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     results = []
     try:
-        for router in ("affinity", "default"):
-            res = run_one(router, args, str(demo.model_dir), redis_url, f"http://127.0.0.1:{port}")
-            print(
-                f"{router:9s} loads {res['adapter_loads']:4d} (floor {res['distinct_adapters']}) "
-                f"p50 {res['p50_latency_s']:.3f}s p99 {res['p99_latency_s']:.3f}s "
-                f"{res['throughput_req_s']:.2f} req/s",
-                flush=True,
-            )
-            results.append(res)
+        for max_loras in args.max_loras:
+            for router in ("affinity", "default"):
+                res = run_one(
+                    router,
+                    max_loras,
+                    args,
+                    str(demo.model_dir),
+                    redis_url,
+                    f"http://127.0.0.1:{port}",
+                )
+                _report(res)
+                results.append(res)
     finally:
         serve.shutdown()
         ray.shutdown()
         redis_proc.terminate()
     config = {k: v for k, v in vars(args).items() if k != "out"}
-    doc = {"benchmark": "cluster_routing", "config": config, "device": "cpu", "results": results}
+    doc = {
+        "benchmark": "cluster_routing",
+        "config": config,
+        "device": "cpu (2 cores)",
+        "results": results,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
+
+
+def _report(res: dict) -> None:
+    print(
+        f"max_loras {res['max_loras']} {res['router']:9s} loads {res['adapter_loads']:4d} "
+        f"(floor {res['distinct_adapters']}) "
+        f"p50 {res['p50_latency_s']:.3f}s p99 {res['p99_latency_s']:.3f}s "
+        f"{res['throughput_req_s']:.2f} req/s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

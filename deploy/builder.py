@@ -62,6 +62,13 @@ class ClusterArgs(BaseModel):
     max_ongoing_requests: int = Field(32, ge=1)
     max_queued_requests: int = Field(256, ge=-1)
     """Requests waiting for a replica before 503 backpressure (-1 = unbounded)."""
+    hot_queue_len: int = Field(8, ge=1)
+    """Affinity router: when every holder of an adapter has this many queued requests,
+    one more replica joins its set."""
+    overload_queue_len: int = Field(32, ge=1)
+    """Affinity router: holders with this many queued requests are skipped."""
+    ingress_max_ongoing_requests: int = Field(1024, ge=1)
+    """Concurrent requests one ingress replica handles (it only awaits replicas)."""
     routing_stats_period_s: float = Field(1.0, gt=0.0)
     registry_tick_s: float = Field(1.0, gt=0.0)
     lease_ttl_s: float = Field(5.0, gt=0.0)
@@ -72,6 +79,8 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"max_cpu_loras={self.max_cpu_loras}; allowed: >= max_loras ({self.max_loras})"
             )
+        if self.hot_queue_len > self.overload_queue_len:
+            raise ValueError("hot_queue_len must be <= overload_queue_len")
         if self.lease_ttl_s <= self.registry_tick_s:
             raise ValueError("lease_ttl_s must exceed registry_tick_s")
         return self
@@ -152,6 +161,11 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
     )
     router = RequestRouterConfig(
         request_router_class=AFFINITY_ROUTER if cfg.router == "affinity" else DEFAULT_ROUTER,
+        request_router_kwargs=(
+            {"hot_queue_len": cfg.hot_queue_len, "overload_queue_len": cfg.overload_queue_len}
+            if cfg.router == "affinity"
+            else {}
+        ),
         request_routing_stats_period_s=cfg.routing_stats_period_s,
         request_routing_stats_timeout_s=max(1.0, cfg.routing_stats_period_s * 3),
     )
@@ -179,4 +193,6 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         admin_key=cfg.admin_key,
         max_model_len=cfg.max_model_len,
     )
-    return LoraIngress.options(ray_actor_options={"num_cpus": 0.1}).bind(replicas, ingress)
+    return LoraIngress.options(
+        ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests
+    ).bind(replicas, ingress)

@@ -31,8 +31,10 @@ def multiplexed_deployment(max_loras: int) -> serve.Deployment:
 
         @serve.multiplexed(max_num_models_per_replica=max_loras)
         async def adapter(self, key: str) -> AdapterRef:
+            # CPU only: the scheduler moves it into a GPU slot when a request needs it
+            # (a direct GPU load would fail while every slot serves running requests).
             ref = self.refs[key]
-            await self.engine.load_adapter(ref, to_gpu=True)
+            await self.engine.load_adapter(ref)
             return ref
 
     return serve.deployment(

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from lora_core.errors import StaleEpoch
+from lora_core.errors import LoraFleetError, StaleEpoch
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
 
@@ -116,11 +116,16 @@ class RegistryPublisher:
         for name, ref in state.refs.items():
             self.refs[ref.key] = ref
             self.newest_version[name] = max(ref.version, self.newest_version.get(name, 0))
-        await self._apply_pins(state)
-        await self._apply_warm(state)
-        for name in state.draining:
-            await self.engine.unload_adapter(name)
-            self.pinned.discard(name)
+        try:
+            await self._apply_pins(state)
+            await self._apply_warm(state)
+            for name in state.draining:
+                await self.engine.unload_adapter(name)
+                self.pinned.discard(name)
+        except LoraFleetError as e:
+            # The engine refused (no evictable slot, bad adapter): retry next tick.
+            log.warning("desired state %d not applied yet: %s", state.version, e)
+            return
         self.desired_version = state.version
 
     async def _apply_pins(self, state) -> None:

@@ -4,7 +4,8 @@ Tiers, best first, for a request naming adapter key K:
   0. replicas holding K in a GPU slot that are not overloaded
      (+ one extra replica when every holder is hot: hot adapters spread);
   1. replicas holding K in the CPU cache that are not overloaded;
-  2. other non-overloaded replicas with the most free slots / fewest adapters;
+  2. among the other non-overloaded replicas with the most free slots / fewest
+     adapters, the adapter's rendezvous-hash "home" alone, then the rest;
   3. any replica not offered yet.
 Inside a tier, power-of-two choices: two random members, the shorter queue first.
 The caller (Serve's router loop) tries each tier in order and skips replicas whose
@@ -22,6 +23,7 @@ Holders {a, c} are not all hot (c has q=1 < 4), so no spreading:
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,9 +70,9 @@ class RankingConfig:
         them (the stats would show the adapter if it had been loaded).
     """
 
-    overload_queue_len: int = 16
+    overload_queue_len: int = 32
     overload_kv_usage: float = 0.95
-    hot_queue_len: int = 4
+    hot_queue_len: int = 8
     affinity_ttl_s: float = 30.0
     stats_lag_s: float = 5.0
 
@@ -166,10 +168,21 @@ def _affinity_tiers(
     ]
     holders = gpu + cpu
     others = [r for r in free if r not in holders]
-    spare = _best_spare(others)
+    spare = _home_first(key, _best_spare(others))
     if holders and spare and all(r.queue_len >= config.hot_queue_len for r in holders):
-        gpu = gpu + spare[:1]
-    return [gpu, cpu, spare]
+        return [gpu + spare[:1], cpu, spare[1:]]
+    return [gpu, cpu, spare[:1], spare[1:]]
+
+
+def _home_first(key: str, spare: list[ReplicaLoad]) -> list[ReplicaLoad]:
+    """Spares ordered by rendezvous hash of (adapter, replica): a cold adapter always
+    starts on the same "home" replica, so the adapter set partitions across replicas
+    instead of every replica cycling through every adapter."""
+    return sorted(
+        spare,
+        key=lambda r: hashlib.blake2b(f"{key}|{r.replica_id}".encode()).digest(),
+        reverse=True,
+    )
 
 
 def _holds_on_gpu(

@@ -54,8 +54,8 @@ class LoraAffinityRouter(RequestRouter):
 
     def initialize_state(
         self,
-        overload_queue_len: int = 16,
-        hot_queue_len: int = 4,
+        overload_queue_len: int = 32,
+        hot_queue_len: int = 8,
         affinity_ttl_s: float = 30.0,
         seed: int | None = None,
     ) -> None:

@@ -118,8 +118,9 @@ def test_memory_bridges_until_stats_catch_up():
     # Stats taken well after the decision, without the adapter: the stats win.
     clock.t = 1010.0
     a_new_stats = ReplicaLoad("a", free_slots=2, queue_len=1, stats_time=1009.0)
-    # Neither holds K any more: both are spares, shorter queue first.
-    assert rank([a_new_stats, b], remembered=memory.holders(K)) == [["b", "a"]]
+    # Neither holds K any more: both are spares, K's home first, one per tier.
+    tiers = rank([a_new_stats, b], remembered=memory.holders(K))
+    assert sorted(tiers) == [["a"], ["b"]]
 
 
 def test_memory_expires_after_ttl_and_forgets_dead_replicas():
@@ -163,3 +164,25 @@ def test_spread_set_grows_only_while_hot():
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(InvalidRequest):
         RankingConfig(**kwargs)
+
+
+def test_cold_adapter_goes_to_its_home_whatever_the_rng_or_queue():
+    spares = [
+        ReplicaLoad(f"r{i}", free_slots=0, gpu_adapters=frozenset({"x", "y"}), queue_len=i)
+        for i in range(4)
+    ]
+    homes = {}
+    for key in [f"k{j}" for j in range(40)]:
+        firsts = {rank_replicas(key, spares, CFG, random.Random(seed))[0][0] for seed in range(5)}
+        assert len(firsts) == 1  # deterministic
+        homes[key] = firsts.pop()
+        # the order does not depend on the input order either
+        assert rank_replicas(key, spares[::-1], CFG, random.Random(0))[0] == [homes[key]]
+    assert set(homes.values()) == {"r0", "r1", "r2", "r3"}  # keys spread over replicas
+
+
+def test_home_is_only_a_preference_inside_the_best_room_group():
+    full = ReplicaLoad("full", gpu_adapters=frozenset({"x", "y"}), free_slots=0)
+    empty = ReplicaLoad("empty", free_slots=2)
+    for key in [f"k{j}" for j in range(10)]:
+        assert rank_replicas(key, [full, empty], CFG, random.Random(0)) == [["empty"], ["full"]]
