@@ -168,21 +168,23 @@ def _affinity_tiers(
     ]
     holders = gpu + cpu
     others = [r for r in free if r not in holders]
-    spare = _home_first(key, _best_spare(others))
+    spare = _home_first(key, _best_spare(others), max(1, config.hot_queue_len // 2))
     if holders and spare and all(r.queue_len >= config.hot_queue_len for r in holders):
         return [gpu + spare[:1], cpu, spare[1:]]
     return [gpu, cpu, spare[:1], spare[1:]]
 
 
-def _home_first(key: str, spare: list[ReplicaLoad]) -> list[ReplicaLoad]:
-    """Spares ordered by rendezvous hash of (adapter, replica): a cold adapter always
-    starts on the same "home" replica, so the adapter set partitions across replicas
-    instead of every replica cycling through every adapter."""
-    return sorted(
-        spare,
-        key=lambda r: hashlib.blake2b(f"{key}|{r.replica_id}".encode()).digest(),
-        reverse=True,
-    )
+def _home_first(key: str, spare: list[ReplicaLoad], bucket: int) -> list[ReplicaLoad]:
+    """Spares by queue length in buckets of `bucket`, then by rendezvous hash of
+    (adapter, replica): a cold adapter starts on its "home" replica unless the home is
+    clearly busier, so the adapter set partitions across replicas instead of every
+    replica cycling through every adapter, without piling load on one replica."""
+
+    def order(r: ReplicaLoad) -> tuple[int, bytes]:
+        home = hashlib.blake2b(f"{key}|{r.replica_id}".encode()).digest()
+        return (r.queue_len // bucket, bytes(255 - b for b in home))
+
+    return sorted(spare, key=order)
 
 
 def _holds_on_gpu(

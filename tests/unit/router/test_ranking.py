@@ -186,3 +186,15 @@ def test_home_is_only_a_preference_inside_the_best_room_group():
     empty = ReplicaLoad("empty", free_slots=2)
     for key in [f"k{j}" for j in range(10)]:
         assert rank_replicas(key, [full, empty], CFG, random.Random(0)) == [["empty"], ["full"]]
+
+
+def test_home_yields_to_a_clearly_less_busy_spare():
+    # CFG.hot_queue_len 4 -> queue buckets of 2: 0-1 tie (home wins), 4 vs 0 does not.
+    for key in [f"k{j}" for j in range(20)]:
+        a = ReplicaLoad("a", gpu_adapters=frozenset({"x"}), queue_len=0)
+        b = ReplicaLoad("b", gpu_adapters=frozenset({"x"}), queue_len=1)
+        home = rank_replicas(key, [a, b], CFG, random.Random(0))[0][0]
+        busy = ReplicaLoad(home, gpu_adapters=frozenset({"x"}), queue_len=4)
+        other = ({"a", "b"} - {home}).pop()
+        idle = ReplicaLoad(other, gpu_adapters=frozenset({"x"}), queue_len=0)
+        assert rank_replicas(key, [busy, idle], CFG, random.Random(0))[0] == [other]
