@@ -319,6 +319,24 @@ def test_local_redis_actor_lives_with_the_cluster_and_is_reused(cluster):
     client.close()
 
 
+def test_a_redis_outage_does_not_fail_health_checks(cluster):
+    import redis
+
+    before = set(cluster.replica_actors())
+    client = redis.Redis.from_url(cluster.redis_url)
+    client.execute_command("CLIENT", "PAUSE", 7000, "ALL")  # every Redis call stalls 7 s
+    time.sleep(7.5)  # > health_check_period_s (5 s): checks ran during the outage
+    client.close()
+    assert set(cluster.replica_actors()) == before  # no replica was replaced
+    assert complete(cluster, "demo-poet").choices[0].finish_reason == "length"
+    reg = cluster.registry()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(r.live for r in reg.list_replicas()) < 2:
+        time.sleep(0.2)
+    assert {r.replica_id for r in reg.list_replicas() if r.live} == before
+    reg.close()
+
+
 def test_killing_a_replica_mid_traffic(cluster):
     import ray
 
