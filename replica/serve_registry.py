@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from lora_core.errors import LoraFleetError, StaleEpoch
 from lora_core.identity import AdapterRef
@@ -41,6 +42,31 @@ def residency(stats: EngineStats) -> dict[str, str]:
     return out
 
 
+class Registry(Protocol):
+    """The part of `cluster.registry.AsyncRegistry` a replica uses."""
+
+    async def register_replica(
+        self, replica_id: str, pool: str, deployment: str, slot_capacity: int, ttl_s: float
+    ) -> int: ...
+    async def heartbeat(self, replica_id: str, epoch: int, ttl_s: float) -> bool: ...
+    async def report_resident(
+        self, replica_id: str, epoch: int, adapter: AdapterRef, tier: str
+    ) -> None: ...
+    async def remove_resident(self, replica_id: str, epoch: int, adapter: str) -> bool: ...
+    async def desired_state(self) -> Any: ...
+    async def locations(self, name: str) -> Any: ...
+
+
+class Engine(Protocol):
+    """The part of `replica.async_engine.AsyncEngine` the publisher drives."""
+
+    def stats(self) -> EngineStats: ...
+    async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None: ...
+    async def unload_adapter(self, name: str) -> None: ...
+    def pin(self, ref: AdapterRef) -> None: ...
+    def unpin(self, name: str) -> None: ...
+
+
 @dataclass
 class RegistryPublisher:
     """Keeps the registry's view of one replica in step with its engine.
@@ -52,8 +78,8 @@ class RegistryPublisher:
     """
 
     config: PublisherConfig
-    registry: object
-    engine: object
+    registry: Registry
+    engine: Engine
     refs: dict[str, AdapterRef]
     epoch: int | None = None
     healthy_registry: bool = False

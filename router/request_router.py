@@ -67,16 +67,16 @@ class LoraAffinityRouter(RequestRouter):
         self.memory = AffinityMemory(ttl_s=affinity_ttl_s)
         self.rng = random.Random(seed)
 
-    def _state(self) -> None:
-        if not hasattr(self, "ranking"):
-            self.initialize_state()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Serve calls initialize_state again with request_router_kwargs right after.
+        self.initialize_state()
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        self._state()
         if pending_request is not None:
             # Every tier is offered in one go; when all are full, back off before retrying.
             pending_request.routing_context.should_backoff = True
@@ -96,12 +96,10 @@ class LoraAffinityRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
     ) -> None:
-        self._state()
         call = call_of(pending_request)
         if call is not None and call.adapter_key is not None:
             self.memory.record(call.adapter_key, replica_id.unique_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._state()
         self.memory.forget_replica(replica_id.unique_id)
