@@ -48,6 +48,16 @@ LLAMA3_8B = {
 }
 
 
+SMOKE = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+DEVICE = torch.device("cuda")
+
+
 class PreloadedSlots:
     """Adapter admission over slots filled once with random weights (slot = adapter index)."""
 
@@ -64,17 +74,22 @@ class PreloadedSlots:
         pass
 
 
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        sync()
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    src = torch.empty(1 << (30 if DEVICE.type == "cuda" else 26), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(10):
         dst.copy_(src)
-    torch.cuda.synchronize()
+    sync()
     return 2 * src.numel() * 10 / (time.perf_counter() - t0)
 
 
@@ -83,15 +98,17 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
     from lora_core.layers import apply_lora
     from lora_core.slot_buffers import SlotBuffers
 
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = CausalLM(cfg).to(torch.bfloat16)
     for p in model.parameters():
         p.data.normal_(0, 0.02)
-    buffers = SlotBuffers(cfg.base_shape, max_loras, rank, torch.bfloat16, torch.device("cuda"))
-    for t in list(buffers.iter_tensors()):
-        t.normal_(0, 0.02)
+    buffers = SlotBuffers(cfg.base_shape, max_loras, rank, torch.bfloat16, DEVICE)
+    for layer in range(cfg.num_layers):
+        for group in ("qkv", "o", "gate_up", "down"):
+            for t in buffers.a(layer, group) + buffers.b(layer, group):
+                t.normal_(0, 0.02)
     buffers.slot_ranks.fill_(rank)
-    ctx = LoraBatchContext(8192, torch.device("cuda"))
+    ctx = LoraBatchContext(8192, DEVICE, buffers.slot_ranks)
     apply_lora(model.model, buffers, ctx)
     return model, ctx, buffers
 
@@ -102,8 +119,8 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
     shape = (blocks, bs, cfg.num_kv_heads, cfg.head_dim)
     kv = [
         (
-            torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
-            torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
+            torch.empty(shape, dtype=torch.bfloat16, device=DEVICE),
+            torch.empty(shape, dtype=torch.bfloat16, device=DEVICE),
         )
         for _ in range(cfg.num_layers)
     ]
@@ -131,11 +148,11 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
     step()  # prefill of every sequence (the token budget covers all prompts)
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     del kv
     return {"decode_tokens_per_s": num_seqs * steps / dt, "step_ms": dt / steps * 1e3}
@@ -148,12 +165,20 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)"
+    )
     args = ap.parse_args()
-    cfg = ModelConfig.from_hf({**LLAMA3_8B, "num_hidden_layers": args.layers})
+    global DEVICE
+    hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
+    if args.smoke:
+        DEVICE = torch.device("cpu")
+        hf.update(SMOKE)
+    cfg = ModelConfig.from_hf(hf)
     bw = copy_bandwidth()
     model, ctx, buffers = build(cfg, 32, args.rank)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    per_adapter = buffers.nbytes() / 32
+    per_adapter = buffers.nbytes / 32
     rows = []
     for seqs in (32, 128):
         for n in (0, 8, 32):
@@ -181,7 +206,7 @@ def main() -> None:
             json.dumps(
                 {
                     "command": "python " + " ".join(sys.argv),
-                    "device": torch.cuda.get_device_name(),
+                    "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
                     "torch": torch.__version__,
                     "copy_bandwidth_Bps": bw,
                     "model": "Llama-3-8B shape, random bf16 weights",

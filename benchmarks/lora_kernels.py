@@ -45,7 +45,8 @@ REFERENCE_US = {  # vLLM 0.17 Triton shrink+expand, same H200, graph replay (iss
     ("qkv", 16, 64, 8): 46, ("qkv", 16, 256, 32): 90, ("qkv", 16, 2048, 8): 223,
     ("qkv", 64, 2048, 32): 374, ("o", 16, 64, 8): 16, ("o", 16, 2048, 32): 64,
 }  # fmt: skip
-POOL_SLOTS = 1024
+POOL_SLOTS = 64
+MAX_SETS = 48
 DT = torch.bfloat16
 EL = 2
 BASELINE_MAX_BYTES = 3e9
@@ -92,30 +93,37 @@ class Pool:
         )
 
 
-def make_sets(layer, pool, tokens, n, nsets, ranks_of):
-    """nsets independent inputs, each with its own n adapters (slots) and SegmentMeta."""
+class Pools:
+    """Copies of one layer's pool, made as needed: rotating them keeps each call's weights out of L2."""
+
+    def __init__(self, layer: str, rank: int):
+        self.layer, self.rank, self.pools = layer, rank, []
+
+    def get(self, count: int) -> list[Pool]:
+        while len(self.pools) < count:
+            self.pools.append(Pool(self.layer, self.rank))
+        return self.pools[:count]
+
+
+def make_sets(layer, pools, tokens, n, nsets, ranks_of):
+    """One slot map and SegmentMeta (built once per step, as the engine does, so L2-warm);
+    nsets copies of weights, x and y, rotated between calls."""
     hidden, sizes = LAYERS[layer]
-    perm = torch.randperm(POOL_SLOTS)
-    ranks = torch.full((POOL_SLOTS,), pool.a[0].shape[1], dtype=torch.int32)
+    rank = pools.rank
+    chosen = torch.randperm(POOL_SLOTS)[:n]
+    ranks = torch.full((POOL_SLOTS,), rank, dtype=torch.int32)
+    for i, slot in enumerate(chosen.tolist()):
+        ranks[slot] = ranks_of(i)
+    slots = chosen[random_slots(tokens, n, n, 0.0)].cuda()
+    ranks = ranks.cuda()
+    meta = build_meta(slots, POOL_SLOTS, slot_ranks=ranks)
     sets = []
-    for k in range(nsets):
-        chosen = perm[(k * n) % POOL_SLOTS :][:n]
-        for i, slot in enumerate(chosen.tolist()):
-            ranks[slot] = ranks_of(i)
-        local = random_slots(tokens, n, n, 0.0)
-        slots = chosen[local].cuda()
+    for pool in pools.get(nsets):
         x = torch.randn(tokens, hidden, device="cuda").to(DT)
         y = torch.randn(tokens, sum(sizes), device="cuda").to(DT)
-        sets.append({"slots": slots, "x": x, "y": y})
-    ranks = ranks.cuda()
-    for st in sets:
-        st["meta"] = build_meta(
-            st["slots"],
-            POOL_SLOTS,
-            slot_ranks=ranks,
-            out=SegmentMeta.empty(tokens, POOL_SLOTS, torch.device("cuda")),
-        )
-        st["buf"] = lora_shrink(st["x"], pool.a, st["meta"])
+        st = {"pool": pool, "slots": slots, "meta": meta, "x": x, "y": y}
+        st["buf"] = lora_shrink(x, pool.a, meta)
+        sets.append(st)
     return sets, ranks
 
 
@@ -129,15 +137,8 @@ def baseline(x, a, b, y, slots):
         off += n
 
 
-def time_both_modes(fns, nsets) -> dict[str, float]:
-    """{eager_us, graph_us} medians for one call; fns[k] runs the call on set k."""
-    counter = [0]
-
-    def cycle():
-        fns[counter[0] % nsets]()
-        counter[0] += 1
-
-    eager = do_bench(cycle, warmup=3, rep=15, return_mode="median") * 1e3
+def time_graph(fns, rep_ms: int = 25) -> float:
+    """Median us of one call under CUDA-graph replay: one graph runs fns (rotated sets) in turn."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -148,13 +149,26 @@ def time_both_modes(fns, nsets) -> dict[str, float]:
     with torch.cuda.graph(graph):
         for f in fns:
             f()
-    replay = do_bench(graph.replay, warmup=3, rep=25, return_mode="median") * 1e3
+    replay = do_bench(graph.replay, warmup=3, rep=rep_ms, return_mode="median") * 1e3
     del graph
-    return {"eager_us": eager, "graph_us": replay / nsets}
+    return replay / len(fns)
 
 
-def check(pool, st, ranks) -> float:
+def time_both_modes(fns, nsets) -> dict[str, float]:
+    """{eager_us, graph_us} medians for one call; fns[k] runs the call on set k."""
+    counter = [0]
+
+    def cycle():
+        fns[counter[0] % nsets]()
+        counter[0] += 1
+
+    eager = do_bench(cycle, warmup=3, rep=15, return_mode="median") * 1e3
+    return {"eager_us": eager, "graph_us": time_graph(fns)}
+
+
+def check(st, ranks) -> float:
     """rel err of one shrink+expand against the float64 reference (on the used slots only)."""
+    pool = st["pool"]
     used, local = torch.unique(st["slots"], return_inverse=True)
     a64 = tuple(t[used].double() for t in pool.a)
     b64 = tuple(t[used].double() for t in pool.b)
@@ -165,42 +179,87 @@ def check(pool, st, ranks) -> float:
     return rel_err(y, want)
 
 
-def _shrink(pool, st):
-    lora_shrink(st["x"], pool.a, st["meta"])
+def _shrink(st):
+    lora_shrink(st["x"], st["pool"].a, st["meta"])
 
 
-def _expand(pool, st):
-    lora_expand(st["y"], st["buf"], pool.b, st["meta"])
+def _expand(st):
+    lora_expand(st["y"], st["buf"], st["pool"].b, st["meta"])
 
 
-def _both(pool, st):
-    lora_expand(st["y"], lora_shrink(st["x"], pool.a, st["meta"]), pool.b, st["meta"])
+def _both(st):
+    lora_expand(st["y"], lora_shrink(st["x"], st["pool"].a, st["meta"]), st["pool"].b, st["meta"])
 
 
-def run_case(layer, pool, rank, tokens, n, bw, mixed=False) -> dict:
+def run_case(layer, pools, rank, tokens, n, bw, mixed=False) -> dict:
     mean_rank = (16 + rank) / 2 if mixed else rank
     fb = floor_bytes(layer, tokens, n, mean_rank, rank)
-    nsets = max(1, min(64, math.ceil(ROTATE_BYTES / fb["both"]), POOL_SLOTS // n))
+    nsets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / fb["both"])))
     ranks_of = (lambda i: 16 if i % 2 == 0 else rank) if mixed else (lambda i: rank)
-    sets, ranks = make_sets(layer, pool, tokens, n, nsets, ranks_of)
+    sets, ranks = make_sets(layer, pools, tokens, n, nsets, ranks_of)
     res = {"layer": layer, "rank": rank, "mixed_16_64": mixed, "T": tokens, "n": n, "sets": nsets}
-    res["rel_err"] = check(pool, sets[0], ranks)
+    res["rel_err"] = check(sets[0], ranks)
     res["floor_us"] = {k: fb[k] / bw * 1e6 for k in ("shrink", "expand", "both")}
     res["floor_terms_MB"] = {k: v / 1e6 for k, v in fb["terms"].items()}
     for kind, fn in (("shrink", _shrink), ("expand", _expand), ("both", _both)):
-        res[kind] = time_both_modes([functools.partial(fn, pool, st) for st in sets], nsets)
+        res[kind] = time_both_modes([functools.partial(fn, st) for st in sets], nsets)
     res["ratio_graph_both"] = res["both"]["graph_us"] / res["floor_us"]["both"]
     hidden, sizes = LAYERS[layer]
     gathered = tokens * rank * (len(sizes) * hidden + sum(sizes)) * EL
     if not mixed and gathered <= BASELINE_MAX_BYTES:
         bsets = sets[: max(1, min(nsets, math.ceil(ROTATE_BYTES / gathered)))]
         fns = [
-            functools.partial(baseline, st["x"], pool.a, pool.b, st["y"], st["slots"])
+            functools.partial(baseline, st["x"], st["pool"].a, st["pool"].b, st["y"], st["slots"])
             for st in bsets
         ]
         res["gather_bmm"] = time_both_modes(fns, len(bsets))
     del sets
     return res
+
+
+SWEEP_SHAPES = [
+    ("qkv", 16, 64, 8),
+    ("qkv", 16, 256, 32),
+    ("o", 64, 1024, 32),
+    ("gate_up", 16, 4096, 8),
+]
+SHRINK_SWEEP = [(64, 8), (128, 4), (128, 8), (256, 2), (256, 4), (256, 8), (256, 16)]
+EXPAND_SWEEP = [(64, 4), (128, 4), (256, 4), (128, 8), (256, 8), (512, 8)]
+
+
+def sweep(bw: float) -> list[dict]:
+    """Graph-replay us of shrink and expand per launch config on a few shapes (tuning data)."""
+    from kernels.meta import default_block_m
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    rows = []
+    for layer, rank, tokens, n in SWEEP_SHAPES:
+        pools = Pools(layer, rank)
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        nsets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / fb["both"])))
+        sets, _ = make_sets(layer, pools, tokens, n, nsets, lambda i, r=rank: r)
+        bm = default_block_m(tokens)
+        base = sh.default_config(bm, max(16, rank), EL)
+        shrink_cfgs = [sh.ShrinkConfig(bk, pps, base.fuse_slices) for bk, pps in SHRINK_SWEEP]
+        shrink_cfgs.append(
+            sh.ShrinkConfig(base.block_k, base.programs_per_sm, not base.fuse_slices)
+        )
+        for cfg in shrink_cfgs:
+            sh.CONFIG_OVERRIDE = cfg
+            us = time_graph([functools.partial(_shrink, st) for st in sets], 10)
+            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "kernel": "shrink", "config": repr(cfg),
+                         "graph_us": us, "floor_us": fb["shrink"] / bw * 1e6})  # fmt: skip
+        sh.CONFIG_OVERRIDE = None
+        for bn, warps in EXPAND_SWEEP:
+            ex.CONFIG_OVERRIDE = ex.ExpandConfig(bn, warps)
+            us = time_graph([functools.partial(_expand, st) for st in sets], 10)
+            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "kernel": "expand",
+                         "config": repr(ex.CONFIG_OVERRIDE), "graph_us": us, "floor_us": fb["expand"] / bw * 1e6})  # fmt: skip
+        ex.CONFIG_OVERRIDE = None
+        print(f"sweep {layer} r{rank} T={tokens} n={n} done", flush=True)
+        del sets, pools
+    return rows
 
 
 def meta_build_times() -> dict[str, dict[str, float]]:
@@ -301,6 +360,7 @@ def write(path: Path, doc: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/lora_kernels_h200.json"))
+    ap.add_argument("--sweep", action="store_true", help="also time launch-config variants")
     ap.add_argument(
         "--layers", default=",".join(LAYERS), help="comma-separated subset of " + ",".join(LAYERS)
     )
@@ -316,19 +376,25 @@ def main() -> None:
            "triton": triton.__version__, "dtype": "bfloat16", "pool_slots": POOL_SLOTS,
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
+    if args.sweep:
+        doc["sweep"] = sweep(bw)
+        for row in doc["sweep"]:
+            print(
+                f"{row['shape']:24s} {row['kernel']:6s} {row['graph_us']:7.1f} us (floor {row['floor_us']:.1f}) {row['config']}"
+            )
     for layer, rank, grid in cases():
         if layer not in args.layers.split(","):
             continue
         if time.monotonic() - t0 > args.budget_s:
             print(f"budget spent: skipping {layer} r{rank}", flush=True)
             continue
-        pool = Pool(layer, rank)
+        pools = Pools(layer, rank)
         runs = [(t, n, False) for t, n in grid]
         if rank == 64:
             runs += [(t, 32, True) for t in (64, 256, 1024, 4096)]
         for tokens, n, mixed in runs:
             try:
-                r = run_case(layer, pool, rank, tokens, n, bw, mixed)
+                r = run_case(layer, pools, rank, tokens, n, bw, mixed)
             except Exception as e:  # recorded, and the sweep goes on
                 r = {
                     "layer": layer,
@@ -342,7 +408,7 @@ def main() -> None:
             print(
                 table([r]).splitlines()[-1], f"err={r.get('rel_err', float('nan')):.1e}", flush=True
             )
-        del pool
+        del pools
         torch.cuda.empty_cache()
         doc["targets"] = targets(doc["results"])
         write(args.out, doc)

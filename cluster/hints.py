@@ -4,6 +4,7 @@ are lost while a subscriber is disconnected, so replicas also reconcile periodic
 from __future__ import annotations
 
 import json
+import time
 
 import redis
 import redis.asyncio
@@ -36,10 +37,15 @@ class HintSubscription:
             raise unavailable(url, e) from e
 
     def get(self, timeout_s: float) -> Hint | None:
+        # get_message returns None for consumed (un)subscribe confirmations too
+        deadline = time.monotonic() + timeout_s
         try:
-            return parse_hint(self._pubsub.get_message(timeout=timeout_s))
+            while (left := deadline - time.monotonic()) > 0:
+                if hint := parse_hint(self._pubsub.get_message(timeout=left)):
+                    return hint
         except _ERRORS as e:
             raise unavailable(self._url, e) from e
+        return None
 
     def close(self) -> None:
         self._pubsub.close()
@@ -59,10 +65,14 @@ class AsyncHintSubscription:
         self._pubsub = client.pubsub(ignore_subscribe_messages=True)
 
     async def get(self, timeout_s: float) -> Hint | None:
+        deadline = time.monotonic() + timeout_s
         try:
-            return parse_hint(await self._pubsub.get_message(timeout=timeout_s))
+            while (left := deadline - time.monotonic()) > 0:
+                if hint := parse_hint(await self._pubsub.get_message(timeout=left)):
+                    return hint
         except _ERRORS as e:
             raise unavailable(self._url, e) from e
+        return None
 
     async def __aenter__(self) -> AsyncHintSubscription:
         try:

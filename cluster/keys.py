@@ -18,6 +18,10 @@ Tenants and API keys
     {ns}:tenant:{tenant}:keys     set    sha256 hex of each key issued to tenant
     {ns}:apikey:{sha256}          string tenant owning the key (the key itself is never stored)
 
+Base models
+    {ns}:base:{model_id}          string JSON of lora_core.base_shape.BaseShape, stored by
+                                         replicas so `register` can check shape fit
+
 Replicas, leases and residency
     {ns}:replicas                 set    every replica id ever registered (live or not;
                                          liveness is only ever the lease below)
@@ -25,7 +29,7 @@ Replicas, leases and residency
     {ns}:epoch:{id}               string fencing counter: INCR on every registration
     {ns}:lease:{id}               string the epoch holding the lease, with a PX TTL; absent or
                                          a different epoch means the replica is not live
-    {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|ref_key"
+    {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|pool|ref_key"
     {ns}:replica:{id}:adapters    set    adapter names the replica reported (for cleanup)
 
 Desired state
@@ -103,6 +107,9 @@ class Keys:
 
     def apikey(self, key_hash: str) -> str:
         return f"{self.ns}:apikey:{key_hash}"
+
+    def base(self, model_id: str) -> str:
+        return f"{self.ns}:base:{model_id}"
 
     @property
     def replicas(self) -> str:

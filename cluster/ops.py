@@ -8,6 +8,7 @@ logic exists once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from cluster.records import (
     ResolvedRequest,
     WarmTarget,
 )
+from lora_core.base_shape import BaseShape
 from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterDraining,
@@ -32,6 +34,7 @@ from lora_core.errors import (
     StaleEpoch,
     Unauthorized,
 )
+from lora_core.identity import AdapterRef
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -135,6 +138,21 @@ def resolve_key(keys: Keys, key_hash: str) -> Plan[str | None]:
     return Plan(None, ("GET", keys.apikey(key_hash)), lambda v: v)
 
 
+def set_base_shape(keys: Keys, model_id: str, shape: BaseShape) -> Plan[None]:
+    blob = json.dumps(dataclasses.asdict(shape), sort_keys=True)
+    return Plan(None, ("SET", keys.base(model_id), blob), lambda _: None)
+
+
+def get_base_shape(keys: Keys, model_id: str) -> Plan[BaseShape | None]:
+    return Plan(
+        None, ("GET", keys.base(model_id)), lambda v: BaseShape(**json.loads(v)) if v else None
+    )
+
+
+def adapter_names(keys: Keys) -> Plan[list[str]]:
+    return Plan(None, ("SMEMBERS", keys.adapters), lambda v: sorted(v))
+
+
 def list_tenants(keys: Keys) -> Plan[list[str]]:
     return Plan(None, ("SMEMBERS", keys.tenants), lambda v: sorted(v))
 
@@ -143,7 +161,14 @@ def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[Resolve
     def _parse(rest: list[Any]) -> ResolvedRequest:
         rec, tenant, locs = rest
         return ResolvedRequest(
-            ref=AdapterRecord.from_hash(rec).ref,
+            ref=AdapterRef(
+                name=rec["name"],
+                version=int(rec["version"]),
+                content_hash=rec["content_hash"],
+                path=rec["path"],
+                rank=int(rec["rank"]),
+                base_model=rec.get("base_model", ""),
+            ),
             tenant=tenant or None,
             locations=_locations(locs),
         )
@@ -151,17 +176,31 @@ def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[Resolve
     return script("resolve_request", (name, key_hash, int(require_key)), _parse, name)
 
 
-def register_adapter(name: str, replace: bool, subject_args: tuple[Arg, ...]) -> Plan[int]:
-    def _parse_raw(raw: str) -> int:
+def register_adapter(record: AdapterRecord, replace: bool) -> Plan[AdapterRecord]:
+    """Store record (its version is ignored) as its name's next version."""
+    args = (
+        record.name,
+        int(replace),
+        record.owner,
+        int(record.public),
+        record.content_hash,
+        record.path,
+        record.rank,
+        record.base_model,
+        json.dumps(list(record.target_modules)),
+        record.created,
+    )
+
+    def _parse(raw: str) -> AdapterRecord:
         reply = json.loads(raw)
         if reply[0] == "exists":
             raise AdapterAlreadyExists(
-                f"adapter {name!r} already exists (version {reply[1]}); "
+                f"adapter {record.name!r} already exists (version {reply[1]}); "
                 "allowed: pass replace (--replace) to register a new version"
             )
-        return int(_status(name, reply)[0])
+        return dataclasses.replace(record, version=int(_status(record.name, reply)[0]))
 
-    return Plan("register_adapter", (name, int(replace), *subject_args), _parse_raw)
+    return Plan("register_adapter", args, _parse)
 
 
 def create_tenant(name: str, now: float) -> Plan[None]:

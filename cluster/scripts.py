@@ -19,18 +19,22 @@ local function hmap(flat)
   return t
 end
 local function split_resident(v)
-  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|')
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
 end
 -- Live locations of name (only entries whose replica still holds its lease with
--- the epoch that wrote them); version nil means any version.
+-- the epoch that wrote them); version nil means any version. One MGET for all leases
+-- (unpack caps this at a few thousand replicas per adapter).
 local function locations(name, version)
   local out = {}
-  local flat = redis.call('HGETALL', k('resident', name))
+  local flat = redis.call('HGETALL', ns .. ':resident:' .. name)
+  if #flat == 0 then return out end
+  local lease_keys = {}
+  for i = 1, #flat, 2 do lease_keys[#lease_keys + 1] = ns .. ':lease:' .. flat[i] end
+  local leases = redis.call('MGET', unpack(lease_keys))
   for i = 1, #flat, 2 do
-    local id = flat[i]
-    local tier, ver, ep = split_resident(flat[i + 1])
-    if (version == nil or ver == version) and redis.call('GET', k('lease', id)) == ep then
-      out[#out + 1] = {id, tier, redis.call('HGET', k('replica', id), 'pool') or ''}
+    local tier, ver, ep, pool = split_resident(flat[i + 1])
+    if (version == nil or ver == version) and leases[(i + 1) / 2] == ep then
+      out[#out + 1] = {flat[i], tier, pool}
     end
   end
   return out
@@ -183,8 +187,10 @@ local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
 if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
+-- the pool is copied in: it is fixed per epoch, so reads need no replica lookup
+local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 redis.call('HSET', k('resident', name), id,
-  ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. ARGV[7])
+  ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. pool .. '|' .. ARGV[7])
 redis.call('SADD', k('replica', id, 'adapters'), name)
 return ret('ok')
 """,
@@ -248,10 +254,10 @@ end
 return ret('ok', tonumber(redis.call('GET', k('desired')) or '0'), pins, warm,
   redis.call('SMEMBERS', k('draining')), refs)
 """,
-    # ARGV: ns, name ('' = all)
+    # ARGV: ns, 'all' | 'names', name...
     "list_adapters": r"""
-local names = {ARGV[2]}
-if ARGV[2] == '' then names = redis.call('SMEMBERS', k('adapters')) end
+local names = {unpack(ARGV, 3)}
+if ARGV[2] == 'all' then names = redis.call('SMEMBERS', k('adapters')) end
 local out = {}
 for _, name in ipairs(names) do
   local rec = hmap(redis.call('HGETALL', k('adapter', name)))

@@ -19,11 +19,16 @@ Signatures:
                out: SegmentMeta | None = None) -> SegmentMeta
     SegmentMeta.empty(num_tokens, num_slots, device, block_m=None) -> SegmentMeta (preallocated)
 
-S is 1 (plain), 2 (gate_up) or 3 (qkv); x, lora_a share a dtype (fp16/bf16/fp32);
-every tensor may have any strides. Pass token_slots (a tensor) and the metadata is
-built per call; build a SegmentMeta once per step and pass it to every layer to
-build it once and to use per-slot ranks. build_meta into a preallocated SegmentMeta
-runs on the device with no host sync, so a decode step can be captured in a CUDA graph.
+S is 1 (plain), 2 (gate_up) or 3 (qkv); R <= 128 on the Triton path; x and lora_a
+share a dtype (fp16/bf16/fp32); x, y and buf may have any strides; the slices of
+lora_a share shape and strides, those of lora_b their rank and inner strides (a slot
+pool allocated slice by slice satisfies both). Slice tensors are checked once per
+set of tensors (cached): don't change their metadata in place (set_, resize_).
+Pass token_slots (a tensor) and the metadata is built per call; build a SegmentMeta
+once per step and pass it to every layer to build it once and to use per-slot ranks.
+build_meta into a preallocated SegmentMeta (SegmentMeta.empty) runs on the device
+with no host sync, so a decode step can be captured in a CUDA graph. Bad arguments
+raise ValueError naming the argument.
 
 Backend: LORAFLEET_KERNELS=auto|triton|reference (auto: Triton on CUDA tensors,
 reference on CPU). `triton` on CPU tensors needs TRITON_INTERPRET=1 (set before

@@ -132,9 +132,21 @@ class AdapterManager:
             assert slot is not None, "a pinned adapter is resident"
             return slot
 
-    def unpin(self, ref: AdapterRef) -> None:
+    def unpin(self, ref_or_name: AdapterRef | str) -> None:
+        """Unpin one version (a ref), or every version of a name (a str)."""
+        target = ref_or_name.key if isinstance(ref_or_name, AdapterRef) else ref_or_name
         with self._lock:
-            self._run(self.pool.unpin(ref.key), {})
+            self._run(self.pool.unpin(target), {})
+
+    def prefetch_to_gpu(self, ref: AdapterRef) -> int | None:
+        """Warm ref into a GPU slot (evicting only an idle unpinned adapter) without
+        holding it; the slot, or None when every slot is busy now."""
+        with self._lock:
+            if not self.pool.can_admit(ref.key):
+                return None
+            slot = self.acquire(ref)
+            self.release(ref)
+            return slot
 
     def unload(self, name_or_key: str) -> None:
         """Refuse new requests for every version of a name (or one key) at once; slots and

@@ -77,7 +77,21 @@ class PoolStats:
 
     @property
     def slot_loads(self) -> int:
+        """GPU slot loads since start (from CPU or disk); EngineStats.adapter_loads."""
         return self.loads_from_cpu + self.loads_from_disk
+
+    # Short names the engine's EngineStats mapping reads.
+    @property
+    def gpu(self) -> tuple[str, ...]:
+        return self.gpu_keys
+
+    @property
+    def cpu(self) -> tuple[str, ...]:
+        return self.cpu_keys
+
+    @property
+    def loads(self) -> int:
+        return self.slot_loads
 
 
 class SlotPool:
@@ -195,22 +209,17 @@ class SlotPool:
         entry.pinned = True
         return actions
 
-    def unpin(self, key: str) -> list[PoolAction]:
-        """`key` stays resident but becomes evictable (LRU) again."""
-        entry = self._entries.get(key)
-        if entry is None:
-            raise AdapterNotFound(key)
-        entry.pinned = False
+    def unpin(self, name_or_key: str) -> list[PoolAction]:
+        """Every version of a name (or one key) stays resident but becomes evictable again."""
+        for key in self._matching(name_or_key):
+            self._entries[key].pinned = False
         return []
 
     def unload(self, name_or_key: str) -> list[PoolAction]:
         """Refuse new acquires of every version of a name (or one key) at once; free each
         slot and CPU copy as soon as its last request releases it."""
-        keys = [k for k, e in self._entries.items() if name_or_key in (k, e.name)]
-        if not keys:
-            raise AdapterNotFound(name_or_key)
         actions: list[PoolAction] = []
-        for key in keys:
+        for key in self._matching(name_or_key):
             entry = self._entries[key]
             entry.draining, entry.pinned = True, False
             if entry.refcount == 0:
@@ -218,6 +227,12 @@ class SlotPool:
         return actions
 
     # -- internals -----------------------------------------------------------------
+
+    def _matching(self, name_or_key: str) -> list[str]:
+        keys = [k for k, e in self._entries.items() if name_or_key in (k, e.name)]
+        if not keys:
+            raise AdapterNotFound(name_or_key)
+        return keys
 
     def _live(self, key: str) -> _Entry:
         entry = self._entries.get(key)

@@ -26,6 +26,8 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILE = "adapter_model.bin"
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+# Without a base, layer indices come from tensor names: bound them (no model is this deep).
+MAX_LAYERS = 1024
 _PATH_ALLOWED = f"an existing local directory holding {CONFIG_FILE} and {WEIGHTS_FILE}"
 _MODULES_ALLOWED = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 
@@ -130,7 +132,12 @@ def _num_layers(tensors: dict[str, TensorInfo], base: BaseShape | None) -> int:
     if base is not None:
         return base.num_layers
     layers = [p[0] for name in tensors if (p := parse_tensor_name(name)) is not None]
-    return 1 + max(layers, default=0)
+    deepest = max(layers, default=0)
+    if deepest >= MAX_LAYERS:
+        raise AdapterIncompatible(
+            WEIGHTS_FILE, f"names layer {deepest}", f"layer indices below {MAX_LAYERS}"
+        )
+    return 1 + deepest
 
 
 def _require_files(root: Path) -> None:

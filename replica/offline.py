@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lora_core.validate import validate_adapter_dir
-
 from lora_core.errors import AdapterNotFound, InvalidRequest
 from lora_core.identity import AdapterRef
+from lora_core.validate import validate_adapter_dir
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
+from replica.offline_cli import SAMPLING_FIELDS
 from replica.sampling_params import SamplingParams
 
 
@@ -70,14 +70,7 @@ class OfflineJob:
         return cls(engine, refs, defaults)
 
     def _params(self, row: dict, line: int) -> SamplingParams:
-        fields = {
-            **self.defaults,
-            **{
-                k: v
-                for k, v in row.items()
-                if k not in ("prompt", "adapter", "id", "metadata") and not k.startswith("_")
-            },
-        }
+        fields = {**self.defaults, **{k: row[k] for k in SAMPLING_FIELDS if k in row}}
         if isinstance(fields.get("stop"), list):
             fields["stop"] = tuple(fields["stop"])
         try:

@@ -14,7 +14,9 @@ from pathlib import Path
 from lora_core.errors import LoraFleetError
 from replica.config import DTYPES
 
-_LINE_FIELDS = {
+# Fields a JSONL line may carry; "id", "metadata" and keys starting with "_" are
+# passed through to the output untouched.
+SAMPLING_FIELDS = (
     "max_tokens",
     "temperature",
     "top_p",
@@ -24,7 +26,8 @@ _LINE_FIELDS = {
     "stop_token_ids",
     "ignore_eos",
     "logprobs",
-}
+)
+LINE_FIELDS = frozenset(("prompt", "adapter", "id", "metadata", *SAMPLING_FIELDS))
 
 
 def register_generate(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +60,7 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from replica.offline import OfflineJob, parse_adapter_args
+    from replica.offline import OfflineJob, parse_adapter_args  # lazy: torch is slow to import
 
     try:
         adapters = parse_adapter_args(args.adapter)
@@ -85,13 +88,10 @@ def _read_lines(path: Path) -> list[dict]:
                 raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from e
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise ValueError(f'{path}:{i}: each line must be an object with a string "prompt"')
-            unknown = set(row) - _LINE_FIELDS - {"prompt", "adapter"}
-            if unknown and not all(k.startswith("_") or k in ("id", "metadata") for k in unknown):
-                extra = sorted(
-                    k for k in unknown if not (k.startswith("_") or k in ("id", "metadata"))
-                )
+            unknown = sorted(k for k in row if k not in LINE_FIELDS and not k.startswith("_"))
+            if unknown:
                 raise ValueError(
-                    f"{path}:{i}: unknown field(s) {extra}; allowed: prompt, adapter, {', '.join(sorted(_LINE_FIELDS))}, id, metadata"
+                    f"{path}:{i}: unknown field(s) {unknown}; allowed: {', '.join(sorted(LINE_FIELDS))}"
                 )
             rows.append(row)
     return rows

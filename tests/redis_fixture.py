@@ -87,6 +87,15 @@ def _wait_ready(url: str, proc: subprocess.Popen, stop: Callable[[], None]) -> N
         client.close()
 
 
+def dump_redis(url: str) -> dict[bytes, tuple[bytes | None, bool]]:
+    """Every key -> (DUMP of its value, has a TTL): compare two dumps to prove nothing changed."""
+    client = redis.Redis.from_url(url)
+    try:
+        return {k: (client.dump(k), client.pttl(k) >= 0) for k in sorted(client.scan_iter("*"))}
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of one redis-server shared by the whole session."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from cluster.catalog import validate_for_registry
 from cluster.cli.common import add_verb, print_json, print_table
 from cluster.records import PIN_POOLS, AdapterListing
-from cluster.registry import Registry
+from cluster.registry import LIST_PAGE, Registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register(reg: Registry, args: argparse.Namespace) -> int:
+    base_id = args.base_model
+    if base_id is None:
+        base_id = validate_for_registry(args.path, args.max_lora_rank, None).base_model
+    # a base model some replica described: check the adapter's shapes fit it too
+    base = reg.get_base_shape(base_id) if base_id else None
     rec = reg.register_adapter(
         args.name,
         args.path,
@@ -47,6 +53,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
         tenant=args.tenant,
         public=args.public,
         replace=args.replace,
+        base=base,
     )
     if args.json:
         print_json(AdapterListing(rec, None, None, ()).to_json())
@@ -63,7 +70,13 @@ def _locations(a: AdapterListing) -> str:
 
 
 def _list(reg: Registry, args: argparse.Namespace) -> int:
-    listings = reg.list_adapters()
+    # paged, so listing a big catalog never blocks the request path for long
+    names = reg.list_adapter_names()
+    listings = [
+        a
+        for i in range(0, len(names), LIST_PAGE)
+        for a in reg.list_adapters(names[i : i + LIST_PAGE])
+    ]
     if args.json:
         print_json([a.to_json() for a in listings])
         return 0

@@ -12,6 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("replicas", help="inspect serving replicas")
     verbs = parser.add_subparsers(dest="verb", required=True)
     add_verb(verbs, "list", _list, "list replicas, their pools, leases and residency", listing=True)
+    add_verb(verbs, "reap", _reap, "forget lapsed replicas; finish drained adapters",
+             listing=False)  # fmt: skip
     add_verb(sub, "status", _status, "cluster-wide counts", listing=True)
 
 
@@ -34,6 +36,12 @@ def _list(reg: Registry, args: argparse.Namespace) -> int:
         for r in infos
     ]
     print_table(("REPLICA", "POOL", "DEPLOYMENT", "SLOTS", "EPOCH", "LIVE", "GPU", "CPU"), rows)
+    return 0
+
+
+def _reap(reg: Registry, args: argparse.Namespace) -> int:
+    replicas, adapters = reg.reap()
+    print(f"removed {replicas} lapsed replicas and {adapters} drained adapters")
     return 0
 
 

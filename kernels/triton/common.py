@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -16,7 +18,7 @@ from kernels.meta import SegmentMeta, build_meta
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SLICES = 3
-MAX_RANK = 256
+MAX_RANK = 128  # the range tested on the GPU (tests/gpu/test_kernels.py)
 
 
 def check_device(t: torch.Tensor, name: str) -> None:
@@ -28,25 +30,69 @@ def check_device(t: torch.Tensor, name: str) -> None:
         )
 
 
-def check_slices(tensors, name: str, device: torch.device, dtype: torch.dtype | None = None):
-    """tuple of 1..3 3-D tensors on `device` of one dtype (= dtype when given)."""
+@dataclass(frozen=True)
+class Slices:
+    """What a launcher needs from a tuple of S slice tensors (derived and checked once)."""
+
+    base: torch.Tensor
+    """Slice 0; the kernel reaches the others through `offsets`."""
+    shapes: tuple[tuple[int, int, int], ...]
+    strides: tuple[tuple[int, int, int], ...]
+    offsets: tuple[int, int]
+    """Element offsets of slices 1 and 2 from slice 0 (0 when absent)."""
+
+    @property
+    def count(self) -> int:
+        return len(self.shapes)
+
+    def stride_l(self) -> tuple[int, int, int]:
+        """Slot stride of each slice, padded to MAX_SLICES."""
+        pad = (0,) * (MAX_SLICES - self.count)
+        return tuple(st[0] for st in self.strides) + pad
+
+
+# Pool tuples are passed on every layer of every step: check them once. Keyed by the
+# tensors' ids, confirmed through weak references (a freed tensor's id may be reused).
+# In-place metadata changes (set_, resize_, as_strided_) of a slice are not detected.
+_SLICES_CACHE: dict[tuple[int, ...], tuple[tuple, Slices]] = {}
+_SLICES_CACHE_MAX = 4096
+
+
+def slices_of(tensors, name: str) -> Slices:
+    """tuple of 1..3 3-D tensors of one dtype (fp16/bf16/fp32), slot count and device -> Slices."""
     if not isinstance(tensors, tuple | list) or not 1 <= len(tensors) <= MAX_SLICES:
         raise ValueError(
             f"{name}: a tuple of 1 to {MAX_SLICES} tensors (slices); got {type(tensors).__name__}"
         )
+    key = tuple(map(id, tensors))
+    hit = _SLICES_CACHE.get(key)
+    if hit is not None and all(w() is t for w, t in zip(hit[0], tensors, strict=True)):
+        return hit[1]
+    info = _derive(tensors, name)
+    if len(_SLICES_CACHE) >= _SLICES_CACHE_MAX:
+        _SLICES_CACHE.clear()
+    _SLICES_CACHE[key] = (tuple(weakref.ref(t) for t in tensors), info)
+    return info
+
+
+def _derive(tensors, name: str) -> Slices:
     first = tensors[0]
     for s, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name}[{s}]: a 3-D tensor; got {getattr(t, 'shape', t)!r}")
-        if t.device != device:
-            raise ValueError(f"{name}[{s}] is on {t.device}; allowed: {device}")
-        if t.dtype != (dtype or first.dtype) or t.dtype not in DTYPES:
+        if t.device != first.device or t.dtype != first.dtype or t.dtype not in DTYPES:
             raise ValueError(
-                f"{name}[{s}] is {t.dtype}; allowed: {dtype or first.dtype} (one of fp16/bf16/fp32)"
+                f"{name}[{s}] is {t.dtype} on {t.device}; allowed: {first.dtype} on {first.device} "
+                "(one of fp16/bf16/fp32, all slices alike)"
             )
         if t.shape[0] != first.shape[0]:
             raise ValueError(f"{name}[{s}]: {t.shape[0]} slots; slice 0 has {first.shape[0]}")
-    return first
+    return Slices(
+        base=first,
+        shapes=tuple(tuple(t.shape) for t in tensors),
+        strides=tuple(t.stride() for t in tensors),
+        offsets=_offsets(tensors),
+    )
 
 
 def as_meta(token_slots_or_meta, tokens: int, num_slots: int, device: torch.device) -> SegmentMeta:
@@ -71,7 +117,7 @@ def as_meta(token_slots_or_meta, tokens: int, num_slots: int, device: torch.devi
     return build_meta(token_slots_or_meta, num_slots)
 
 
-def slice_offsets(tensors) -> tuple[int, int]:
+def _offsets(tensors) -> tuple[int, int]:
     """Element offsets of slices 1 and 2 from slice 0 (0 for missing slices)."""
     base = tensors[0].data_ptr()
     size = tensors[0].element_size()
@@ -85,11 +131,20 @@ def slice_offsets(tensors) -> tuple[int, int]:
     return offs[0], offs[1]
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (triton.cdiv is a constexpr function: microseconds per host call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def block_r(rank: int) -> int:
     """Rank tile: the next power of two >= rank, at least 16 (tl.dot's minimum)."""
     if not 1 <= rank <= MAX_RANK:
         raise ValueError(f"rank {rank}; allowed: 1..{MAX_RANK}")
-    return max(16, 1 << (rank - 1).bit_length())
+    return max(16, next_pow2(rank))
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,29 +1,115 @@
 """Segmented LoRA shrink (Punica SGMV): out[s, t] = scale * A_s[slot_t] @ x[t], one launch.
 
-Grid: (slice, tile program, k-split). A tile is up to BLOCK_M tokens of one slot
-(from SegmentMeta); programs stride over the valid tiles only. Split-K over H gives decode-sized
-batches enough programs to stream A at full bandwidth; partial sums meet through
-fp32 atomics in the zeroed output. Rows r >= rank of the slot are masked, so a
-low-rank adapter in a high-rank pool reads only its own rows of A.
+Grid: (slice group, tile program, k-split). A tile is up to BLOCK_M tokens of one
+slot (from SegmentMeta); programs visit only tiles with work. Decode-sized batches
+put each slice in its own program and split K over H, so enough programs stream A
+at full bandwidth (partial sums meet through fp32 atomics in the zeroed output);
+prefill-sized batches give one program all slices so each x tile is read once.
+Rows r >= rank of the slot are masked: a low-rank adapter reads only its rows of A.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.meta import SegmentMeta, tile_programs
+from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
+    Slices,
     as_meta,
     block_r,
+    cdiv,
     check_device,
-    check_slices,
+    next_pow2,
     num_sms,
-    slice_offsets,
+    slices_of,
 )
 
-_STAGES = 3
+
+@dataclass(frozen=True)
+class ShrinkConfig:
+    """Launch shape (benchmarks may set CONFIG_OVERRIDE to sweep it)."""
+
+    block_k: int
+    """H columns per step; a power of two >= 16."""
+    programs_per_sm: int
+    """Split K until about this many programs per SM exist."""
+    fuse_slices: bool
+    """One program computes all slices (x tile read once) instead of one each."""
+    num_stages: int = 3
+    num_warps: int = 4
+
+
+CONFIG_OVERRIDE: ShrinkConfig | None = None
+
+
+@triton.jit
+def _load_rows(a_ptrs, m_or_r_mask, k, offs_k, H, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(a_ptrs, mask=m_or_r_mask[:, None], other=0.0)
+    k_mask = (offs_k + k) < H
+    return tl.load(a_ptrs, mask=m_or_r_mask[:, None] & k_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
+    if USE_ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(out_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _shrink_tile(
+    x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+    s0, off0, off1, off2, k0,
+    stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+    H, R, k_per_split, scale,
+    NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    m_mask = offs_m < rows
+    rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
+    r_mask = offs_r < rank
+    tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
+    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
+    a_rows = (
+        a_ptr
+        + slot.to(tl.int64) * stride_al
+        + offs_r[:, None] * stride_ar
+        + offs_k[None, :] * stride_ah
+    )
+    a0 = a_rows + off0
+    a1 = a_rows + off1
+    a2 = a_rows + off2
+    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k in range(0, k_per_split, BLOCK_K):
+        xv = _load_rows(x_ptrs, m_mask, k, offs_k, H, EVEN_K)
+        acc0 += tl.dot(xv, tl.trans(_load_rows(a0, r_mask, k, offs_k, H, EVEN_K)))
+        if NSL > 1:
+            acc1 += tl.dot(xv, tl.trans(_load_rows(a1, r_mask, k, offs_k, H, EVEN_K)))
+        if NSL > 2:
+            acc2 += tl.dot(xv, tl.trans(_load_rows(a2, r_mask, k, offs_k, H, EVEN_K)))
+        x_ptrs += BLOCK_K * stride_xh
+        a0 += BLOCK_K * stride_ah
+        a1 += BLOCK_K * stride_ah
+        a2 += BLOCK_K * stride_ah
+    out_ptrs = out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
+    mask = m_mask[:, None] & r_mask[None, :]
+    _store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
+    if NSL > 1:
+        _store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
+    if NSL > 2:
+        _store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)
 
 
 @triton.jit
@@ -34,82 +120,87 @@ def _shrink_kernel(
     a_off1, a_off2,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr,
+    NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
 ):  # fmt: skip
-    """Semantics (one program = slice s, k-split, tiles pid, pid + num_programs, ...):
-    for t in tile tokens, r < rank[slot]: out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
+    """Semantics (one program = slice group g, k-split, its tiles):
+    for s in group g, t in tile tokens, r < rank[slot]:
+        out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
+    NSL == 1: group g is slice g. NSL == S: one group, all slices.
     """
-    pid_s = tl.program_id(0)
-    pid_k = tl.program_id(2)
-    slice_off = tl.where(pid_s == 0, 0, tl.where(pid_s == 1, a_off1, a_off2)).to(tl.int64)
-    k0 = pid_k.to(tl.int64) * k_per_split
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
+    pid_g = tl.program_id(0)
+    k0 = tl.program_id(2).to(tl.int64) * k_per_split
+    off_g = tl.where(pid_g == 0, 0, tl.where(pid_g == 1, a_off1, a_off2)).to(tl.int64)
+    off1 = a_off1.to(tl.int64)
+    off2 = a_off2.to(tl.int64)
+    if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
+        tile = tl.program_id(1)
         slot = tl.load(tile_slot_ptr + tile)
         start = tl.load(tile_start_ptr + tile)
         rows = tl.load(tile_rows_ptr + tile)
-        rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
-        m_mask = offs_m < rows
-        tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
-        r_mask = offs_r < rank
-        a_base = a_ptr + slice_off + slot.to(tl.int64) * stride_al
-        x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
-        a_ptrs = a_base + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ah
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k in range(0, k_per_split, BLOCK_K):
-            if EVEN_K:
-                xv = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-                av = tl.load(a_ptrs, mask=r_mask[:, None], other=0.0)
-            else:
-                k_mask = (offs_k + k) < H
-                xv = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-                av = tl.load(a_ptrs, mask=r_mask[:, None] & k_mask[None, :], other=0.0)
-            acc += tl.dot(xv, tl.trans(av))
-            x_ptrs += BLOCK_K * stride_xh
-            a_ptrs += BLOCK_K * stride_ah
-        acc = acc * scale
-        out_ptrs = (
-            out_ptr + pid_s.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
-        )
-        mask = m_mask[:, None] & r_mask[None, :]
-        if USE_ATOMIC:
-            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-        else:
-            tl.store(out_ptrs, acc, mask=mask)
+        if slot >= 0:
+            _shrink_tile(
+                x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                pid_g, off_g, off1, off2, k0,
+                stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+            )  # fmt: skip
+    else:
+        for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
+            slot = tl.load(tile_slot_ptr + tile)
+            start = tl.load(tile_start_ptr + tile)
+            rows = tl.load(tile_rows_ptr + tile)
+            _shrink_tile(
+                x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                pid_g, off_g, off1, off2, k0,
+                stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+            )  # fmt: skip
 
 
-def _config(
-    num_slices: int, tiles: int, hidden: int, bm: int, br: int, elem: int, device: torch.device
-):
-    """(BLOCK_K, k_per_split, split): ~8 programs per SM so decode streams A at full bandwidth."""
-    bk = 256
-    while bk > 32 and (bm + br) * bk * elem * _STAGES > 100_000:  # smem per program
+MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
+
+
+def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkConfig:
+    """Decode (bm 16): per-slice programs, ~8 per SM. Prefill: fused slices (rank <= 64, so
+    the S accumulators fit in registers), ~4 per SM. BLOCK_K halves until 3 pipeline stages
+    of the x and A tiles fit in ~120 KB of shared memory.
+
+    From benchmarks/lora_kernels.py --sweep on the H200 (results/lora_kernels_h200.json).
+    """
+    prefill = bm >= 32
+    fuse = prefill and br <= 64
+    rows = bm + (num_slices if fuse else 1) * br
+    bk = 128 if prefill else 256
+    while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    bk = min(bk, max(16, triton.next_power_of_2(hidden)))
-    steps = triton.cdiv(hidden, bk)
-    want = max(1, (8 * num_sms(device)) // max(1, tiles * num_slices))
-    split = min(want, steps)
-    k_per_split = triton.cdiv(steps, split) * bk
-    return bk, k_per_split, triton.cdiv(hidden, k_per_split)
+    return ShrinkConfig(block_k=bk, programs_per_sm=4 if prefill else 8, fuse_slices=fuse)
 
 
-def _check(x: torch.Tensor, lora_a) -> tuple[int, int, int]:
+def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
+    """(BLOCK_K, k_per_split, split)."""
+    bk = min(cfg.block_k, max(16, next_pow2(hidden)))
+    steps = cdiv(hidden, bk)
+    want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
+    split = min(max(want, cdiv(hidden, MAX_K_PER_SPLIT)), steps)
+    k_per_split = cdiv(steps, split) * bk
+    return bk, k_per_split, cdiv(hidden, k_per_split)
+
+
+def _check(x: torch.Tensor, lora_a) -> Slices:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: a 2-D tensor [T, H]; got {getattr(x, 'shape', x)!r}")
     check_device(x, "x")
-    first = check_slices(lora_a, "lora_a", x.device, x.dtype)
-    for s, a in enumerate(lora_a):
-        if a.shape != first.shape or a.stride() != first.stride():
-            raise ValueError(
-                f"lora_a[{s}]: shape/strides differ from lora_a[0]; all slices must match"
-            )
-    num_slots, rank, hidden = first.shape
-    if hidden != x.shape[1]:
-        raise ValueError(f"lora_a: H={hidden}; x has H={x.shape[1]}")
-    return num_slots, rank, hidden
+    sl = slices_of(lora_a, "lora_a")
+    if any(sh != sl.shapes[0] for sh in sl.shapes) or any(st != sl.strides[0] for st in sl.strides):
+        raise ValueError("lora_a: slices differ in shape/strides; all slices must match")
+    if sl.base.dtype != x.dtype or sl.base.device != x.device:
+        raise ValueError(
+            f"lora_a is {sl.base.dtype} on {sl.base.device}; allowed: x's {x.dtype} on {x.device}"
+        )
+    if sl.shapes[0][2] != x.shape[1]:
+        raise ValueError(f"lora_a: H={sl.shapes[0][2]}; x has H={x.shape[1]}")
+    return sl
 
 
 def lora_shrink_triton(
@@ -123,28 +214,30 @@ def lora_shrink_triton(
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L).
     """
-    num_slots, rank, hidden = _check(x, lora_a)
-    tokens, num_slices = x.shape[0], len(lora_a)
+    sl = _check(x, lora_a)
+    num_slots, rank, hidden = sl.shapes[0]
+    tokens, num_slices = x.shape[0], sl.count
     out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
-    br = block_r(rank)
-    programs = tile_programs(tokens, num_slots, meta.block_m)
-    bk, k_per_split, split = _config(
-        num_slices, programs, hidden, meta.block_m, br, x.element_size(), x.device
-    )
-    off1, off2 = slice_offsets(lora_a)
-    a = lora_a[0]
-    _shrink_kernel[(num_slices, programs, split)](
-        x, a, out,
+    br, bm = block_r(rank), meta.block_m
+    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices)
+    programs = tile_programs(tokens, num_slots, bm)
+    groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
+    bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
+    off1, off2 = sl.offsets
+    stride_l, stride_r, stride_h = sl.strides[0]
+    _shrink_kernel[(groups, programs, split)](
+        x, sl.base, out,
         meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
         meta.num_tiles, programs,
         off1, off2,
-        x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2), out.stride(0), out.stride(1),
+        x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
         hidden, rank, k_per_split, float(scale),
-        BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk,
+        NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
-        num_warps=4, num_stages=_STAGES,
+        SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

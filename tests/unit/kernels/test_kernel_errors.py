@@ -70,3 +70,30 @@ def test_cpu_without_interpreter_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         lora_shrink_triton(*_shrink_args())
+
+
+def test_slice_checks_are_cached_per_tensors_and_revalidated_for_new_ones():
+    from kernels.triton.common import slices_of
+
+    a = (torch.randn(2, 8, 32), torch.randn(2, 8, 32))
+    first = slices_of(a, "lora_a")
+    assert slices_of(a, "lora_a") is first  # same tensors: checked once
+    assert slices_of(list(a), "lora_a") is first
+    bad = (a[0], torch.randn(3, 8, 32))
+    with pytest.raises(ValueError, match="slots"):
+        slices_of(bad, "lora_a")
+    other = (torch.randn(2, 8, 32),)
+    assert slices_of(other, "lora_a") is not first and slices_of(other, "lora_a").count == 1
+
+
+@pytest.mark.parametrize("bm", [16, 32, 64])
+@pytest.mark.parametrize("br", [16, 32, 64, 128])
+@pytest.mark.parametrize("elem,num_slices", [(2, 1), (2, 3), (4, 2), (4, 3)])
+def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices):
+    """3 pipeline stages of x and A tiles stay within ~120 KB (the H200 allows 227 KB)."""
+    from kernels.triton.lora_shrink import default_config
+
+    cfg = default_config(bm, br, elem, num_slices)
+    rows = bm + (num_slices if cfg.fuse_slices else 1) * br
+    assert rows * cfg.block_k * elem * 3 <= 120_000
+    assert cfg.fuse_slices == (bm >= 32 and br <= 64)

@@ -119,3 +119,20 @@ def test_many_slots_programs_loop_over_tiles(triton_backend):
     want = oracle_expand(y, buf, lora_b, token_slots)
     lora_expand(y, buf, lora_b, meta)
     assert rel_err(y, want) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("num_slices", [2, 3])
+def test_prefill_tiles_fuse_slices(triton_backend, num_slices):
+    """block_m 32 (prefill) makes one shrink program compute all slices from one x tile."""
+    from kernels import SegmentMeta
+    from kernels.triton.lora_shrink import default_config
+
+    assert default_config(32, 16, 4).fuse_slices and not default_config(16, 16, 4).fuse_slices
+    token_slots, x, lora_a, lora_b = _case(50, 96, num_slices, 8, 3, 0.2, torch.float32)
+    meta = build_meta(token_slots, 4, out=SegmentMeta.empty(50, 4, torch.device("cpu"), block_m=32))
+    buf = lora_shrink(x, lora_a, meta, scale=2.0)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 2.0)) < TOLERANCE[torch.float32]
+    y = torch.randn(50, sum(SLICES[num_slices]))
+    want = oracle_expand(y, buf, lora_b, token_slots)
+    lora_expand(y, buf, lora_b, meta)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]

@@ -156,3 +156,22 @@ def test_background_register_and_prefetch(manager, make_adapter) -> None:
     manager.unload("b")
     manager.prefetch(b).result(timeout=60)  # unknown now: no-op
     assert manager.stats().cpu_keys == (c.key, a.key)
+
+
+def test_prefetch_to_gpu_and_unpin_by_name(manager, make_adapter) -> None:
+    a, b, c = (_ref(make_adapter(n, lora_seed=i), n) for i, n in enumerate("abc"))
+    for ref in (a, b, c):
+        manager.register(ref)
+    assert manager.prefetch_to_gpu(a) == 0
+    assert manager.pool.refcount(a.key) == 0 and manager.slot_of(a) == 0
+    manager.acquire(b)
+    manager.acquire(b)
+    assert manager.prefetch_to_gpu(c) == 0  # a was idle: evicted
+    manager.acquire(c)
+    assert manager.prefetch_to_gpu(a) is None  # both slots hold running requests
+    manager.release(c)
+    manager.pin(c)
+    manager.unpin("c")
+    s = manager.stats()
+    assert s.pinned == () and (s.gpu, s.cpu, s.loads) == (s.gpu_keys, s.cpu_keys, s.slot_loads)
+    assert s.gpu == (c.key, b.key) and s.loads == 3

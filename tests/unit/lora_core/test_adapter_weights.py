@@ -64,6 +64,23 @@ def test_packed_delta_equals_peft(
             assert sw.rank == manifest.modules[(layer, name)].rank
 
 
+def test_qwen2_packed_delta_equals_peft(tmp_path: Path, build_peft) -> None:
+    from lora_core.base_shape import BaseShape
+
+    model = build_peft(arch="qwen2", target_modules=ALL, r=4, rank_pattern={"v_proj": 2}).double()
+    model.save_pretrained(str(tmp_path / "q"))
+    cfg = model.base_model.model.config.to_dict()
+    base = BaseShape.from_hf_config({**cfg, "architectures": ["Qwen2ForCausalLM"]})
+    manifest = validate_adapter_dir(tmp_path / "q", max_rank=4, base=base)
+    weights = load_adapter_weights(manifest, base, torch.float64)
+    x = torch.randn(3, 64, dtype=torch.float64)
+    for name in ("q_proj", "v_proj"):  # q/k/v carry a base bias in Qwen2: deltas exclude it
+        sw = weights.slices(1, "qkv")[MODULE_GROUP[name][1]]
+        torch.testing.assert_close(
+            x @ sw.a.T @ sw.b.T, _peft_delta(model, 1, name, x), rtol=1e-12, atol=1e-12
+        )
+
+
 def test_dtype_layout_and_nbytes(make_adapter, base) -> None:
     path = make_adapter(target_modules=["q_proj", "gate_proj"], rank_pattern={"gate_proj": 2})
     weights = load_adapter_weights(

@@ -100,7 +100,7 @@ def test_pin_refused_when_it_would_pin_every_slot() -> None:
     _, actions = pool.acquire("d")  # only c's slot may be reused
     assert actions[0] == PoolAction("evict_slot", "c", 2)
     pool.release("d")
-    pool.unpin("a")
+    pool.unpin("name-a")  # by name: every version
     pool.pin("c")
     assert pool.stats().pinned == ("b", "c")
     assert SlotPool(1, 1).max_loras == 1

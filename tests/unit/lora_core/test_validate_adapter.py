@@ -151,6 +151,13 @@ def test_foreign_tensor_refused(make_adapter) -> None:
     _incompatible(path, "base_model.model.lm_head.lora_A.weight")
 
 
+def test_absurd_layer_index_refused_without_base(make_adapter) -> None:
+    path = make_adapter()
+    deep = "base_model.model.model.layers.5000000.self_attn.q_proj"
+    _edit_tensors(path, lambda t: t.update({f"{deep}.lora_A.weight": torch.zeros(4, 64)}))
+    assert _incompatible(path, "adapter_model.safetensors").problem == "names layer 5000000"
+
+
 def test_unpaired_tensor_refused(make_adapter) -> None:
     path = make_adapter()
     _edit_tensors(path, lambda t: t.pop(f"{Q0}.lora_B.weight"))

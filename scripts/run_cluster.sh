@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs everything (idempotent) and runs the whole cluster: `serve run deploy/cluster.yaml`.
+# With the default config this generates the demo model + adapters and starts a local Redis.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export PATH="$PWD/.venv/bin:$PATH"
+exec serve run deploy/cluster.yaml "$@"

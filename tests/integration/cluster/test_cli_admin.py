@@ -1,0 +1,219 @@
+"""The admin CLI as a real subprocess against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.registry import Registry
+from lora_core.base_shape import BaseShape
+from lora_core.validate import content_hash
+from tests.redis_fixture import dump_redis
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def cli(redis_url: str):
+    """cli(*argv, module="cluster.cli") -> CompletedProcess; env points at the test Redis."""
+
+    def run(*argv: str, module: str = "cluster.cli") -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LORAFLEET_NAMESPACE": "t"}
+        return subprocess.run(
+            [sys.executable, "-m", module, *argv, "--redis-url", redis_url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    return proc.stdout
+
+
+def error_line(proc: subprocess.CompletedProcess, code: int = 1) -> str:
+    assert proc.returncode == code
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lorafleet: error: "), proc.stderr
+    return lines[0].removeprefix("lorafleet: error: ")
+
+
+def test_register_list_show_json(cli, adapters, registry: Registry):
+    assert ok(cli("tenants", "create", "acme")) == "created tenant acme\n"
+    out = ok(
+        cli(
+            "adapters",
+            "register",
+            "a",
+            str(adapters["a"]),
+            "--base-model",
+            "tiny",
+            "--tenant",
+            "acme",
+        )
+    )
+    h = content_hash(adapters["a"])
+    assert out == f"registered a version 1 (rank 8, sha256 {h[:16]})\n"
+    ok(cli("adapters", "register", "b", str(adapters["small"]), "--public"))
+    ok(cli("adapters", "pin", "a", "--pool", "decode"))
+    ok(cli("adapters", "warm", "b", "--replicas", "2"))
+    epoch = registry.register_replica("r1", "decode", "dep", 4, 30.0)
+    registry.report_resident("r1", epoch, ("a", 1), "gpu")
+    listed = json.loads(ok(cli("adapters", "list", "--json")))
+    assert [
+        {k: x[k] for k in ("name", "version", "path", "base_model", "rank", "pinned",
+                           "warm_replicas", "locations")}
+        for x in listed
+    ] == [
+        {"name": "a", "version": 1, "path": str(adapters["a"].resolve()), "base_model": "tiny",
+         "rank": 8, "pinned": True, "warm_replicas": 0,
+         "locations": [{"replica": "r1", "tier": "gpu", "pool": "decode"}]},
+        {"name": "b", "version": 1, "path": str(adapters["small"].resolve()),
+         "base_model": registry.get_adapter("b").base_model, "rank": 4, "pinned": False,
+         "warm_replicas": 2, "locations": []},
+    ]  # fmt: skip
+    shown = json.loads(ok(cli("adapters", "show", "a", "--json")))
+    assert (shown["owner"], shown["content_hash"], shown["pin_pool"]) == ("acme", h, "decode")
+    replicas = json.loads(ok(cli("replicas", "list", "--json")))
+    assert [(r["replica"], r["pool"], r["live"], r["gpu_adapters"]) for r in replicas] == [
+        ("r1", "decode", True, 1)
+    ]
+    status = json.loads(ok(cli("status", "--json")))
+    assert (status["adapters"], status["pins"], status["warm"], status["replicas_live"]) == (
+        2,
+        1,
+        1,
+        {"decode": 1, "mixed": 0, "prefill": 0},
+    )
+
+
+def test_human_tables_are_aligned(cli, adapters, registry: Registry):
+    registry.register_adapter("a-long-adapter-name", str(adapters["a"]), base_model="m")
+    registry.register_adapter("b", str(adapters["small"]), base_model="m")
+    lines = ok(cli("adapters", "list")).splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "VERSION",
+        "RANK",
+        "BASE_MODEL",
+        "STATE",
+        "PIN",
+        "WARM",
+        "LOCATIONS",
+        "PATH",
+    ]
+    assert [ln.split()[:8] for ln in lines[1:]] == [
+        ["a-long-adapter-name", "1", "8", "m", "active", "-", "-", "-"],
+        ["b", "1", "4", "m", "active", "-", "-", "-"],
+    ]
+    starts = {ln.index(word) for ln, word in zip(lines, ("VERSION", "1", "1"), strict=True)}
+    assert starts == {len("a-long-adapter-name") + 2}
+
+
+def test_tenant_key_grant_revoke(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    ok(cli("tenants", "create", "acme"))
+    key = ok(cli("tenants", "key", "acme")).strip()
+    assert key.startswith("lf-") and registry.resolve_key(key) == "acme"
+    assert ok(cli("tenants", "grant", "acme", "a")) == "granted acme -> a\n"
+    assert registry.resolve_request(key, "a").tenant == "acme"
+    assert ok(cli("tenants", "revoke", "acme", "a")) == "revoked acme -> a\n"
+    assert registry.authorize("acme", "a") is False
+    assert json.loads(ok(cli("tenants", "list", "--json"))) == ["acme"]
+
+
+def test_unpin_and_unregister(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    ok(cli("adapters", "pin", "a"))
+    ok(cli("adapters", "unpin", "a"))
+    assert registry.desired_state().pins == {}
+    assert ok(cli("adapters", "unregister", "a")) == "a: removed\n"
+    assert json.loads(ok(cli("adapters", "list", "--json"))) == []
+
+
+def test_errors_exit_1_with_one_line_and_change_nothing(
+    cli, adapters, broken_adapters, redis_url, registry: Registry
+):
+    registry.register_adapter("a", str(adapters["a"]))
+    before = dump_redis(redis_url)
+    assert error_line(cli("adapters", "show", "nope")) == "adapter 'nope' not found"
+    assert error_line(cli("adapters", "pin", "nope")) == "adapter 'nope' not found"
+    assert "use_dora" in error_line(cli("adapters", "register", "x", str(broken_adapters["dora"])))
+    assert "pickle" in error_line(
+        cli("adapters", "register", "x", str(broken_adapters["pickle_weights"]))
+    )
+    assert "already exists" in error_line(cli("adapters", "register", "a", str(adapters["b"])))
+    assert "does not exist" in error_line(cli("tenants", "key", "ghost"))
+    assert dump_redis(redis_url) == before
+
+
+def test_register_checks_shape_of_known_base(cli, adapters, registry: Registry, redis_url):
+    wide = BaseShape("LlamaForCausalLM", num_layers=2, hidden=128, num_heads=4, num_kv_heads=2,
+                     head_dim=32, intermediate=128)  # fmt: skip
+    registry.set_base_shape("wide", wide)
+    before = dump_redis(redis_url)
+    msg = error_line(cli("adapters", "register", "a", str(adapters["a"]), "--base-model", "wide"))
+    assert "allowed" in msg
+    assert dump_redis(redis_url) == before
+    ok(cli("adapters", "register", "a", str(adapters["a"]), "--base-model", "unknown-base"))
+
+
+def test_replicas_list_and_reap(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    e = registry.register_replica("gone", "prefill", "dep", 2, 0.3)
+    registry.report_resident("gone", e, ("a", 1), "gpu")
+    assert registry.unregister_adapter("a") == "draining"
+    registry.register_replica("live", "decode", "dep", 8, 30.0)
+    deadline = time.monotonic() + 3
+    while registry.list_replicas()[0].live:  # "gone" lapses
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    lines = ok(cli("replicas", "list")).splitlines()
+    assert [ln.split() for ln in lines] == [
+        ["REPLICA", "POOL", "DEPLOYMENT", "SLOTS", "EPOCH", "LIVE", "GPU", "CPU"],
+        ["gone", "prefill", "dep", "2", "1", "no", "1", "0"],
+        ["live", "decode", "dep", "8", "1", "yes", "0", "0"],
+    ]
+    assert ok(cli("replicas", "reap")) == "removed 1 lapsed replicas and 1 drained adapters\n"
+    assert [r.replica_id for r in registry.list_replicas()] == ["live"]
+    assert registry.list_adapters() == []
+
+
+def test_usage_errors_exit_2(cli):
+    for argv in (
+        ("adapters",),
+        ("adapters", "warm", "a"),
+        ("adapters", "pin", "a", "--pool", "x"),
+        ("tenants", "grant", "t"),
+    ):
+        proc = cli(*argv)
+        assert proc.returncode == 2, argv
+        assert "usage:" in proc.stderr
+
+
+def test_unreachable_redis_names_url(cli):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "status", "--redis-url", "redis://127.0.0.1:1/0"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert error_line(proc).startswith("cannot reach Redis at redis://127.0.0.1:1/0")
+
+
+def test_lorafleet_entry_point_has_admin_verbs(cli, registry: Registry):
+    pytest.importorskip("replica.offline_cli", reason="deploy/cli.py needs replica.offline_cli")
+    registry.create_tenant("acme")
+    assert json.loads(ok(cli("tenants", "list", "--json", module="deploy.cli"))) == ["acme"]

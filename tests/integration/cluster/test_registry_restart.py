@@ -1,0 +1,119 @@
+"""Redis restarts mid-test: clients reconnect, leases re-register, the CLI fails clearly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cluster.client import RetryPolicy
+from cluster.lease import LeaseConfig, ReplicaLease
+from cluster.records import Location
+from cluster.registry import AsyncRegistry, Registry
+from lora_core.errors import RegistryUnavailable
+from tests.redis_fixture import free_port, start_redis
+
+ROOT = Path(__file__).resolve().parents[3]
+FAST = RetryPolicy(retries=1, backoff_base_s=0.02, backoff_cap_s=0.05, connect_timeout_s=0.2)
+PATIENT = RetryPolicy(retries=40, backoff_base_s=0.05, backoff_cap_s=0.1, connect_timeout_s=0.2)
+
+
+def _cli(url: str, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LORAFLEET_REDIS_URL": url}
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def restartable(tmp_path: Path):
+    """(url, restart, stop): one redis-server on a fixed port that tests may bounce."""
+    port = free_port()
+    state = {"stop": start_redis(tmp_path / "0", port)[1], "n": 0}
+
+    def restart_later(delay_s: float) -> threading.Thread:
+        def go() -> None:
+            threading.Event().wait(delay_s)
+            state["n"] += 1
+            state["stop"] = start_redis(tmp_path / str(state["n"]), port)[1]
+
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+    yield f"redis://127.0.0.1:{port}/0", restart_later, lambda: state["stop"]()
+    state["stop"]()
+
+
+def test_restart_clients_reconnect_and_leases_reregister(restartable, adapters):
+    url, restart_later, stop = restartable
+    reg = Registry(url, "t", retry=FAST)
+    reg.register_adapter("a", str(adapters["a"]))
+    epochs: list[int] = []
+
+    def on_register(epoch: int) -> None:
+        epochs.append(epoch)
+        reg.report_resident("r1", epoch, ("a", 1), "gpu")
+
+    lease = ReplicaLease(
+        reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=5.0, interval_s=1.0), on_register
+    )
+    assert lease.beat() == 1
+    stop()
+    with pytest.raises(RegistryUnavailable, match=f"cannot reach Redis at {url}"):
+        reg.get_adapter("a")
+    assert lease.beat() is None  # down: the beat reports, does not raise
+    down = _cli(url, "adapters", "list")
+    assert down.returncode == 1
+    assert down.stdout == ""
+    assert down.stderr.startswith(f"lorafleet: error: cannot reach Redis at {url}")
+    assert down.stderr.count("\n") == 1
+    restart_later(0.0).join()
+    # persistence is off: the restarted Redis is empty; the same client reconnects
+    assert reg.status().adapters == 0
+    reg.register_adapter("a", str(adapters["a"]))
+    assert lease.beat() == 1  # its lease is gone: re-registered on the next beat
+    assert epochs == [1, 1]
+    assert reg.locations("a") == (Location("r1", "gpu", "mixed"),)
+    assert _cli(url, "status", "--json").returncode == 0
+    reg.close()
+
+
+def test_retry_policy_rides_out_a_short_outage(restartable):
+    url, restart_later, stop = restartable
+    reg = Registry(url, "t", retry=PATIENT)
+    epoch = reg.register_replica("r1", "mixed", "d", 4, 30.0)
+    stop()
+    t = restart_later(0.4)
+    # blocks in the client's retry loop until Redis is back, then succeeds
+    assert reg.register_replica("r1", "mixed", "d", 4, 30.0) == 1
+    t.join()
+    assert epoch == 1
+    reg.close()
+
+
+def test_async_client_reconnects(restartable):
+    url, restart_later, stop = restartable
+
+    async def scenario() -> None:
+        reg = AsyncRegistry(url, "t", retry=FAST)
+        await reg.create_tenant("t1")
+        stop()
+        with pytest.raises(RegistryUnavailable, match=f"cannot reach Redis at {url}"):
+            await reg.list_tenants()
+        await asyncio.to_thread(lambda: restart_later(0.0).join())
+        assert await reg.list_tenants() == []
+        await reg.create_tenant("t1")
+        assert await reg.list_tenants() == ["t1"]
+        await reg.close()
+
+    asyncio.run(scenario())

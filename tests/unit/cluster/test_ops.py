@@ -1,0 +1,100 @@
+"""Plan reply parsing: statuses become values or typed errors (pure, no Redis)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cluster import ops
+from cluster.records import AdapterRecord, Location, WarmTarget
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterDraining,
+    AdapterNotFound,
+    InvalidRequest,
+    StaleEpoch,
+    Unauthorized,
+)
+
+REC = {"name": "a", "version": "3", "content_hash": "ab" * 32, "path": "/p", "rank": "8",
+       "base_model": "m", "target_modules": '["q_proj"]', "owner": "", "public": "0",
+       "created": "1.5", "state": "active"}  # fmt: skip
+
+
+def reply(*items: object) -> str:
+    return json.dumps(list(items))
+
+
+@pytest.mark.parametrize(
+    "status,error",
+    [("not_found", AdapterNotFound), ("draining", AdapterDraining),
+     ("unauthorized", Unauthorized)],
+)  # fmt: skip
+def test_resolve_request_errors(status: str, error: type):
+    with pytest.raises(error):
+        ops.resolve_request("a", "", True).parse(reply(status))
+
+
+def test_resolve_request_value():
+    got = ops.resolve_request("a", "h", True).parse(
+        reply("ok", REC, "t1", [["r2", "cpu", "decode"], ["r1", "gpu", "prefill"]])
+    )
+    assert got.tenant == "t1"
+    assert (got.ref.name, got.ref.version, got.ref.rank) == ("a", 3, 8)
+    assert got.locations == (Location("r1", "gpu", "prefill"), Location("r2", "cpu", "decode"))
+    # cjson encodes an empty Lua table as an object
+    assert ops.resolve_request("a", "", False).parse(reply("ok", REC, "", {})).locations == ()
+    assert ops.resolve_request("a", "", False).parse(reply("ok", REC, "", {})).tenant is None
+
+
+def test_plan_args():
+    plan = ops.resolve_request("a", "h", False)
+    assert (plan.script, plan.args) == ("resolve_request", ("a", "h", 0))
+    assert ops.heartbeat("r1", 4, 1500).args == ("r1", 4, 1500)
+
+
+def test_heartbeat_statuses():
+    hb = ops.heartbeat("r1", 2, 1000)
+    assert hb.parse(reply("ok")) is True
+    assert hb.parse(reply("lapsed", "2")) is False
+    with pytest.raises(StaleEpoch, match=r"epoch 2 is stale \(current epoch 5\)"):
+        hb.parse(reply("stale", "5"))
+
+
+def test_fenced_write_statuses():
+    plan = ops.fenced_write("report_resident", (), "r1", 2, "a")
+    assert plan.parse(reply("ok")) == []
+    with pytest.raises(StaleEpoch, match="lapsed; re-register"):
+        plan.parse(reply("lapsed", "2"))
+    with pytest.raises(StaleEpoch, match="stale"):
+        plan.parse(reply("stale", "3"))
+    with pytest.raises(AdapterNotFound, match="'a'"):
+        plan.parse(reply("not_found"))
+
+
+def test_register_and_tenant_statuses():
+    rec = AdapterRecord.from_hash(REC)
+    plan = ops.register_adapter(rec, False)
+    assert plan.args[:3] == ("a", 0, "")
+    assert plan.parse(reply("ok", 4)) == dataclasses.replace(rec, version=4)
+    with pytest.raises(AdapterAlreadyExists, match=r"version 2\); allowed: pass replace"):
+        plan.parse(reply("exists", "2"))
+    with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):
+        plan.parse(reply("no_tenant", "x"))
+    with pytest.raises(InvalidRequest, match="tenant 't' already exists"):
+        ops.create_tenant("t", 0.0).parse(reply("exists"))
+
+
+def test_listing_and_desired_decode():
+    (item,) = ops.listing([[[REC, "decode", "2|prefill", [["r1", "gpu", "mixed"]]]]])
+    assert (item.pin, item.warm) == ("decode", WarmTarget(2, "prefill"))
+    assert item.to_json()["locations"] == [{"replica": "r1", "tier": "gpu", "pool": "mixed"}]
+    assert ops.listing([{}]) == []
+    state = ops.desired([7, {"a": "all"}, {"a": "3|decode"}, ["b"], {"a": REC}])
+    assert (state.version, state.pins, state.draining) == (7, {"a": "all"}, frozenset({"b"}))
+    assert state.warm == {"a": WarmTarget(3, "decode")}
+    assert state.refs["a"].version == 3
+    empty = ops.desired([0, {}, {}, {}, {}])
+    assert (empty.pins, empty.warm, empty.draining, empty.refs) == ({}, {}, frozenset(), {})
