@@ -307,6 +307,24 @@ def test_grpc_cancel_aborts_in_the_engine(cluster):
     assert _running(cluster) == 0
 
 
+def test_build_app_with_embedded_defaults_registers_the_demo(cluster):
+    """What `serve run deploy/cluster.yaml` does with its default args (without deploying)."""
+    from ray.serve import Application
+
+    from cluster.registry import Registry
+    from deploy.builder import build_app
+    from deploy.local_redis import ensure_local_redis
+
+    args = {"demo_cache_dir": str(cluster.demo.model_dir.parent), "namespace": "embedded"}
+    for _ in range(2):  # a second build finds everything in place
+        assert isinstance(build_app(args), Application)
+    reg = Registry(ensure_local_redis(), "embedded")
+    listed = {a.record.name: a.record for a in reg.list_adapters()}
+    reg.close()
+    assert sorted(listed) == ["demo-chef", "demo-coder", "demo-poet"]
+    assert all(r.public and r.version == 1 for r in listed.values())
+
+
 def test_local_redis_actor_lives_with_the_cluster_and_is_reused(cluster):
     import redis
 
