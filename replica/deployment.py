@@ -21,11 +21,11 @@ from typing import Any
 
 from ray import serve
 
-from lora_core.errors import AdapterVersionUnavailable, InvalidRequest
+from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
-from replica.serve_protocol import GenerateCall
+from replica.serve_protocol import GenerateCall, check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
 log = logging.getLogger("lorafleet.replica")
@@ -79,6 +79,7 @@ class LoraReplica:
 
         self.settings = settings
         self.refs: dict[str, AdapterRef] = {}
+        self.newest: dict[str, int] = {}
         self.publisher: RegistryPublisher | None = None
         self._task: asyncio.Task | None = None
         self.engine = None
@@ -99,26 +100,18 @@ class LoraReplica:
             lease_ttl_s=settings.lease_ttl_s,
         )
         self.publisher = RegistryPublisher(config, registry, self.engine, self.refs)
+        self.publisher.newest_version = self.newest
         self._task = asyncio.get_running_loop().create_task(self.publisher.run())
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request (engine errors raise before the first)."""
         if call.adapter is not None:
-            self._check_version(call.adapter)
+            check_version(call.adapter, self.newest)
             self.refs[call.adapter.key] = call.adapter
         params, adapter = call.params, call.adapter
         ids = list(call.prompt_token_ids)
         async for out in self.engine.generate(call.request_id, ids, params, adapter):
             yield out
-
-    def _check_version(self, ref: AdapterRef) -> None:
-        """Refuse a version older than one this replica knows replaced it (retry elsewhere)."""
-        newest = self.publisher.newest_version.get(ref.name, 0) if self.publisher else 0
-        if ref.version < newest:
-            raise AdapterVersionUnavailable(
-                f"adapter {ref.name!r} version {ref.version} was replaced by version "
-                f"{newest} on this replica; resolve the name again"
-            )
 
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> str:
         """Validate and load `ref` here (admin / benchmarks); returns its key."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lora_core.errors import AdapterVersionUnavailable
 from lora_core.identity import AdapterRef
 from replica.sampling_params import SamplingParams
 
@@ -29,3 +30,20 @@ class GenerateCall:
     @property
     def adapter_key(self) -> str | None:
         return None if self.adapter is None else self.adapter.key
+
+
+def check_version(ref: AdapterRef, newest: dict[str, int]) -> None:
+    """Refuse `ref` if this replica knows a newer version of its name; else record it.
+
+    newest: adapter name -> the highest version this replica has seen (from requests
+    and the registry's desired state). A request resolved just before its adapter was
+    re-registered arrives with the old version: the retryable refusal makes the
+    ingress resolve the name again instead of serving stale weights.
+    """
+    known = newest.get(ref.name, 0)
+    if ref.version < known:
+        raise AdapterVersionUnavailable(
+            f"adapter {ref.name!r} version {ref.version} was replaced by version {known}; "
+            "resolve the name again"
+        )
+    newest[ref.name] = ref.version
