@@ -107,6 +107,25 @@ def test_streamed_equals_non_streamed(cluster):
         assert usage.prompt_tokens == chat.usage.prompt_tokens
 
 
+def test_logprobs_cover_every_sampled_token(cluster):
+    r = complete(cluster, "demo-poet", logprobs=1)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == MAX_TOKENS
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert all(x <= 0.0 for x in lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(MAX_TOKENS)]
+    chat = client(cluster).chat.completions.create(
+        model="demo-poet",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+
+
 def test_eight_adapters_on_two_replicas_under_concurrent_load(cluster, offline):
     names = sorted(cluster.adapters)
     assert len(names) == 8
