@@ -4,7 +4,8 @@
   iterating, or a cancelled request, aborts it in the engine).
 - `check_health` looks at local state only: a Redis outage must not fail every
   replica of the cluster at once.
-- `record_routing_stats` feeds the LoRA-affinity request router.
+- `record_routing_stats` feeds the LoRA-affinity request router (and the
+  `ray_lorafleet_*` gauges of `replica.serve_metrics`).
 - A background `RegistryPublisher` holds the registry lease and publishes residency.
 - Shutdown: Serve stops routing here and waits for in-flight requests
   (graceful_shutdown_timeout_s); `__del__` then deregisters and stops the engine.
@@ -25,6 +26,7 @@ from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
+from replica.serve_metrics import ReplicaGauges
 from replica.serve_protocol import GenerateCall, check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
@@ -85,6 +87,7 @@ class LoraReplica:
         self.engine = None
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncEngine(settings.engine)
+        self.gauges = ReplicaGauges()
         if settings.redis_url:
             self._start_publisher(settings)
 
@@ -133,7 +136,9 @@ class LoraReplica:
         }
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        return stats_dict(self.engine.stats(), time.time())
+        stats = self.engine.stats()
+        self.gauges.update(stats)
+        return stats_dict(stats, time.time())
 
     async def check_health(self) -> None:
         """Local only: the engine must answer; the registry's state is not consulted."""

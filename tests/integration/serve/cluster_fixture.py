@@ -7,9 +7,10 @@ Tenants: "ops" (owns everything private, key OPS), "t1" (owns t1-private; key T1
 
 from __future__ import annotations
 
+import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -60,7 +61,7 @@ class Cluster:
     keys: dict[str, str]
     base: str
     stop_redis: object = None
-    extra: dict = field(default_factory=dict)
+    metrics: str = ""
 
     def registry(self) -> Registry:
         return Registry(self.redis_url)
@@ -72,6 +73,18 @@ class Cluster:
             name = a["name"]
             if "LoraReplica" in name and name.startswith("SERVE_REPLICA"):
                 out[name.rsplit("#", 1)[-1]] = ray.get_actor(name, namespace=a["namespace"])
+        return out
+
+    def gauge(self, name: str) -> dict[str, float]:
+        """Serve replica id -> value of gauge ray_lorafleet_<name> (Prometheus scrape)."""
+        import httpx
+
+        out = {}
+        for line in httpx.get(self.metrics, timeout=10).text.splitlines():
+            if line.startswith(f"ray_lorafleet_{name}{{"):
+                tags, value = line.rsplit(" ", 1)
+                replica = tags.split('replica="', 1)[1].split('"', 1)[0]
+                out[replica] = float(value)
         return out
 
     def routing_stats(self) -> dict[str, dict]:
@@ -106,8 +119,11 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
     reg = Registry(redis_url)
     keys = register_tenants(reg, adapters)
     reg.close()
-    http_port, grpc_port = free_port(), free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
+    )
     serve.start(
         http_options={"host": "127.0.0.1", "port": http_port},
         grpc_options={
@@ -142,6 +158,7 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
         keys=keys,
         base=demo.model_dir.name,
         stop_redis=stop_redis,
+        metrics=f"http://127.0.0.1:{metrics_port}/metrics",
     )
     wait_registered(cluster, 2)
     return cluster

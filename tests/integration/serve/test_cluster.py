@@ -167,6 +167,12 @@ def test_affinity_repeated_requests_stay_on_the_holder(cluster):
     stats = cluster.routing_stats()
     chef = [rid for rid, s in stats.items() if any(k.startswith("demo-chef@") for k in s["gpu"])]
     assert chef == gpu_holders
+    # The same numbers reach Ray's metrics (Prometheus).
+    loads = {rid: float(s["adapter_loads"]) for rid, s in stats.items()}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.gauge("adapter_loads") != loads:
+        time.sleep(0.5)
+    assert cluster.gauge("adapter_loads") == loads
 
 
 AUTH = [  # key, model, expected status
