@@ -121,6 +121,8 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
     reg.close()
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
+    if ray.is_initialized():  # a previous module's Ray: this module needs its own options
+        ray.shutdown()
     ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
     )
