@@ -1,0 +1,198 @@
+"""The Serve application builder: `import_path: deploy.builder:build_app` in cluster.yaml.
+
+`build_app(args)` validates the `args:` of the config once (`ClusterArgs`), prepares
+the model (the generated demo when `model: demo`), the registry (a local
+redis-server when `redis_url` is empty) and the demo adapters' registration, then
+binds ingress -> replica deployment with the LoRA-affinity request router.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from lora_core.errors import AdapterAlreadyExists, InvalidRequest
+from replica.config import EngineConfig
+from replica.deployment import ReplicaDeployment, ReplicaSettings
+from router.ingress import IngressSettings, LoraIngress
+
+AFFINITY_ROUTER = "router.request_router:LoraAffinityRouter"
+DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+
+
+class ClusterArgs(BaseModel):
+    """The `args:` of deploy/cluster.yaml (every field optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "demo"
+    """A local HF model directory, or "demo": generate the tiny demo model + adapters."""
+    served_model_name: str = ""
+    """The base model's id in `model` fields ("" = the model directory's name)."""
+    redis_url: str = ""
+    """The registry ("" = start a local redis-server on 127.0.0.1 for the cluster)."""
+    redis_port: int | None = Field(None, ge=1, le=65535)
+    """Port of that local redis-server (None = a free one)."""
+    namespace: str = "lorafleet"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    max_loras: int = Field(2, ge=1)
+    max_cpu_loras: int = Field(4, ge=1)
+    max_lora_rank: int = Field(64, ge=1)
+    max_model_len: int = Field(0, ge=0)
+    kv_cache_tokens: int = Field(16384, ge=16)
+    auth: bool = False
+    """Require tenant API keys (Authorization: Bearer ...) on inference requests."""
+    admin_key: str = ""
+    """Key of the admin endpoints ("" disables them)."""
+    demo_cache_dir: str = ""
+    """Where the demo is generated ("" = ~/.cache/lorafleet or $LORAFLEET_CACHE)."""
+    register_demo_adapters: bool = True
+    """With model "demo": register the demo adapters (public) in the registry."""
+    router: Literal["affinity", "default"] = "affinity"
+    """affinity: the LoRA-affinity router; default: Serve's power-of-two router with
+    `@serve.multiplexed` adapter loading (the benchmark baseline)."""
+    num_replicas: int = Field(2, ge=1)
+    num_cpus_per_replica: float = Field(0.5, ge=0.0)
+    num_gpus_per_replica: float = Field(0.0, ge=0.0)
+    max_ongoing_requests: int = Field(32, ge=1)
+    max_queued_requests: int = Field(256, ge=-1)
+    """Requests waiting for a replica before 503 backpressure (-1 = unbounded)."""
+    hot_queue_len: int = Field(8, ge=1)
+    """Affinity router: when every holder of an adapter has this many queued requests,
+    one more replica joins its set."""
+    overload_queue_len: int = Field(32, ge=1)
+    """Affinity router: holders with this many queued requests are skipped."""
+    ingress_max_ongoing_requests: int = Field(1024, ge=1)
+    """Concurrent requests one ingress replica handles (it only awaits replicas)."""
+    routing_stats_period_s: float = Field(1.0, gt=0.0)
+    registry_tick_s: float = Field(1.0, gt=0.0)
+    lease_ttl_s: float = Field(5.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterArgs:
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras={self.max_cpu_loras}; allowed: >= max_loras ({self.max_loras})"
+            )
+        if self.hot_queue_len > self.overload_queue_len:
+            raise ValueError("hot_queue_len must be <= overload_queue_len")
+        if self.lease_ttl_s <= self.registry_tick_s:
+            raise ValueError("lease_ttl_s must exceed registry_tick_s")
+        return self
+
+
+def parse_args(args: dict) -> ClusterArgs:
+    """Validate the config's args; any problem -> InvalidRequest naming the field."""
+    try:
+        return ClusterArgs.model_validate(args or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "args"
+        raise InvalidRequest(f"cluster args: {loc}: {first['msg']}") from None
+
+
+def prepare_model(args: ClusterArgs) -> tuple[str, dict[str, Path]]:
+    """(model directory, demo adapters by name) for args.model."""
+    if args.model != "demo":
+        if not (Path(args.model) / "config.json").is_file():
+            raise InvalidRequest(
+                f"model={args.model!r}: no config.json; allowed: a model directory or 'demo'"
+            )
+        return args.model, {}
+    from deploy.demo import ensure_demo
+
+    assets = ensure_demo(Path(args.demo_cache_dir) if args.demo_cache_dir else None)
+    return str(assets.model_dir), dict(assets.adapters)
+
+
+def register_demo(
+    redis_url: str, namespace: str, adapters: dict[str, Path], max_lora_rank: int
+) -> None:
+    """Register each demo adapter (public) unless a version of it exists already."""
+    from cluster.registry import Registry
+
+    registry = Registry(redis_url, namespace, max_lora_rank=max_lora_rank)
+    try:
+        for name, path in sorted(adapters.items()):
+            try:
+                registry.register_adapter(name, str(path), public=True)
+            except AdapterAlreadyExists:
+                pass
+    finally:
+        registry.close()
+
+
+def build_app(args: dict) -> serve.Application:
+    """The Serve app for cluster.yaml's args (see ClusterArgs)."""
+    cfg = parse_args(args)
+    model_dir, demo_adapters = prepare_model(cfg)
+    redis_url = cfg.redis_url
+    if not redis_url:
+        from deploy.local_redis import ensure_local_redis
+
+        redis_url = ensure_local_redis(cfg.redis_port)
+    if demo_adapters and cfg.register_demo_adapters:
+        register_demo(redis_url, cfg.namespace, demo_adapters, cfg.max_lora_rank)
+    return bind_app(cfg, model_dir, redis_url)
+
+
+def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Application:
+    engine = EngineConfig(
+        model=model_dir,
+        dtype=cfg.dtype,
+        device=cfg.device,
+        max_loras=cfg.max_loras,
+        max_cpu_loras=cfg.max_cpu_loras,
+        max_lora_rank=cfg.max_lora_rank,
+        max_model_len=cfg.max_model_len,
+        kv_cache_tokens=cfg.kv_cache_tokens,
+    )
+    replica = ReplicaSettings(
+        engine=engine,
+        redis_url=redis_url,
+        namespace=cfg.namespace,
+        registry_tick_s=cfg.registry_tick_s,
+        lease_ttl_s=cfg.lease_ttl_s,
+    )
+    router = RequestRouterConfig(
+        request_router_class=AFFINITY_ROUTER if cfg.router == "affinity" else DEFAULT_ROUTER,
+        request_router_kwargs=(
+            {"hot_queue_len": cfg.hot_queue_len, "overload_queue_len": cfg.overload_queue_len}
+            if cfg.router == "affinity"
+            else {}
+        ),
+        request_routing_stats_period_s=cfg.routing_stats_period_s,
+        request_routing_stats_timeout_s=max(1.0, cfg.routing_stats_period_s * 3),
+    )
+    deployment = ReplicaDeployment
+    if cfg.router == "default":
+        from replica.serve_multiplexed import multiplexed_deployment
+
+        deployment = multiplexed_deployment(cfg.max_loras)
+    replicas = deployment.options(
+        num_replicas=cfg.num_replicas,
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        max_queued_requests=cfg.max_queued_requests,
+        ray_actor_options={
+            "num_cpus": cfg.num_cpus_per_replica,
+            "num_gpus": cfg.num_gpus_per_replica,
+        },
+        request_router_config=router,
+    ).bind(replica)
+    ingress = IngressSettings(
+        model_dir=model_dir,
+        served_model_name=cfg.served_model_name or Path(model_dir).name,
+        redis_url=redis_url,
+        namespace=cfg.namespace,
+        auth=cfg.auth,
+        admin_key=cfg.admin_key,
+        max_model_len=cfg.max_model_len,
+    )
+    return LoraIngress.options(
+        ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests
+    ).bind(replicas, ingress)

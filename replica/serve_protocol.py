@@ -1,0 +1,49 @@
+"""What the ingress sends a replica deployment (torch-free, Ray-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lora_core.errors import AdapterVersionUnavailable
+from lora_core.identity import AdapterRef
+from replica.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One generation request, routed by the LoRA-affinity router to one replica.
+
+    request_id: unique id (engine abort and logs use it).
+    prompt_token_ids: the tokenized prompt, [P] ints.
+    params: how to sample.
+    adapter: the resolved adapter version, or None for the base model.
+    residency: (replica_id, "gpu" | "cpu") pairs the registry reported for the
+        adapter at resolution time; the request router reads them as hints.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    adapter: AdapterRef | None = None
+    residency: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @property
+    def adapter_key(self) -> str | None:
+        return None if self.adapter is None else self.adapter.key
+
+
+def check_version(ref: AdapterRef, newest: dict[str, int]) -> None:
+    """Refuse `ref` if this replica knows a newer version of its name; else record it.
+
+    newest: adapter name -> the highest version this replica has seen (from requests
+    and the registry's desired state). A request resolved just before its adapter was
+    re-registered arrives with the old version: the retryable refusal makes the
+    ingress resolve the name again instead of serving stale weights.
+    """
+    known = newest.get(ref.name, 0)
+    if ref.version < known:
+        raise AdapterVersionUnavailable(
+            f"adapter {ref.name!r} version {ref.version} was replaced by version {known}; "
+            "resolve the name again"
+        )
+    newest[ref.name] = ref.version

@@ -1,0 +1,115 @@
+"""Adapter resolution and tenant auth through the registry (no Ray).
+
+One registry round trip per request resolves (API key, model name) to an immutable
+AdapterRef plus where it is resident. Unknown and forbidden adapters raise the same
+`AdapterNotFound`, so a tenant cannot probe which names exist. The base model's
+served name resolves to None (no adapter) without touching the adapter catalog.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Protocol
+
+from lora_core.errors import RegistryUnavailable, Unauthorized
+from lora_core.identity import AdapterRef
+
+
+class RegistryClient(Protocol):
+    """The part of `cluster.registry.AsyncRegistry` the ingress uses."""
+
+    async def resolve_request(self, api_key: str | None, model_name: str, *, auth: bool): ...
+
+    async def resolve_key(self, api_key: str) -> str | None: ...
+
+    async def list_adapters(self): ...
+
+    async def authorize(self, tenant: str, adapter: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """adapter: None for the base model. residency: (replica_id, tier) from the registry."""
+
+    adapter: AdapterRef | None
+    residency: tuple[tuple[str, str], ...] = ()
+    tenant: str | None = None
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header (None when absent or empty)."""
+    if not authorization:
+        return None
+    scheme, _, key = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return key.strip()
+
+
+class AdapterResolver:
+    """Resolves `model` names for one cluster.
+
+    base_name: the base model's served name (requests for it use no adapter).
+    auth: require a valid tenant API key on every inference request.
+    admin_key: the key the admin endpoints require ("" = admin endpoints disabled).
+    """
+
+    def __init__(self, registry: RegistryClient | None, base_name: str, auth: bool, admin_key: str):
+        self.registry = registry
+        self.base_name = base_name
+        self.auth = auth
+        self.admin_key = admin_key
+
+    async def tenant(self, api_key: str | None) -> str | None:
+        """The caller's tenant; None when auth is off. Raises Unauthorized."""
+        if not self.auth:
+            return None
+        if api_key is None:
+            raise Unauthorized("missing API key; send 'Authorization: Bearer <key>'")
+        tenant = await self._registry().resolve_key(api_key)
+        if tenant is None:
+            raise Unauthorized("invalid API key")
+        return tenant
+
+    async def resolve(self, api_key: str | None, model: str) -> Resolved:
+        """Resolve one inference request's `model`. Raises Unauthorized / AdapterNotFound."""
+        if self.auth and api_key is None:
+            raise Unauthorized("missing API key; send 'Authorization: Bearer <key>'")
+        if model == self.base_name:
+            return Resolved(adapter=None, tenant=await self.tenant(api_key))
+        # With auth off a client's key (OpenAI clients always send one) is ignored.
+        key = api_key if self.auth else None
+        found = await self._registry().resolve_request(key, model, auth=self.auth)
+        residency = tuple((loc.replica, loc.tier) for loc in found.locations)
+        return Resolved(adapter=found.ref, residency=residency, tenant=found.tenant)
+
+    async def visible_adapters(self, api_key: str | None) -> list[AdapterRef]:
+        """Adapters the caller may use (all active ones when auth is off), sorted by name."""
+        tenant = await self.tenant(api_key)
+        if self.registry is None:
+            return []
+        listings = await self.registry.list_adapters()
+        refs = []
+        for item in listings:
+            rec = item.record
+            if rec.state == "active" and await self._may_use(tenant, rec):
+                refs.append(rec.ref)
+        return sorted(refs, key=lambda r: r.name)
+
+    async def _may_use(self, tenant: str | None, rec) -> bool:
+        if tenant is None or rec.public or rec.owner == tenant:
+            return True
+        return await self.registry.authorize(tenant, rec.name)
+
+    def check_admin(self, api_key: str | None) -> None:
+        """Raises Unauthorized unless `api_key` is the admin key."""
+        if not self.admin_key:
+            raise Unauthorized("admin endpoints are disabled; set admin_key in the app args")
+        if api_key is None or not hmac.compare_digest(api_key, self.admin_key):
+            raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin key>'")
+
+    def _registry(self) -> RegistryClient:
+        if self.registry is None:
+            raise RegistryUnavailable("no registry configured (redis_url is empty)")
+        return self.registry

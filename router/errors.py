@@ -1,0 +1,137 @@
+"""The one table mapping lorafleet errors to HTTP status, gRPC code and OpenAI error type.
+
+REST and gRPC both answer through `status_for`; nothing else decides a status code.
+Ray wraps exceptions raised inside a replica (`RayTaskError`); `unwrap` digs the
+original lorafleet error back out so the table sees the real type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterDraining,
+    AdapterIncompatible,
+    AdapterLoadFailed,
+    AdapterNotFound,
+    AdapterVersionUnavailable,
+    CapacityExceeded,
+    InvalidRequest,
+    LoraFleetError,
+    ModelLoadFailed,
+    PinRefused,
+    RegistryUnavailable,
+    StaleEpoch,
+    Unauthorized,
+)
+
+
+@dataclass(frozen=True)
+class ErrorStatus:
+    """How one error type is answered.
+
+    http: HTTP status code.
+    grpc_code: gRPC status code.
+    openai_type: the `error.type` of the OpenAI error JSON.
+    code: the `error.code` of the OpenAI error JSON (a stable machine-readable name).
+    retry_after_s: seconds for the Retry-After header / trailer (None: not retryable).
+    """
+
+    http: int
+    grpc_code: grpc.StatusCode
+    openai_type: str
+    code: str
+    retry_after_s: float | None = None
+
+
+_S = grpc.StatusCode
+# Most specific first: `status_for` takes the first entry the error is an instance of.
+ERROR_TABLE: tuple[tuple[type[BaseException], ErrorStatus], ...] = (
+    (
+        InvalidRequest,
+        ErrorStatus(400, _S.INVALID_ARGUMENT, "invalid_request_error", "invalid_request"),
+    ),
+    (Unauthorized, ErrorStatus(401, _S.UNAUTHENTICATED, "authentication_error", "invalid_api_key")),
+    (AdapterNotFound, ErrorStatus(404, _S.NOT_FOUND, "invalid_request_error", "model_not_found")),
+    (
+        AdapterIncompatible,
+        ErrorStatus(400, _S.INVALID_ARGUMENT, "invalid_request_error", "adapter_incompatible"),
+    ),
+    (
+        AdapterLoadFailed,
+        ErrorStatus(422, _S.FAILED_PRECONDITION, "invalid_request_error", "adapter_load_failed"),
+    ),
+    (
+        AdapterAlreadyExists,
+        ErrorStatus(409, _S.ALREADY_EXISTS, "invalid_request_error", "adapter_exists"),
+    ),
+    (PinRefused, ErrorStatus(409, _S.FAILED_PRECONDITION, "invalid_request_error", "pin_refused")),
+    (AdapterDraining, ErrorStatus(503, _S.UNAVAILABLE, "server_error", "adapter_draining", 1.0)),
+    (
+        AdapterVersionUnavailable,
+        ErrorStatus(503, _S.UNAVAILABLE, "server_error", "adapter_version_unavailable", 1.0),
+    ),
+    (
+        CapacityExceeded,
+        ErrorStatus(429, _S.RESOURCE_EXHAUSTED, "rate_limit_error", "capacity_exceeded", 1.0),
+    ),
+    (
+        RegistryUnavailable,
+        ErrorStatus(503, _S.UNAVAILABLE, "server_error", "registry_unavailable", 1.0),
+    ),
+    (ModelLoadFailed, ErrorStatus(500, _S.INTERNAL, "server_error", "model_load_failed")),
+    (StaleEpoch, ErrorStatus(500, _S.INTERNAL, "server_error", "stale_epoch")),
+    (LoraFleetError, ErrorStatus(500, _S.INTERNAL, "server_error", "internal_error")),
+)
+INTERNAL = ErrorStatus(500, _S.INTERNAL, "server_error", "internal_error")
+
+
+def status_for(exc: BaseException) -> ErrorStatus:
+    """The answer for `exc` (after `unwrap`); anything unknown is an internal error."""
+    for cls, status in ERROR_TABLE:
+        if isinstance(exc, cls):
+            if isinstance(exc, CapacityExceeded):
+                return _with_retry(status, exc.retry_after_s)
+            return status
+    return INTERNAL
+
+
+def _with_retry(status: ErrorStatus, retry_after_s: float) -> ErrorStatus:
+    return ErrorStatus(
+        status.http, status.grpc_code, status.openai_type, status.code, retry_after_s
+    )
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The original error inside Ray's wrappers (RayTaskError chains), else `exc` itself."""
+    seen = 0
+    while seen < 8 and not isinstance(exc, LoraFleetError):
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
+        exc = cause
+        seen += 1
+    return exc
+
+
+def public_message(exc: BaseException) -> str:
+    """The message shown to clients: ours verbatim, internals reduced to their type name."""
+    if isinstance(exc, LoraFleetError):
+        return str(exc)
+    return f"internal error ({type(exc).__name__})"
+
+
+def openai_error_body(exc: BaseException) -> dict[str, dict[str, str | None]]:
+    """The OpenAI error JSON for `exc`: {"error": {"message", "type", "param", "code"}}."""
+    status = status_for(exc)
+    return {
+        "error": {
+            "message": public_message(exc),
+            "type": status.openai_type,
+            "param": None,
+            "code": status.code,
+        }
+    }

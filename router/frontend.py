@@ -1,0 +1,128 @@
+"""The protocol-independent core of the ingress (no Ray, no FastAPI, no gRPC).
+
+REST and gRPC both turn their request into a `GenerateCall` here (resolve the adapter,
+check the tenant, tokenize, validate lengths) and read `RequestOutput`s back through
+`dispatch`, which the Serve shell binds to the replica deployment handle.
+
+Errors raised before the first output surface as the request's status; a replica
+refusing an adapter version it does not hold (retryable) is retried once after
+resolving the name again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from lora_core.errors import AdapterVersionUnavailable, InvalidRequest
+from lora_core.identity import AdapterRef
+from replica.outputs import RequestOutput
+from replica.sampling_params import SamplingParams
+from replica.serve_protocol import GenerateCall
+from router.auth import AdapterResolver
+from router.errors import unwrap
+
+Dispatch = Callable[[GenerateCall], AsyncIterator[RequestOutput]]
+VERSION_RETRIES = 1
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to dispatch: its call, the name to echo as `model`, the resolved ref."""
+
+    call: GenerateCall
+    model: str
+    adapter: AdapterRef | None
+
+
+class Frontend:
+    """Turns validated requests into streams of engine outputs.
+
+    tokenizer: the base model's HF tokenizer (same files the replicas load).
+    resolver: adapter resolution + tenant auth.
+    dispatch: sends one GenerateCall to a replica, yields its outputs.
+    max_model_len: prompt + max_tokens allowed per request.
+    """
+
+    def __init__(
+        self, tokenizer, resolver: AdapterResolver, dispatch: Dispatch, max_model_len: int
+    ):
+        self.tokenizer = tokenizer
+        self.resolver = resolver
+        self.dispatch = dispatch
+        self.max_model_len = max_model_len
+        self.vocab_size = len(tokenizer)
+
+    def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequest(
+                    f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {self.vocab_size}"
+                )
+        if not ids:
+            raise InvalidRequest("prompt: empty; allowed: a non-empty string or token id list")
+        return tuple(ids)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as e:  # a template may raise anything on odd input
+            raise InvalidRequest(f"messages: the chat template refused them ({e})") from None
+        return tuple(int(t) for t in ids)
+
+    async def prepare(
+        self, api_key: str | None, model: str, prompt_ids: tuple[int, ...], params: SamplingParams
+    ) -> Prepared:
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"the model's length; allowed: at most {self.max_model_len} in total"
+            )
+        resolved = await self.resolver.resolve(api_key, model)
+        call = GenerateCall(
+            request_id=f"req-{uuid.uuid4().hex}",
+            prompt_token_ids=prompt_ids,
+            params=params,
+            adapter=resolved.adapter,
+            residency=resolved.residency,
+        )
+        return Prepared(call=call, model=model, adapter=resolved.adapter)
+
+    async def generate(
+        self, api_key: str | None, prepared: Prepared
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields the replica's outputs; retries a version refusal before the first output."""
+        call = prepared.call
+        for attempt in range(VERSION_RETRIES + 1):
+            started = False
+            try:
+                async for out in self.dispatch(call):
+                    started = True
+                    yield out
+                return
+            except Exception as e:
+                err = unwrap(e)
+                if (
+                    started
+                    or attempt == VERSION_RETRIES
+                    or not isinstance(err, AdapterVersionUnavailable)
+                ):
+                    raise err from None
+            fresh = await self.resolver.resolve(api_key, prepared.model)
+            call = GenerateCall(
+                request_id=f"{prepared.call.request_id}-r{attempt + 1}",
+                prompt_token_ids=call.prompt_token_ids,
+                params=call.params,
+                adapter=fresh.adapter,
+                residency=fresh.residency,
+            )
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([t]) for t in token_ids]

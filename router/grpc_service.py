@@ -1,0 +1,86 @@
+"""The gRPC `lorafleet.v1.Inference` service, as methods of the ingress deployment.
+
+The Serve gRPC proxy calls `Generate` / `ListModels` on the ingress by name; the
+methods share `Frontend` with REST, so resolution, auth, routing and the error table
+are the same. Errors set the status from `router.errors` on the Serve gRPC context
+and raise; a client cancel cancels this generator, which cancels the replica call
+and aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ray.serve.grpc_util import RayServegRPCContext
+
+from lora_core.errors import InvalidRequest
+from replica.sampling_params import SamplingParams
+from router.auth import bearer_key
+from router.errors import public_message, status_for, unwrap
+from router.frontend import Frontend
+from router.proto import lorafleet_pb2 as pb
+
+
+def grpc_api_key(context: RayServegRPCContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key.lower() == "authorization":
+            return bearer_key(value)
+    return None
+
+
+def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=req.max_tokens or 16,
+        temperature=req.temperature,
+        top_p=req.top_p or 1.0,
+        seed=req.seed if req.HasField("seed") else None,
+        stop=tuple(req.stop),
+    )
+
+
+def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
+    exc = unwrap(exc)
+    status = status_for(exc)
+    context.set_code(status.grpc_code)
+    context.set_details(public_message(exc))
+    if status.retry_after_s is not None:
+        context.set_trailing_metadata([("retry-after", str(max(1, round(status.retry_after_s))))])
+    return exc
+
+
+class GrpcInferenceMixin:
+    """Mixed into the ingress class; needs `self.frontend: Frontend`."""
+
+    frontend: Frontend
+
+    async def Generate(  # noqa: N802 (gRPC method name)
+        self, request: pb.GenerateRequest, grpc_context: RayServegRPCContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
+        front, api_key = self.frontend, grpc_api_key(grpc_context)
+        try:
+            if not request.model:
+                raise InvalidRequest("model: required (an adapter name or the base model name)")
+            prompt = request.prompt or list(request.prompt_token_ids)
+            ids = front.encode_prompt(prompt)
+            prepared = await front.prepare(api_key, request.model, ids, sampling_of(request))
+            async for out in front.generate(api_key, prepared):
+                yield pb.GenerateChunk(
+                    text=out.new_text,
+                    token_ids=out.new_token_ids,
+                    finish_reason=out.finish_reason or "",
+                )
+        except Exception as e:
+            raise _fail(grpc_context, e) from None
+
+    async def ListModels(  # noqa: N802 (gRPC method name)
+        self, request: pb.ListModelsRequest, grpc_context: RayServegRPCContext
+    ) -> pb.ListModelsReply:
+        front = self.frontend
+        try:
+            refs = await front.resolver.visible_adapters(grpc_api_key(grpc_context))
+        except Exception as e:
+            raise _fail(grpc_context, e) from None
+        base = front.resolver.base_name
+        models = [pb.Model(id=base, parent="", version=0)]
+        models += [pb.Model(id=r.name, parent=base, version=r.version) for r in refs]
+        return pb.ListModelsReply(models=models)

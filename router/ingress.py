@@ -1,0 +1,212 @@
+"""The ingress deployment: OpenAI REST (FastAPI) + gRPC, a thin shell over `Frontend`.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and the
+admin endpoints (admin key required) POST /v1/load_lora_adapter,
+/v1/unload_lora_adapter, /v1/pin_lora_adapter, /v1/unpin_lora_adapter,
+/v1/warm_lora_adapter. Requests go to the replica deployment's handle, whose
+LoRA-affinity request router picks the replica.
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see the real `Request`
+# annotation of the routes to inject the request.
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from starlette.responses import JSONResponse, Response
+
+from lora_core.errors import CapacityExceeded, InvalidRequest
+from replica.outputs import RequestOutput
+from replica.serve_protocol import GenerateCall
+from router import rest
+from router.auth import AdapterResolver, bearer_key
+from router.frontend import Frontend
+from router.grpc_service import GrpcInferenceMixin
+from router.openai_protocol import (
+    AdapterNameRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadAdapterRequest,
+    UnloadAdapterRequest,
+    parse_body,
+)
+from router.openai_responses import model_card
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    """model_dir: the base model directory (the tokenizer is loaded from it).
+    served_model_name: the base model's id in `model`. redis_url / namespace: the
+    registry. auth: require tenant API keys. admin_key: key of the admin endpoints
+    ("" disables them). max_model_len: prompt + output tokens per request at most
+    (0 = the model config's max_position_embeddings)."""
+
+    model_dir: str
+    served_model_name: str
+    redis_url: str
+    namespace: str = "lorafleet"
+    auth: bool = False
+    admin_key: str = ""
+    max_model_len: int = 0
+
+
+def model_max_len(model_dir: str, configured: int) -> int:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    native = int(cfg.get("max_position_embeddings", 2048))
+    return min(configured, native) if configured else native
+
+
+REPLICA_DEATH_RETRIES = 1
+
+
+def _key(request: Request) -> str | None:
+    return bearer_key(request.headers.get("authorization"))
+
+
+# Helpers the routes use are defined above the class: Serve pickles the ingress
+# class by value when it is built, capturing the globals that exist at that point.
+app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
+
+
+@serve.deployment(name="Ingress")
+@serve.ingress(app)
+class LoraIngress(GrpcInferenceMixin):
+    """OpenAI REST + gRPC front door of the cluster."""
+
+    def __init__(self, replicas: DeploymentHandle, settings: IngressSettings):
+        from transformers import AutoTokenizer
+
+        registry = None
+        if settings.redis_url:
+            from cluster.registry import AsyncRegistry
+
+            registry = AsyncRegistry(settings.redis_url, settings.namespace)
+        self.registry = registry
+        self.replicas = replicas
+        resolver = AdapterResolver(
+            registry, settings.served_model_name, settings.auth, settings.admin_key
+        )
+        tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
+        max_len = model_max_len(settings.model_dir, settings.max_model_len)
+        self.frontend = Frontend(tokenizer, resolver, self._dispatch, max_len)
+
+    async def _dispatch(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
+        """One replica call; a replica that dies before the first output is retried once."""
+        for attempt in range(REPLICA_DEATH_RETRIES + 1):
+            started = False
+            try:
+                async for out in self._call_replica(call):
+                    started = True
+                    yield out
+                return
+            except (ActorDiedError, ActorUnavailableError):
+                if started or attempt == REPLICA_DEATH_RETRIES:
+                    raise
+
+    async def _call_replica(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
+        handle = self.replicas.options(
+            stream=True, method_name="generate", multiplexed_model_id=call.adapter_key or ""
+        )
+        gen = handle.remote(call)
+        try:
+            async for out in gen:
+                yield out
+        except BackPressureError as e:
+            raise CapacityExceeded(f"all replicas are at their queue limit ({e})") from None
+        finally:
+            gen.cancel()
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        try:
+            req = parse_body(CompletionRequest, await request.body())
+        except InvalidRequest as e:
+            return rest.error_response(e)
+        return await rest.completions(self.frontend, _key(request), req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            req = parse_body(ChatCompletionRequest, await request.body())
+        except InvalidRequest as e:
+            return rest.error_response(e)
+        return await rest.chat_completions(self.frontend, _key(request), req)
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        resolver = self.frontend.resolver
+        try:
+            refs = await resolver.visible_adapters(_key(request))
+        except Exception as e:
+            return rest.error_response(e)
+        base = resolver.base_name
+        data = [model_card(base, None, "lorafleet")]
+        data += [model_card(r.name, base, "lorafleet") for r in refs]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(self, request: Request) -> Response:
+        async def act(req: LoadAdapterRequest):
+            rec = await self.registry.register_adapter(
+                req.lora_name,
+                req.lora_path,
+                base_model=req.base_model,
+                tenant=req.tenant,
+                public=req.public,
+                replace=req.replace,
+            )
+            return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
+
+        return await self._admin(request, LoadAdapterRequest, act)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        async def act(req: UnloadAdapterRequest):
+            return {
+                "lora_name": req.lora_name,
+                "state": await self.registry.unregister_adapter(req.lora_name),
+            }
+
+        return await self._admin(request, UnloadAdapterRequest, act)
+
+    @app.post("/v1/pin_lora_adapter")
+    async def pin_lora_adapter(self, request: Request) -> Response:
+        async def act(req: AdapterNameRequest):
+            await self.registry.pin(req.lora_name)
+            return {"lora_name": req.lora_name, "pinned": True}
+
+        return await self._admin(request, AdapterNameRequest, act)
+
+    @app.post("/v1/unpin_lora_adapter")
+    async def unpin_lora_adapter(self, request: Request) -> Response:
+        async def act(req: AdapterNameRequest):
+            await self.registry.unpin(req.lora_name)
+            return {"lora_name": req.lora_name, "pinned": False}
+
+        return await self._admin(request, AdapterNameRequest, act)
+
+    @app.post("/v1/warm_lora_adapter")
+    async def warm_lora_adapter(self, request: Request) -> Response:
+        async def act(req: AdapterNameRequest):
+            await self.registry.warm(req.lora_name, req.replicas)
+            return {"lora_name": req.lora_name, "warm_replicas": req.replicas}
+
+        return await self._admin(request, AdapterNameRequest, act)
+
+    async def _admin(self, request: Request, model, act) -> Response:
+        try:
+            self.frontend.resolver.check_admin(_key(request))
+            req = parse_body(model, await request.body())
+            if self.registry is None:
+                raise InvalidRequest("admin endpoints need a registry (redis_url)")
+            return JSONResponse(await act(req))
+        except ValueError as e:  # the registry's name/choice checks
+            return rest.error_response(InvalidRequest(str(e)))
+        except Exception as e:
+            return rest.error_response(e)

@@ -1,0 +1,170 @@
+"""OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
+
+Unknown fields are ignored (clients send many optional ones); fields we cannot honour
+(n > 1, echo, top logprobs) are refused with a message naming what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lora_core.errors import InvalidRequest
+from replica.sampling_params import SamplingParams
+
+MAX_TEMPERATURE = 2.0
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+    """Send a last chunk with usage counts (and no choices)."""
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    """Adapter name, or the base model's served name."""
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)
+    """Only one choice per request."""
+    ignore_eos: bool = False
+    """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
+
+    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
+        stop = () if self.stop is None else self.stop
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=stop,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[int]
+    """A string, or a list of token ids."""
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=1)
+    """0 or 1: return the log-probability of each sampled token (no alternatives)."""
+    echo: Literal[False] = False
+
+    def to_sampling_params(self) -> SamplingParams:
+        return self.sampling_params(self.max_tokens, self.logprobs is not None)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Newer name of max_tokens; either may be given."""
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    """Only 0: alternatives are not returned."""
+
+    def to_sampling_params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens or 16
+        return self.sampling_params(max_tokens, self.logprobs)
+
+    def chat_dicts(self) -> list[dict[str, str]]:
+        """Messages as the tokenizer's chat template expects them."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class LoadAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM-compatible body)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    base_model: str | None = None
+    tenant: str | None = None
+    public: bool = False
+    replace: bool = False
+
+
+class UnloadAdapterRequest(BaseModel):
+    """POST /v1/unload_lora_adapter (vLLM-compatible body)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str | None = None
+
+
+class AdapterNameRequest(BaseModel):
+    """POST /v1/pin_lora_adapter, /v1/unpin_lora_adapter, /v1/warm_lora_adapter."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1)
+    replicas: int = Field(1, ge=1)
+    """warm only: on how many replicas to keep the adapter resident."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes | str | dict) -> M:
+    """Parse and validate a JSON body into `model`; any problem -> InvalidRequest."""
+    if isinstance(body, bytes | str):
+        try:
+            body = json.loads(body or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InvalidRequest(
+                f"body is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
+            ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body: allowed: a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise InvalidRequest(_describe(e)) from None
+
+
+def _describe(e: ValidationError) -> str:
+    first = e.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "body"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{loc}: {first['msg']}{more}"

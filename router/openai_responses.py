@@ -1,0 +1,147 @@
+"""OpenAI-compatible response bodies (completions, chat, models, SSE framing)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+@dataclass
+class Piece:
+    """One step of output: text, its tokens (as strings, for logprobs) and their logprobs."""
+
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _completion_logprobs(piece: Piece, offset: int) -> dict[str, Any]:
+    offsets, pos = [], offset
+    for tok in piece.tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    return {
+        "tokens": piece.tokens,
+        "token_logprobs": piece.logprobs,
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def _chat_logprobs(piece: Piece) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(piece.tokens, piece.logprobs, strict=True)
+        ]
+    }
+
+
+def completion_body(
+    rid: str, model: str, piece: Piece, usage: Usage | None, want_logprobs: bool, offset: int = 0
+) -> dict[str, Any]:
+    """A whole response (usage set) or one stream chunk (usage None) of /v1/completions."""
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": piece.text,
+                "logprobs": _completion_logprobs(piece, offset) if want_logprobs else None,
+                "finish_reason": piece.finish_reason,
+            }
+        ],
+    }
+    if usage is not None:
+        body["usage"] = usage.to_dict()
+    return body
+
+
+def chat_body(
+    rid: str, model: str, piece: Piece, usage: Usage, want_logprobs: bool
+) -> dict[str, Any]:
+    """A whole /v1/chat/completions response."""
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": piece.text},
+                "logprobs": _chat_logprobs(piece) if want_logprobs else None,
+                "finish_reason": piece.finish_reason,
+            }
+        ],
+        "usage": usage.to_dict(),
+    }
+
+
+def chat_chunk(
+    rid: str, model: str, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
+) -> dict[str, Any]:
+    """One /v1/chat/completions stream chunk."""
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": _chat_logprobs(piece) if want_logprobs and piece else None,
+                "finish_reason": piece.finish_reason if piece else None,
+            }
+        ],
+    }
+
+
+def usage_chunk(rid: str, model: str, obj: str, usage: Usage) -> dict[str, Any]:
+    """The last stream chunk when stream_options.include_usage: no choices, usage set."""
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage.to_dict(),
+    }
+
+
+def model_card(model_id: str, parent: str | None, owned_by: str) -> dict[str, Any]:
+    """One entry of GET /v1/models (adapters carry `parent` = the base model id)."""
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": owned_by,
+        "root": model_id,
+        "parent": parent,
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event (`data: ...` + blank line); a str is sent verbatim ([DONE])."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

@@ -1,0 +1,185 @@
+"""One real lorafleet cluster for a test module: Ray + Serve on CPU, a real redis-server.
+
+8 adapters (the 3 demo ones + 5 generated) on 2 replicas with max_loras 2, auth on.
+Tenants: "ops" (owns everything private, key OPS), "t1" (owns t1-private; key T1),
+"t2" (granted extra-0; key T2). Public: demo-*, extra-1..4.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from cluster.registry import Registry
+from deploy.builder import ClusterArgs, bind_app
+from deploy.demo import DemoAssets, ensure_demo, write_peft_adapter
+from tests.redis_fixture import start_redis
+
+APP = "lorafleet"
+ADMIN_KEY = "admin-secret"
+HIDDEN, INTER, HEADS, KV_HEADS, LAYERS = 128, 256, 4, 2, 4  # deploy.demo's demo model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_extra_adapters(root: Path, demo: DemoAssets, n: int = 5) -> dict[str, Path]:
+    head = HIDDEN // HEADS
+    shapes = {"q_proj": (HIDDEN, HEADS * head), "v_proj": (HIDDEN, KV_HEADS * head)}
+    out = {}
+    for i in range(n):
+        path = root / f"extra-{i}"
+        write_peft_adapter(
+            path,
+            num_layers=LAYERS,
+            shapes=shapes,
+            rank=8,
+            alpha=16,
+            seed=100 + i,
+            base_model=demo.base_name,
+        )
+        out[f"extra-{i}"] = path
+    return out
+
+
+@dataclass
+class Cluster:
+    http: str
+    grpc: str
+    redis_url: str
+    demo: DemoAssets
+    adapters: dict[str, Path]
+    keys: dict[str, str]
+    base: str
+    stop_redis: object = None
+    metrics: str = ""
+
+    def registry(self) -> Registry:
+        return Registry(self.redis_url)
+
+    def replica_actors(self) -> dict[str, ray.actor.ActorHandle]:
+        """Serve replica id -> actor handle of each live LoraReplica."""
+        out = {}
+        for a in ray.util.list_named_actors(all_namespaces=True):
+            name = a["name"]
+            if "LoraReplica" in name and name.startswith("SERVE_REPLICA"):
+                out[name.rsplit("#", 1)[-1]] = ray.get_actor(name, namespace=a["namespace"])
+        return out
+
+    def gauge(self, name: str) -> dict[str, float]:
+        """Serve replica id -> value of gauge ray_lorafleet_<name> (Prometheus scrape)."""
+        import httpx
+
+        out = {}
+        for line in httpx.get(self.metrics, timeout=10).text.splitlines():
+            if line.startswith(f"ray_lorafleet_{name}{{"):
+                tags, value = line.rsplit(" ", 1)
+                replica = tags.split('replica="', 1)[1].split('"', 1)[0]
+                out[replica] = float(value)
+        return out
+
+    def routing_stats(self) -> dict[str, dict]:
+        """Serve replica id -> the dict its record_routing_stats returns."""
+        out = {}
+        for rid, actor in self.replica_actors().items():
+            try:
+                out[rid] = ray.get(actor.record_routing_stats.remote(), timeout=10)
+            except Exception:
+                continue
+        return out
+
+
+def register_tenants(reg: Registry, adapters: dict[str, Path]) -> dict[str, str]:
+    for t in ("ops", "t1", "t2"):
+        reg.create_tenant(t)
+    keys = {t: reg.issue_api_key(t) for t in ("ops", "t1", "t2")}
+    for name, path in sorted(adapters.items()):
+        private = name in ("extra-0", "t1-private")
+        owner = "t1" if name == "t1-private" else "ops"
+        reg.register_adapter(name, str(path), tenant=owner, public=not private)
+    reg.grant("t2", "extra-0")
+    reg.grant("ops", "t1-private")
+    return keys
+
+
+def start_cluster(tmp: Path, **overrides) -> Cluster:
+    redis_url, stop_redis = start_redis(tmp / "redis")
+    demo = ensure_demo(tmp / "demo")
+    adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra", demo)
+    adapters["t1-private"] = adapters.pop("extra-4")
+    reg = Registry(redis_url)
+    keys = register_tenants(reg, adapters)
+    reg.close()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
+    if ray.is_initialized():  # a previous module's Ray: this module needs its own options
+        ray.shutdown()
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
+    )
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": http_port},
+        grpc_options={
+            "port": grpc_port,
+            "grpc_servicer_functions": [
+                "router.proto.lorafleet_pb2_grpc.add_InferenceServicer_to_server"
+            ],
+        },
+    )
+    args = dict(
+        auth=True,
+        admin_key=ADMIN_KEY,
+        max_loras=2,
+        max_cpu_loras=4,
+        num_replicas=2,
+        num_cpus_per_replica=0.5,
+        routing_stats_period_s=0.5,
+        registry_tick_s=0.5,
+        lease_ttl_s=2.0,
+        kv_cache_tokens=4096,
+        device="cpu",
+    )
+    args.update(overrides)
+    cfg = ClusterArgs(**args)
+    serve.run(bind_app(cfg, str(demo.model_dir), redis_url), name=APP, route_prefix="/")
+    cluster = Cluster(
+        http=f"http://127.0.0.1:{http_port}",
+        grpc=f"127.0.0.1:{grpc_port}",
+        redis_url=redis_url,
+        demo=demo,
+        adapters=adapters,
+        keys=keys,
+        base=demo.model_dir.name,
+        stop_redis=stop_redis,
+        metrics=f"http://127.0.0.1:{metrics_port}/metrics",
+    )
+    wait_registered(cluster, 2)
+    return cluster
+
+
+def wait_registered(cluster: Cluster, n: int, timeout_s: float = 30.0) -> None:
+    reg = cluster.registry()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if sum(1 for r in reg.list_replicas() if r.live) >= n:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{n} replicas did not register within {timeout_s} s")
+    finally:
+        reg.close()
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    serve.shutdown()
+    ray.shutdown()
+    cluster.stop_redis()

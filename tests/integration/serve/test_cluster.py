@@ -1,0 +1,422 @@
+"""End-to-end: the OpenAI client, httpx and a gRPC client against one real cluster.
+
+One module-scoped app (see cluster_fixture.py); the replica-kill test runs last.
+Expected greedy outputs come from an in-process offline `LLMEngine` on the same
+model and adapter directories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from router.proto import lorafleet_pb2 as pb
+from router.proto import lorafleet_pb2_grpc as pb_grpc
+from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+PROMPT = "hello world how are"
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    stop_cluster(c)
+
+
+@pytest.fixture(scope="module")
+def offline(cluster):
+    """model name -> greedy text of PROMPT, from an offline LLMEngine."""
+    from replica.config import EngineConfig
+    from replica.engine import LLMEngine
+    from replica.offline import adapter_ref
+    from replica.sampling_params import SamplingParams
+
+    engine = LLMEngine(
+        EngineConfig(model=str(cluster.demo.model_dir), device="cpu", max_loras=8, max_cpu_loras=8)
+    )
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    ids = engine.tokenizer(PROMPT).input_ids
+    names = [cluster.base, *sorted(cluster.adapters)]
+    for name in names:
+        ref = None if name == cluster.base else adapter_ref(name, cluster.adapters[name], 64)
+        engine.add_request(name, ids, params, ref)
+    texts = dict.fromkeys(names, "")
+    while engine.has_unfinished():
+        for out in engine.step():
+            texts[out.request_id] += out.new_text
+    return texts
+
+
+def client(cluster, key="ops") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.http}/v1", api_key=cluster.keys[key], max_retries=0)
+
+
+def complete(cluster, model, key="ops", **kw) -> str:
+    r = client(cluster, key).completions.create(
+        model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, **kw
+    )
+    return r
+
+
+def test_greedy_output_equals_offline(cluster, offline):
+    for model in [cluster.base, "demo-poet", "demo-coder", "demo-chef", "extra-1"]:
+        r = complete(cluster, model)
+        assert r.choices[0].text == offline[model], model
+        assert r.usage.completion_tokens == MAX_TOKENS
+        assert r.model == model
+
+
+def test_streamed_equals_non_streamed(cluster):
+    c = client(cluster)
+    for model in [cluster.base, "demo-poet"]:
+        whole = complete(cluster, model).choices[0].text
+        stream = c.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        assert "".join(ch.choices[0].text for ch in stream) == whole
+        msgs = [{"role": "user", "content": "what is lorafleet"}]
+        chat = c.chat.completions.create(
+            model=model, messages=msgs, max_tokens=MAX_TOKENS, temperature=0
+        )
+        chunks = c.chat.completions.create(
+            model=model,
+            messages=msgs,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        parts, usage, finish = [], None, None
+        for ch in chunks:
+            if ch.choices:
+                parts.append(ch.choices[0].delta.content or "")
+                finish = ch.choices[0].finish_reason or finish
+            if ch.usage:
+                usage = ch.usage
+        assert "".join(parts) == chat.choices[0].message.content
+        assert finish == chat.choices[0].finish_reason
+        assert usage.completion_tokens == chat.usage.completion_tokens
+        assert usage.prompt_tokens == chat.usage.prompt_tokens
+
+
+def test_logprobs_cover_every_sampled_token(cluster):
+    r = complete(cluster, "demo-poet", logprobs=1)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == MAX_TOKENS
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert all(x <= 0.0 for x in lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(MAX_TOKENS)]
+    chat = client(cluster).chat.completions.create(
+        model="demo-poet",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+
+
+def test_eight_adapters_on_two_replicas_under_concurrent_load(cluster, offline):
+    names = sorted(cluster.adapters)
+    assert len(names) == 8
+    aclient = openai.AsyncOpenAI(
+        base_url=f"{cluster.http}/v1", api_key=cluster.keys["ops"], max_retries=0
+    )
+
+    async def one(model):
+        r = await aclient.completions.create(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
+        )
+        return model, r.choices[0].text
+
+    async def go():
+        return await asyncio.gather(*[one(m) for m in names * 3])
+
+    results = asyncio.run(go())
+    assert len(results) == 24
+    for model, text in results:
+        assert text == offline[model], model
+
+
+def _total_loads(cluster) -> int:
+    return sum(s["adapter_loads"] for s in cluster.routing_stats().values())
+
+
+def test_affinity_repeated_requests_stay_on_the_holder(cluster):
+    complete(cluster, "demo-chef")  # make it resident somewhere
+    time.sleep(1.5)  # stats + registry catch up
+    loads_before = _total_loads(cluster)
+    for _ in range(8):
+        complete(cluster, "demo-chef")
+    time.sleep(1.5)
+    assert _total_loads(cluster) == loads_before
+    reg = cluster.registry()
+    gpu_holders = [loc.replica for loc in reg.locations("demo-chef") if loc.tier == "gpu"]
+    reg.close()
+    assert len(gpu_holders) == 1
+    stats = cluster.routing_stats()
+    chef = [rid for rid, s in stats.items() if any(k.startswith("demo-chef@") for k in s["gpu"])]
+    assert chef == gpu_holders
+    # The same numbers reach Ray's metrics (Prometheus).
+    loads = {rid: float(s["adapter_loads"]) for rid, s in stats.items()}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.gauge("adapter_loads") != loads:
+        time.sleep(0.5)
+    assert cluster.gauge("adapter_loads") == loads
+
+
+AUTH = [  # key, model, expected status
+    (None, "demo-poet", 401),
+    ("bad", "demo-poet", 401),
+    ("t1", "demo-poet", 200),
+    ("t1", "t1-private", 200),
+    ("t2", "t1-private", 404),
+    ("t1", "extra-0", 404),
+    ("t2", "extra-0", 200),
+    ("ops", "extra-0", 200),
+    ("ops", "t1-private", 200),
+    ("t1", "no-such-adapter", 404),
+    ("t1", "BASE", 200),
+    (None, "BASE", 401),
+]
+
+
+@pytest.mark.parametrize("key, model, status", AUTH)
+def test_auth_matrix(cluster, key, model, status):
+    headers = {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {cluster.keys.get(key, 'lf-not-a-key')}"
+    model = cluster.base if model == "BASE" else model
+    r = httpx.post(
+        f"{cluster.http}/v1/completions",
+        json={"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0},
+        headers=headers,
+        timeout=60,
+    )
+    assert r.status_code == status, r.text
+    if status != 200:
+        err = r.json()["error"]
+        assert err["type"] == {401: "authentication_error", 404: "invalid_request_error"}[status]
+    if status == 404:
+        assert r.json()["error"]["message"] == f"adapter {model!r} not found"
+
+
+def test_models_lists_what_each_tenant_may_use(cluster):
+    def ids(key):
+        return [m.id for m in client(cluster, key).models.list()]
+
+    public = ["demo-chef", "demo-coder", "demo-poet", "extra-1", "extra-2", "extra-3"]
+    assert ids("t1") == [cluster.base, *sorted(public + ["t1-private"])]
+    assert ids("t2") == [cluster.base, *sorted(public + ["extra-0"])]
+    models = client(cluster, "t2").models.list().data
+    assert {m.parent for m in models[1:]} == {cluster.base}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "demo-poet", "prompt": PROMPT, "max_tokens": -1},
+        {"model": "demo-poet", "prompt": PROMPT, "temperature": "hot"},
+        {"model": "demo-poet", "prompt": [999999]},
+        {"model": "demo-poet", "prompt": PROMPT, "max_tokens": 100000},
+        {"prompt": PROMPT},
+    ],
+)
+def test_bad_input_is_400_never_500(cluster, body):
+    r = httpx.post(
+        f"{cluster.http}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {cluster.keys['ops']}"},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_admin_endpoints(cluster):
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    path = str(cluster.adapters["extra-1"])
+    body = {"lora_name": "late-tenant", "lora_path": path, "public": True}
+    r = httpx.post(f"{cluster.http}/v1/load_lora_adapter", json=body, timeout=30)
+    assert r.status_code == 401
+    r = httpx.post(f"{cluster.http}/v1/load_lora_adapter", json=body, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    assert (
+        complete(cluster, "late-tenant").choices[0].text
+        == complete(cluster, "extra-1").choices[0].text
+    )
+    r = httpx.post(
+        f"{cluster.http}/v1/pin_lora_adapter", json={"lora_name": "late-tenant"}, headers=admin
+    )
+    assert r.status_code == 200
+    reg = cluster.registry()
+    assert reg.desired_state().pins == {"late-tenant": "all"}
+    r = httpx.post(
+        f"{cluster.http}/v1/unpin_lora_adapter", json={"lora_name": "late-tenant"}, headers=admin
+    )
+    assert r.status_code == 200 and reg.desired_state().pins == {}
+    r = httpx.post(
+        f"{cluster.http}/v1/unload_lora_adapter", json={"lora_name": "late-tenant"}, headers=admin
+    )
+    assert r.status_code == 200 and r.json()["state"] in ("draining", "removed")
+    reg.close()
+    with pytest.raises((openai.NotFoundError, openai.InternalServerError)):
+        complete(cluster, "late-tenant")
+
+
+def _stub(cluster):
+    return pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+
+
+def _meta(cluster, key="ops"):
+    return (("authorization", f"Bearer {cluster.keys[key]}"),)
+
+
+def test_grpc_stream_equals_rest(cluster):
+    stub = _stub(cluster)
+    for model in ["demo-poet", "extra-2", cluster.base]:
+        req = pb.GenerateRequest(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        chunks = list(stub.Generate(req, metadata=_meta(cluster)))
+        assert "".join(c.text for c in chunks) == complete(cluster, model).choices[0].text
+        assert chunks[-1].finish_reason == "length"
+        assert all(c.finish_reason == "" for c in chunks[:-1])
+        assert sum(len(c.token_ids) for c in chunks) == MAX_TOKENS
+    names = [
+        m.id for m in stub.ListModels(pb.ListModelsRequest(), metadata=_meta(cluster, "t2")).models
+    ]
+    assert names[0] == cluster.base and "extra-0" in names and "t1-private" not in names
+
+
+@pytest.mark.parametrize(
+    "model, key, code",
+    [
+        ("no-such-adapter", "ops", grpc.StatusCode.NOT_FOUND),
+        ("t1-private", "t2", grpc.StatusCode.NOT_FOUND),
+        ("demo-poet", None, grpc.StatusCode.UNAUTHENTICATED),
+        ("", "ops", grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_grpc_status_codes_mirror_rest(cluster, model, key, code):
+    meta = _meta(cluster, key) if key else ()
+    req = pb.GenerateRequest(model=model, prompt=PROMPT, max_tokens=2)
+    with pytest.raises(grpc.RpcError) as e:
+        list(_stub(cluster).Generate(req, metadata=meta))
+    assert e.value.code() == code
+
+
+def _running(cluster) -> int:
+    return sum(s["queue_len"] for s in cluster.routing_stats().values())
+
+
+def test_grpc_cancel_aborts_in_the_engine(cluster):
+    stub = _stub(cluster)
+    req = pb.GenerateRequest(model="demo-coder", prompt=PROMPT, max_tokens=400, temperature=0)
+    call = stub.Generate(req, metadata=_meta(cluster))
+    it = iter(call)
+    next(it), next(it)
+    assert _running(cluster) == 1
+    call.cancel()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(cluster) != 0:
+        time.sleep(0.2)
+    assert _running(cluster) == 0
+
+
+def test_build_app_with_embedded_defaults_registers_the_demo(cluster):
+    """What `serve run deploy/cluster.yaml` does with its default args (without deploying)."""
+    from ray.serve import Application
+
+    from cluster.registry import Registry
+    from deploy.builder import build_app
+    from deploy.local_redis import ensure_local_redis
+
+    args = {"demo_cache_dir": str(cluster.demo.model_dir.parent), "namespace": "embedded"}
+    for _ in range(2):  # a second build finds everything in place
+        assert isinstance(build_app(args), Application)
+    reg = Registry(ensure_local_redis(), "embedded")
+    listed = {a.record.name: a.record for a in reg.list_adapters()}
+    reg.close()
+    assert sorted(listed) == ["demo-chef", "demo-coder", "demo-poet"]
+    assert all(r.public and r.version == 1 for r in listed.values())
+
+
+def test_local_redis_actor_lives_with_the_cluster_and_is_reused(cluster):
+    import redis
+
+    from deploy.local_redis import ensure_local_redis
+
+    url = ensure_local_redis()
+    assert ensure_local_redis() == url
+    client = redis.Redis.from_url(url)
+    assert client.ping()
+    client.close()
+
+
+def test_a_redis_outage_does_not_fail_health_checks(cluster):
+    import redis
+
+    before = set(cluster.replica_actors())
+    client = redis.Redis.from_url(cluster.redis_url)
+    client.execute_command("CLIENT", "PAUSE", 7000, "ALL")  # every Redis call stalls 7 s
+    time.sleep(7.5)  # > health_check_period_s (5 s): checks ran during the outage
+    client.close()
+    assert set(cluster.replica_actors()) == before  # no replica was replaced
+    assert complete(cluster, "demo-poet").choices[0].finish_reason == "length"
+    reg = cluster.registry()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(r.live for r in reg.list_replicas()) < 2:
+        time.sleep(0.2)
+    assert {r.replica_id for r in reg.list_replicas() if r.live} == before
+    reg.close()
+
+
+def test_killing_a_replica_mid_traffic(cluster):
+    import ray
+
+    actors = cluster.replica_actors()
+    assert len(actors) == 2
+    victim_id, victim = sorted(actors.items())[0]
+    aclient = openai.AsyncOpenAI(
+        base_url=f"{cluster.http}/v1", api_key=cluster.keys["ops"], max_retries=0
+    )
+    names = sorted(cluster.adapters)
+
+    async def one(i):
+        try:
+            r = await aclient.completions.create(
+                model=names[i % len(names)], prompt=PROMPT, max_tokens=4, temperature=0
+            )
+            return r.choices[0].finish_reason
+        except openai.APIError as e:
+            return f"error {e}"
+
+    async def traffic():
+        first = asyncio.gather(*[one(i) for i in range(8)])
+        await asyncio.sleep(0.3)
+        ray.kill(victim, no_restart=True)
+        await first
+        return await asyncio.gather(*[one(i) for i in range(8)])
+
+    later = asyncio.run(traffic())
+    assert later == ["length"] * 8
+    reg = cluster.registry()
+    deadline = time.monotonic() + 15
+    live = None
+    while time.monotonic() < deadline:
+        live = {r.replica_id: r.live for r in reg.list_replicas()}
+        if live.get(victim_id) is False:
+            break
+        time.sleep(0.3)
+    assert live.get(victim_id) is False
+    assert all(loc.replica != victim_id for name in names for loc in reg.locations(name))
+    reg.close()

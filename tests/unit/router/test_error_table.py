@@ -1,0 +1,82 @@
+import grpc
+import pytest
+
+from lora_core.errors import (
+    AdapterDraining,
+    AdapterIncompatible,
+    AdapterLoadFailed,
+    AdapterNotFound,
+    AdapterVersionUnavailable,
+    CapacityExceeded,
+    InvalidRequest,
+    LoraFleetError,
+    RegistryUnavailable,
+    Unauthorized,
+)
+from router.errors import openai_error_body, status_for, unwrap
+
+
+@pytest.mark.parametrize(
+    "exc, http, code, openai_type, retry",
+    [
+        (InvalidRequest("x"), 400, grpc.StatusCode.INVALID_ARGUMENT, "invalid_request_error", None),
+        (Unauthorized("x"), 401, grpc.StatusCode.UNAUTHENTICATED, "authentication_error", None),
+        (AdapterNotFound("a"), 404, grpc.StatusCode.NOT_FOUND, "invalid_request_error", None),
+        (
+            AdapterIncompatible("r", "p", "q"),
+            400,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            AdapterLoadFailed("x"),
+            422,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "invalid_request_error",
+            None,
+        ),
+        (AdapterDraining("a"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
+        (AdapterVersionUnavailable("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
+        (
+            CapacityExceeded("full", retry_after_s=3.0),
+            429,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "rate_limit_error",
+            3.0,
+        ),
+        (RegistryUnavailable("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
+        (LoraFleetError("x"), 500, grpc.StatusCode.INTERNAL, "server_error", None),
+        (KeyError("x"), 500, grpc.StatusCode.INTERNAL, "server_error", None),
+    ],
+)
+def test_table(exc, http, code, openai_type, retry):
+    s = status_for(exc)
+    assert (s.http, s.grpc_code, s.openai_type, s.retry_after_s) == (http, code, openai_type, retry)
+
+
+def test_openai_body_hides_internal_messages():
+    assert openai_error_body(AdapterNotFound("t1")) == {
+        "error": {
+            "message": "adapter 't1' not found",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
+    body = openai_error_body(RuntimeError("secret path /x"))
+    assert body["error"]["message"] == "internal error (RuntimeError)"
+
+
+class _Wrapper(Exception):
+    def __init__(self, cause):
+        super().__init__("wrapped")
+        self.cause = cause
+
+
+def test_unwrap_digs_out_the_lorafleet_error():
+    inner = AdapterNotFound("t")
+    assert unwrap(_Wrapper(_Wrapper(inner))) is inner
+    plain = ValueError("v")
+    assert unwrap(plain) is plain
+    assert unwrap(_Wrapper(plain)) is plain

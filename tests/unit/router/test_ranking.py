@@ -1,0 +1,201 @@
+import random
+
+import pytest
+
+from lora_core.errors import InvalidRequest
+from router.ranking import AffinityMemory, RankingConfig, ReplicaLoad, rank_replicas
+
+K = "tenant-a@1:0123456789abcdef"
+CFG = RankingConfig(overload_queue_len=8, hot_queue_len=4, affinity_ttl_s=30.0, stats_lag_s=5.0)
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rank(replicas, key=K, remembered=None, registry=None, seed=0):
+    return rank_replicas(key, replicas, CFG, random.Random(seed), remembered, registry)
+
+
+def test_docstring_example_tiers():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=5, free_slots=1)
+    b = ReplicaLoad("b", queue_len=0, free_slots=2)
+    c = ReplicaLoad("c", cpu_adapters=frozenset({K}), queue_len=1, free_slots=1)
+    assert rank([a, b, c]) == [["a"], ["c"], ["b"]]
+
+
+def test_all_holders_hot_next_replica_joins_tier0():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=5, free_slots=1)
+    b = ReplicaLoad("b", queue_len=0, free_slots=2)
+    c = ReplicaLoad("c", cpu_adapters=frozenset({K}), queue_len=6, free_slots=1)
+    assert rank([a, b, c]) == [["b", "a"], ["c"]]
+
+
+def test_cold_adapter_stays_on_its_holder_below_hot_threshold():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=3)
+    b = ReplicaLoad("b", queue_len=0, free_slots=2)
+    assert rank([a, b])[0] == ["a"]
+
+
+def test_overloaded_holder_is_skipped_until_the_any_tier():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=8)
+    b = ReplicaLoad("b", queue_len=2, free_slots=1)
+    assert rank([a, b]) == [["b"], ["a"]]
+
+
+def test_kv_full_counts_as_overloaded():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=0, kv_usage=0.99)
+    b = ReplicaLoad("b", queue_len=0, free_slots=1)
+    assert rank([a, b]) == [["b"], ["a"]]
+
+
+@pytest.mark.parametrize(
+    "replicas, expected_tier2",
+    [
+        # most free slots wins
+        ([ReplicaLoad("x", free_slots=1), ReplicaLoad("y", free_slots=2)], ["y"]),
+        # no free slots anywhere: fewest adapters wins
+        (
+            [
+                ReplicaLoad("x", gpu_adapters=frozenset({"p", "q"})),
+                ReplicaLoad("y", gpu_adapters=frozenset({"p"})),
+            ],
+            ["y"],
+        ),
+    ],
+)
+def test_spare_tier_prefers_free_slots_then_fewest_adapters(replicas, expected_tier2):
+    assert rank(replicas)[0] == expected_tier2
+
+
+def test_power_of_two_inside_a_tier_orders_by_queue():
+    holders = [ReplicaLoad(f"r{i}", gpu_adapters=frozenset({K}), queue_len=i) for i in range(5)]
+    for seed in range(20):
+        tiers = rank(holders, seed=seed)
+        first = tiers[0]
+        assert len(first) == 2
+        q = [int(rid[1:]) for rid in first]
+        assert q == sorted(q)
+        flat = [rid for t in tiers for rid in t]
+        assert len(flat) == len(set(flat)) == 4  # two tiers of two: holders, then any
+
+
+def test_power_of_two_samples_uniformly_enough():
+    holders = [ReplicaLoad(f"r{i}", gpu_adapters=frozenset({K})) for i in range(4)]
+    seen = {rid for seed in range(50) for rid in rank(holders, seed=seed)[0]}
+    assert seen == {"r0", "r1", "r2", "r3"}
+
+
+def test_base_model_request_ignores_adapters():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=3)
+    b = ReplicaLoad("b", queue_len=1)
+    c = ReplicaLoad("c", queue_len=9)
+    assert rank([a, b, c], key=None) == [["b", "a"], ["c"]]
+
+
+def test_registry_residency_counts_as_holding():
+    a = ReplicaLoad("a", queue_len=1, free_slots=2)
+    b = ReplicaLoad("b", queue_len=0, free_slots=2)
+    assert rank([a, b], registry={"a": "gpu"})[0] == ["a"]
+    assert rank([a, b], registry={"a": "cpu"}) == [["a"], ["b"]]
+
+
+def test_no_replicas_no_tiers():
+    assert rank([]) == []
+
+
+def test_memory_bridges_until_stats_catch_up():
+    clock = FakeClock(1000.0)
+    memory = AffinityMemory(ttl_s=30.0, clock=clock)
+    memory.record(K, "a")
+    a_old_stats = ReplicaLoad("a", free_slots=2, queue_len=1, stats_time=999.0)
+    b = ReplicaLoad("b", free_slots=2, queue_len=0, stats_time=999.0)
+    assert rank([a_old_stats, b], remembered=memory.holders(K))[0] == ["a"]
+    # Stats taken well after the decision, without the adapter: the stats win.
+    clock.t = 1010.0
+    a_new_stats = ReplicaLoad("a", free_slots=2, queue_len=1, stats_time=1009.0)
+    # Neither holds K any more: both are spares, K's home first, one per tier.
+    tiers = rank([a_new_stats, b], remembered=memory.holders(K))
+    assert sorted(tiers) == [["a"], ["b"]]
+
+
+def test_memory_expires_after_ttl_and_forgets_dead_replicas():
+    clock = FakeClock(0.0)
+    memory = AffinityMemory(ttl_s=30.0, clock=clock)
+    memory.record(K, "a")
+    memory.record(K, "b")
+    clock.t = 29.0
+    assert memory.holders(K) == {"a": 0.0, "b": 0.0}
+    memory.forget_replica("b")
+    assert memory.holders(K) == {"a": 0.0}
+    clock.t = 31.0
+    assert memory.holders(K) == {}
+
+
+def test_spread_set_grows_only_while_hot():
+    clock = FakeClock(0.0)
+    memory = AffinityMemory(ttl_s=30.0, clock=clock)
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=6, free_slots=0)
+    b = ReplicaLoad("b", queue_len=0, free_slots=1)
+    c = ReplicaLoad("c", queue_len=1, free_slots=1)
+    first = rank([a, b, c], remembered=memory.holders(K))[0]
+    assert first == ["b", "a"]
+    memory.record(K, "b")
+    # b is now a (cool) holder: nobody else joins.
+    tiers = rank([a, b, c], remembered=memory.holders(K))
+    assert tiers[0] == ["b", "a"]
+    assert tiers[1] == ["c"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"overload_queue_len": 0},
+        {"hot_queue_len": 0},
+        {"overload_queue_len": 4, "hot_queue_len": 5},
+        {"overload_kv_usage": 0.0},
+        {"affinity_ttl_s": 0.0},
+    ],
+)
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(InvalidRequest):
+        RankingConfig(**kwargs)
+
+
+def test_cold_adapter_goes_to_its_home_whatever_the_rng():
+    # queue lengths 0..1 share a bucket (hot_queue_len 4 // 2 = 2): they do not matter
+    spares = [
+        ReplicaLoad(f"r{i}", free_slots=0, gpu_adapters=frozenset({"x", "y"}), queue_len=i % 2)
+        for i in range(4)
+    ]
+    homes = {}
+    for key in [f"k{j}" for j in range(40)]:
+        firsts = {rank_replicas(key, spares, CFG, random.Random(seed))[0][0] for seed in range(5)}
+        assert len(firsts) == 1  # deterministic
+        homes[key] = firsts.pop()
+        # the order does not depend on the input order either
+        assert rank_replicas(key, spares[::-1], CFG, random.Random(0))[0] == [homes[key]]
+    assert set(homes.values()) == {"r0", "r1", "r2", "r3"}  # keys spread over replicas
+
+
+def test_home_is_only_a_preference_inside_the_best_room_group():
+    full = ReplicaLoad("full", gpu_adapters=frozenset({"x", "y"}), free_slots=0)
+    empty = ReplicaLoad("empty", free_slots=2)
+    for key in [f"k{j}" for j in range(10)]:
+        assert rank_replicas(key, [full, empty], CFG, random.Random(0)) == [["empty"], ["full"]]
+
+
+def test_home_yields_to_a_clearly_less_busy_spare():
+    # CFG.hot_queue_len 4 -> queue buckets of 2: 0-1 tie (home wins), 4 vs 0 does not.
+    for key in [f"k{j}" for j in range(20)]:
+        a = ReplicaLoad("a", gpu_adapters=frozenset({"x"}), queue_len=0)
+        b = ReplicaLoad("b", gpu_adapters=frozenset({"x"}), queue_len=1)
+        home = rank_replicas(key, [a, b], CFG, random.Random(0))[0][0]
+        busy = ReplicaLoad(home, gpu_adapters=frozenset({"x"}), queue_len=4)
+        other = ({"a", "b"} - {home}).pop()
+        idle = ReplicaLoad(other, gpu_adapters=frozenset({"x"}), queue_len=0)
+        assert rank_replicas(key, [busy, idle], CFG, random.Random(0))[0] == [other]

@@ -1,0 +1,77 @@
+"""REST responses and gRPC status for errors (pure: no Ray cluster, no sockets)."""
+
+import json
+
+import grpc
+import pytest
+
+from lora_core.errors import AdapterNotFound, CapacityExceeded, InvalidRequest, RegistryUnavailable
+from replica.sampling_params import SamplingParams
+from router.grpc_service import _fail, grpc_api_key, sampling_of
+from router.proto import lorafleet_pb2 as pb
+from router.rest import error_response
+
+
+class FakeContext:
+    def __init__(self, metadata=()):
+        self.metadata = list(metadata)
+        self.code = self.details = None
+        self.trailing = []
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+    def set_trailing_metadata(self, md):
+        self.trailing = md
+
+
+@pytest.mark.parametrize(
+    "exc, status, retry_after",
+    [
+        (InvalidRequest("bad"), 400, None),
+        (AdapterNotFound("x"), 404, None),
+        (CapacityExceeded("full", retry_after_s=2.6), 429, "3"),
+        (RegistryUnavailable("down"), 503, "1"),
+    ],
+)
+def test_rest_error_response(exc, status, retry_after):
+    r = error_response(exc)
+    assert r.status_code == status
+    assert r.headers.get("retry-after") == retry_after
+    assert json.loads(r.body)["error"]["message"] == str(exc)
+
+
+@pytest.mark.parametrize(
+    "exc, code, trailing",
+    [
+        (AdapterNotFound("x"), grpc.StatusCode.NOT_FOUND, []),
+        (CapacityExceeded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, [("retry-after", "1")]),
+        (RegistryUnavailable("down"), grpc.StatusCode.UNAVAILABLE, [("retry-after", "1")]),
+        (ValueError("secret"), grpc.StatusCode.INTERNAL, []),
+    ],
+)
+def test_grpc_status(exc, code, trailing):
+    ctx = FakeContext()
+    assert _fail(ctx, exc) is exc
+    assert (ctx.code, ctx.trailing) == (code, trailing)
+    assert "secret" not in ctx.details
+
+
+def test_grpc_metadata_key_and_sampling_defaults():
+    assert grpc_api_key(FakeContext([("authorization", "Bearer k1")])) == "k1"
+    assert grpc_api_key(FakeContext([("application", "x")])) is None
+    assert sampling_of(pb.GenerateRequest(model="m")) == SamplingParams(
+        max_tokens=16, temperature=0.0
+    )
+    req = pb.GenerateRequest(
+        model="m", max_tokens=3, temperature=0.5, top_p=0.5, seed=0, stop=["x"]
+    )
+    assert sampling_of(req) == SamplingParams(
+        max_tokens=3, temperature=0.5, top_p=0.5, seed=0, stop=("x",)
+    )
