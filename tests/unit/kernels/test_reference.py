@@ -8,9 +8,15 @@ from kernels.reference import lora_expand_ref, lora_shrink_ref
 from kernels.testing import oracle_expand, oracle_shrink, random_slices, random_slots, rel_err
 
 
+@pytest.mark.parametrize("path", ["bmm", "grouped"])
 @pytest.mark.parametrize("sizes", [(24,), (16, 8), (32, 8, 8)])
 @pytest.mark.parametrize("ranked", [False, True])
-def test_reference_matches_oracle(sizes, ranked):
+def test_reference_matches_oracle(sizes, ranked, path, monkeypatch):
+    """Both formulations of the reference (per-token bmm for small problems, grouped by
+    slot for large ones) against the oracle, with slot -1 rows left untouched."""
+    import kernels.reference
+
+    monkeypatch.setattr(kernels.reference, "_BMM_MAX_ELEMENTS", 1 << 30 if path == "bmm" else 0)
     tokens, hidden, slots, rank = 13, 40, 5, 8
     x = torch.randn(tokens, hidden)
     token_slots = random_slots(tokens, slots, 3, 0.3)
@@ -20,9 +26,22 @@ def test_reference_matches_oracle(sizes, ranked):
     buf = lora_shrink_ref(x, lora_a, token_slots, scale=0.5, slot_ranks=ranks)
     assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5, ranks)) < 1e-6
     y = torch.randn(tokens, sum(sizes))
+    y[token_slots < 0] = float("nan")  # never read or written
     want = oracle_expand(y, buf, lora_b, token_slots, True, ranks)
     lora_expand_ref(y, buf, lora_b, token_slots, slot_ranks=ranks)
-    assert rel_err(y, want) < 1e-6
+    has = token_slots >= 0
+    assert rel_err(y[has], want[has]) < 1e-6 and torch.isnan(y[~has]).all()
+    fresh = torch.randn(tokens, sum(sizes))
+    keep = fresh.clone()
+    lora_expand_ref(fresh, buf, lora_b, token_slots, add_inputs=False, slot_ranks=ranks)
+    assert torch.equal(fresh[~has], keep[~has])
+    assert (
+        rel_err(
+            fresh[has],
+            oracle_expand(torch.zeros_like(keep), buf, lora_b, token_slots, True, ranks)[has],
+        )
+        < 1e-6
+    )
 
 
 def test_default_backend_on_cpu_is_reference_and_takes_meta(monkeypatch):
