@@ -372,7 +372,7 @@ def main() -> None:
     torch.manual_seed(0)
     bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
-    doc = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+    doc = {"command": "python3 " + " ".join(sys.argv), "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
            "triton": triton.__version__, "dtype": "bfloat16", "pool_slots": POOL_SLOTS,
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)

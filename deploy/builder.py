@@ -8,6 +8,7 @@ binds ingress -> replica deployment with the LoRA-affinity request router.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -136,6 +137,12 @@ def build_app(args: dict) -> serve.Application:
         from deploy.local_redis import ensure_local_redis
 
         redis_url = ensure_local_redis(cfg.redis_port)
+        # Operators need this URL for the admin CLI; it is picked at start unless redis_port is set.
+        print(
+            f"lorafleet: local registry at {redis_url} (export LORAFLEET_REDIS_URL={redis_url})",
+            file=sys.stderr,
+            flush=True,
+        )
     if demo_adapters and cfg.register_demo_adapters:
         register_demo(redis_url, cfg.namespace, demo_adapters, cfg.max_lora_rank)
     return bind_app(cfg, model_dir, redis_url)
