@@ -26,29 +26,17 @@ from ray import serve
 
 from cluster.registry import Registry
 from deploy.builder import ClusterArgs, bind_app
-from deploy.demo import ensure_demo, write_peft_adapter
+from deploy.demo import ensure_demo, write_demo_adapter
 from deploy.local_redis import free_port, start_redis_server
 
-HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 4  # deploy.demo's demo model
 
-
-def make_adapters(root: Path, n: int, base_name: str) -> dict[str, Path]:
-    head = HIDDEN // HEADS
-    shapes = {"q_proj": (HIDDEN, HEADS * head), "v_proj": (HIDDEN, KV_HEADS * head)}
-    out = {}
-    for i in range(n):
-        path = root / f"bench-{i:03d}"
-        write_peft_adapter(
-            path,
-            num_layers=LAYERS,
-            shapes=shapes,
-            rank=8,
-            alpha=16,
-            seed=1000 + i,
-            base_model=base_name,
-        )
-        out[path.name] = path
-    return out
+def make_adapters(root: Path, n: int) -> dict[str, Path]:
+    """n rank-8 q/v adapters for the demo model."""
+    paths = [
+        write_demo_adapter(root / f"bench-{i:03d}", ("q_proj", "v_proj"), 8, 16, 1000 + i)
+        for i in range(n)
+    ]
+    return {p.name: p for p in paths}
 
 
 def zipf_sequence(names: list[str], n: int, s: float, seed: int) -> list[str]:
@@ -150,7 +138,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="lorafleet-bench-"))
     demo = ensure_demo(tmp / "demo")
-    adapters = make_adapters(tmp / "adapters", args.adapters, demo.base_name)
+    adapters = make_adapters(tmp / "adapters", args.adapters)
     redis_url, redis_proc = start_redis_server(None, tmp / "redis")
     reg = Registry(redis_url)
     for name, path in adapters.items():

@@ -188,32 +188,48 @@ def ensure_demo(cache_dir: Path | None = None) -> DemoAssets:
     return DemoAssets(model_dir, adapters)
 
 
-def _build_demo(model_dir: Path, adapters: dict[str, Path]) -> None:
-    hidden, inter, heads, kv_heads, layers = 128, 256, 4, 2, 4
-    build_tokenizer(model_dir)
-    build_model(
-        model_dir, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=inter
-    )
-    head_dim = hidden // heads
-    full = {
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv_heads * head_dim),
-        "v_proj": (hidden, kv_heads * head_dim),
-        "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
+# The demo model's shape (a tiny Llama).
+DEMO_MODEL = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256)
+
+
+def demo_module_shapes() -> dict[str, tuple[int, int]]:
+    """PEFT module name -> (in_features, out_features) of the demo model."""
+    h, inter = DEMO_MODEL["hidden"], DEMO_MODEL["intermediate"]
+    q = DEMO_MODEL["heads"] * (h // DEMO_MODEL["heads"])
+    kv = DEMO_MODEL["kv_heads"] * (h // DEMO_MODEL["heads"])
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
     }
+
+
+def write_demo_adapter(
+    path: Path, targets: tuple[str, ...], rank: int, alpha: float, seed: int
+) -> Path:
+    """A random PEFT adapter for the demo model (demo adapters, tests, benchmarks)."""
+    shapes = demo_module_shapes()
+    write_peft_adapter(
+        path,
+        num_layers=DEMO_MODEL["layers"],
+        shapes={t: shapes[t] for t in targets},
+        rank=rank,
+        alpha=alpha,
+        seed=seed,
+        base_model=DEMO_BASE_NAME,
+    )
+    return path
+
+
+def _build_demo(model_dir: Path, adapters: dict[str, Path]) -> None:
+    build_tokenizer(model_dir)
+    build_model(model_dir, **DEMO_MODEL)
     for name, (targets, rank, alpha, seed) in _DEMO_ADAPTERS.items():
-        write_peft_adapter(
-            adapters[name],
-            num_layers=layers,
-            shapes={t: full[t] for t in targets},
-            rank=rank,
-            alpha=alpha,
-            seed=seed,
-            base_model=DEMO_BASE_NAME,
-        )
+        write_demo_adapter(adapters[name], targets, rank, alpha, seed)
 
 
 def demo_prompts_jsonl(path: Path, assets: DemoAssets) -> None:

@@ -8,7 +8,6 @@ Tenants: "ops" (owns everything private, key OPS), "t1" (owns t1-private; key T1
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,37 +17,20 @@ from ray import serve
 
 from cluster.registry import Registry
 from deploy.builder import ClusterArgs, bind_app
-from deploy.demo import DemoAssets, ensure_demo, write_peft_adapter
+from deploy.demo import DemoAssets, ensure_demo, write_demo_adapter
+from deploy.local_redis import free_port
 from tests.redis_fixture import start_redis
 
 APP = "lorafleet"
 ADMIN_KEY = "admin-secret"
-HIDDEN, INTER, HEADS, KV_HEADS, LAYERS = 128, 256, 4, 2, 4  # deploy.demo's demo model
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_extra_adapters(root: Path, demo: DemoAssets, n: int = 5) -> dict[str, Path]:
-    head = HIDDEN // HEADS
-    shapes = {"q_proj": (HIDDEN, HEADS * head), "v_proj": (HIDDEN, KV_HEADS * head)}
-    out = {}
-    for i in range(n):
-        path = root / f"extra-{i}"
-        write_peft_adapter(
-            path,
-            num_layers=LAYERS,
-            shapes=shapes,
-            rank=8,
-            alpha=16,
-            seed=100 + i,
-            base_model=demo.base_name,
-        )
-        out[f"extra-{i}"] = path
-    return out
+def make_extra_adapters(root: Path, n: int = 5) -> dict[str, Path]:
+    """n rank-8 q/v adapters for the demo model: extra-0 .. extra-{n-1}."""
+    return {
+        f"extra-{i}": write_demo_adapter(root / f"extra-{i}", ("q_proj", "v_proj"), 8, 16, 100 + i)
+        for i in range(n)
+    }
 
 
 @dataclass
@@ -114,7 +96,7 @@ def register_tenants(reg: Registry, adapters: dict[str, Path]) -> dict[str, str]
 def start_cluster(tmp: Path, **overrides) -> Cluster:
     redis_url, stop_redis = start_redis(tmp / "redis")
     demo = ensure_demo(tmp / "demo")
-    adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra", demo)
+    adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra")
     adapters["t1-private"] = adapters.pop("extra-4")
     reg = Registry(redis_url)
     keys = register_tenants(reg, adapters)

@@ -152,9 +152,24 @@ def _total_loads(cluster) -> int:
     return sum(s["adapter_loads"] for s in cluster.routing_stats().values())
 
 
+def _wait_resident(cluster, name: str, timeout_s: float = 20.0) -> None:
+    """Until the registry lists a live GPU holder of `name` (the router's input), or fail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reg = cluster.registry()
+        try:
+            if any(loc.tier == "gpu" for loc in reg.locations(name)):
+                return
+        finally:
+            reg.close()
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never became GPU-resident in the registry")
+
+
 def test_affinity_repeated_requests_stay_on_the_holder(cluster):
     complete(cluster, "demo-chef")  # make it resident somewhere
-    time.sleep(1.5)  # stats + registry catch up
+    _wait_resident(cluster, "demo-chef")
+    time.sleep(1.0)  # one routing-stats period for the router's replica view
     loads_before = _total_loads(cluster)
     for _ in range(8):
         complete(cluster, "demo-chef")
