@@ -108,6 +108,10 @@ class AsyncEngine:
                     self.engine.abort(request_id)
 
     def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
+        if adapter is not None:
+            # Disk -> CPU (validate, hash, unpack) without the engine lock, so a cold
+            # adapter's load overlaps with running steps; the manager is thread-safe.
+            self.engine.adapters.register(adapter)
         with self._lock:
             self.engine.add_request(request_id, prompt_token_ids, params, adapter)
 
@@ -117,7 +121,7 @@ class AsyncEngine:
 
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
         """Validate and load into the CPU cache (and a GPU slot if to_gpu)."""
-        await asyncio.to_thread(self._locked, self.engine.adapters.register, ref)
+        await asyncio.to_thread(self.engine.adapters.register, ref)
         if to_gpu:
             await asyncio.to_thread(self._locked, self.engine.adapters.pin, ref)
             await asyncio.to_thread(self._locked, self.engine.adapters.unpin, ref)

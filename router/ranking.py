@@ -196,6 +196,10 @@ def _holds_on_gpu(
 ) -> bool:
     if key in r.gpu_adapters or registry_tiers.get(r.replica_id) == GPU:
         return True
+    if key in r.cpu_adapters or registry_tiers.get(r.replica_id) == CPU:
+        # Seen in the CPU cache since: whatever was routed there earlier has been
+        # loaded and evicted again, so memory of that routing no longer means "in GPU".
+        return False
     routed_at = remembered.get(r.replica_id)
     return routed_at is not None and routed_at >= r.stats_time - config.stats_lag_s
 

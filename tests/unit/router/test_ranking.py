@@ -123,6 +123,22 @@ def test_memory_bridges_until_stats_catch_up():
     assert sorted(tiers) == [["a"], ["b"]]
 
 
+@pytest.mark.parametrize("evidence", ["stats", "registry"])
+def test_memory_yields_once_the_adapter_is_seen_evicted_to_cpu(evidence):
+    """Routed to b a moment ago, but b has since loaded and evicted it (CPU cache): the
+    GPU holder a alone is tier 0, so repeated requests stay on a (no reload on b)."""
+    clock = FakeClock(1000.0)
+    memory = AffinityMemory(ttl_s=30.0, clock=clock)
+    memory.record(K, "b")
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), free_slots=0, queue_len=1, stats_time=999.5)
+    b_cpu = frozenset({K}) if evidence == "stats" else frozenset()
+    b = ReplicaLoad("b", cpu_adapters=b_cpu, free_slots=0, queue_len=0, stats_time=999.5)
+    registry = {"a": "gpu", "b": "cpu"} if evidence == "registry" else None
+    for seed in range(20):
+        tiers = rank([a, b], remembered=memory.holders(K), registry=registry, seed=seed)
+        assert tiers == [["a"], ["b"]]
+
+
 def test_memory_expires_after_ttl_and_forgets_dead_replicas():
     clock = FakeClock(0.0)
     memory = AffinityMemory(ttl_s=30.0, clock=clock)
