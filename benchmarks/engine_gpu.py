@@ -96,7 +96,7 @@ def copy_bandwidth() -> float:
 
 
 def build(cfg: ModelConfig, max_loras: int, rank: int):
-    from lora_core.context import LoraBatchContext
+    from lora_core.context import LoraBatchContext, workspace_per_token
     from lora_core.layers import apply_lora
     from lora_core.slot_buffers import SlotBuffers
 
@@ -110,7 +110,9 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
             for t in buffers.a(layer, group) + buffers.b(layer, group):
                 t.normal_(0, 0.02)
     buffers.slot_ranks.fill_(rank)
-    ctx = LoraBatchContext(8192, DEVICE, buffers.slot_ranks)
+    ctx = LoraBatchContext(
+        8192, DEVICE, buffers.slot_ranks, workspace_per_token(cfg.base_shape, rank)
+    )
     apply_lora(model.model, buffers, ctx)
     return model, ctx, buffers
 

@@ -70,14 +70,36 @@ def lora_shrink(
     token_slots: torch.Tensor | SegmentMeta,
     *,
     scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x: [T, H]; lora_a: tuple of S [L, R, H]; token_slots: int [T] or SegmentMeta -> float32 [S, T, R]."""
+    """x: [T, H]; lora_a: tuple of S [L, R, H]; token_slots: int [T] or SegmentMeta -> float32 [S, T, R].
+
+    out: optional contiguous float32 [S, T, R] buffer, ALREADY ZEROED by the caller (the
+    engine zeroes one per-step workspace with a single memset instead of one per layer).
+    """
+    if out is not None:
+        check_out(out, len(lora_a), x.shape[0], lora_a[0].shape[1], x.device)
     if backend_for(x.device) == "triton":
         from kernels.triton.lora_shrink import lora_shrink_triton
 
-        return lora_shrink_triton(x, lora_a, token_slots, scale=scale)
+        return lora_shrink_triton(x, lora_a, token_slots, scale=scale, out=out)
     slots, ranks = _split(token_slots)
-    return lora_shrink_ref(x, lora_a, slots, scale=scale, slot_ranks=ranks)
+    result = lora_shrink_ref(x, lora_a, slots, scale=scale, slot_ranks=ranks)
+    return result if out is None else out.copy_(result)
+
+
+def check_out(out: torch.Tensor, slices: int, tokens: int, rank: int, device: torch.device) -> None:
+    """Refuse a shrink output buffer of the wrong shape, dtype, layout or device."""
+    want = (slices, tokens, rank)
+    if (
+        tuple(out.shape) != want
+        or out.dtype != torch.float32
+        or not out.is_contiguous()
+        or out.device != device
+    ):
+        raise ValueError(
+            f"out: {tuple(out.shape)} {out.dtype} on {out.device}; allowed: a contiguous float32 {want} on {device}"
+        )
 
 
 def lora_expand(

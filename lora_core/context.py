@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from lora_core.base_shape import GROUPS, BaseShape
 
 
 class LoraBatchContext:
@@ -25,10 +26,17 @@ class LoraBatchContext:
         max_num_tokens: int,
         device: torch.device | str,
         slot_ranks: torch.Tensor | None = None,
+        workspace_per_token: int = 0,
+        workspace_tokens: int = 256,
     ):
         """slot_ranks: int32 [L] on device, the actual rank per slot (SlotBuffers.slot_ranks);
         with it, each step builds one `kernels.SegmentMeta` that every layer shares, so
-        tokens are grouped by slot once per step and padded rank is skipped."""
+        tokens are grouped by slot once per step and padded rank is skipped.
+
+        workspace_per_token: float32 elements of shrink output one token needs across the
+        whole model (sum over layers and groups of S * R); with it, steps of at most
+        workspace_tokens tokens zero one workspace with one memset and hand each layer a
+        slice (`take`), instead of one memset per LoRA layer (decode's fixed cost)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -37,6 +45,13 @@ class LoraBatchContext:
         self.any_lora = False
         self.slot_ranks = slot_ranks
         self.meta: kernels.SegmentMeta | None = None
+        self._per_token = workspace_per_token
+        self._ws_tokens = min(workspace_tokens, max_num_tokens) if workspace_per_token else 0
+        self._ws = torch.zeros(
+            self._ws_tokens * workspace_per_token, dtype=torch.float32, device=device
+        )
+        self._ws_end = 0
+        self._ws_next = 0
 
     def set(self, token_slots: torch.Tensor, any_lora: bool) -> None:
         """token_slots: int [T] (any device); any_lora: whether some slot is >= 0."""
@@ -52,6 +67,21 @@ class LoraBatchContext:
             )
         else:
             self.meta = None
+        self._ws_next = 0
+        self._ws_end = 0
+        if any_lora and n <= self._ws_tokens:
+            self._ws_end = n * self._per_token
+            self._ws[: self._ws_end].zero_()
+
+    def take(self, slices: int, tokens: int, rank: int) -> torch.Tensor | None:
+        """A zeroed float32 [slices, tokens, rank] slice of this step's workspace, or None
+        (no workspace, step too large, or used up) to let the kernel allocate its own."""
+        size = slices * tokens * rank
+        if self._ws_next + size > self._ws_end:
+            return None
+        view = self._ws[self._ws_next : self._ws_next + size].view(slices, tokens, rank)
+        self._ws_next += size
+        return view
 
     @property
     def kernel_slots(self) -> torch.Tensor | kernels.SegmentMeta:
@@ -61,3 +91,8 @@ class LoraBatchContext:
     def set_slots(self, slots: list[int]) -> None:
         """Host-side convenience: set from a Python list, deriving any_lora."""
         self.set(torch.tensor(slots, dtype=torch.int32), any(s >= 0 for s in slots))
+
+
+def workspace_per_token(base: BaseShape, max_rank: int) -> int:
+    """Shrink-output elements one token needs across all LoRA layers of the model."""
+    return base.num_layers * sum(len(mods) for mods in GROUPS.values()) * max_rank

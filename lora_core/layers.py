@@ -61,7 +61,9 @@ class LinearWithLoRA(nn.Module):
         y = self.base_layer(x)
         if self.ctx.any_lora:
             slots = self.ctx.kernel_slots
-            buf = kernels.lora_shrink(x, self.buffers.a(self.layer, self.group), slots)
+            a = self.buffers.a(self.layer, self.group)
+            out = self.ctx.take(len(a), x.shape[0], a[0].shape[1])
+            buf = kernels.lora_shrink(x, a, slots, out=out)
             kernels.lora_expand(y, buf, self.buffers.b(self.layer, self.group), slots)
         return y
 

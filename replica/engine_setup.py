@@ -77,13 +77,18 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         )
         for _ in range(cfg.num_layers)
     ]
-    from lora_core.context import LoraBatchContext
+    from lora_core.context import LoraBatchContext, workspace_per_token
     from lora_core.layers import apply_lora
     from lora_core.manager import AdapterManager
     from lora_core.slot_buffers import SlotBuffers
 
     buffers = SlotBuffers(cfg.base_shape, config.max_loras, config.max_lora_rank, dtype, device)
-    ctx = LoraBatchContext(config.max_num_batched_tokens, device, buffers.slot_ranks)
+    ctx = LoraBatchContext(
+        config.max_num_batched_tokens,
+        device,
+        buffers.slot_ranks,
+        workspace_per_token(cfg.base_shape, config.max_lora_rank),
+    )
     apply_lora(model.model, buffers, ctx)
     adapters = AdapterManager(
         cfg.base_shape, buffers, config.max_cpu_loras, config.max_lora_rank, dtype

@@ -201,7 +201,12 @@ def _holds_on_gpu(
         # loaded and evicted again, so memory of that routing no longer means "in GPU".
         return False
     routed_at = remembered.get(r.replica_id)
-    return routed_at is not None and routed_at >= r.stats_time - config.stats_lag_s
+    if routed_at is None:
+        return False
+    if r.stats_time > routed_at and r.queue_len == 0:
+        # Idle in stats taken after that routing: whatever it loaded would show by now.
+        return False
+    return routed_at >= r.stats_time - config.stats_lag_s
 
 
 def _best_spare(others: list[ReplicaLoad]) -> list[ReplicaLoad]:

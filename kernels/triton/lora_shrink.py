@@ -221,15 +221,19 @@ def lora_shrink_triton(
     token_slots_or_meta: torch.Tensor | SegmentMeta,
     *,
     scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H] (any strides); lora_a: S x [L, R, H] (dtype of x) -> float32 [S, T, R].
+
+    out: a zeroed contiguous float32 [S, T, R] to write into (checked by kernels.lora_shrink).
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L).
     """
     sl = _check(x, lora_a)
     num_slots, rank, hidden = sl.shapes[0]
     tokens, num_slices = x.shape[0], sl.count
-    out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
+    if out is None:
+        out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)

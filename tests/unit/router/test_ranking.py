@@ -139,6 +139,22 @@ def test_memory_yields_once_the_adapter_is_seen_evicted_to_cpu(evidence):
         assert tiers == [["a"], ["b"]]
 
 
+def test_memory_yields_to_idle_stats_taken_after_the_routing():
+    """Routed to b at t=1000, b's stats at 1001 show it idle without the adapter (loaded
+    and evicted from both tiers meanwhile): a, the GPU holder, is the only tier-0 pick."""
+    clock = FakeClock(1000.0)
+    memory = AffinityMemory(ttl_s=30.0, clock=clock)
+    memory.record(K, "b")
+    clock.t = 1002.0
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), free_slots=0, queue_len=1, stats_time=1001.0)
+    b_idle = ReplicaLoad("b", free_slots=0, queue_len=0, stats_time=1001.0)
+    for seed in range(20):
+        assert rank([a, b_idle], remembered=memory.holders(K), seed=seed)[0] == ["a"]
+    # Still busy with what was routed there: memory keeps bridging until stats show it.
+    b_busy = ReplicaLoad("b", free_slots=0, queue_len=2, stats_time=1001.0)
+    assert sorted(rank([a, b_busy], remembered=memory.holders(K))[0]) == ["a", "b"]
+
+
 def test_memory_expires_after_ttl_and_forgets_dead_replicas():
     clock = FakeClock(0.0)
     memory = AffinityMemory(ttl_s=30.0, clock=clock)
