@@ -13,4 +13,11 @@ adapter_args=$(python -c 'import json,sys; print(" ".join(f"--adapter {k}={v}" f
 lorafleet generate --model "$model" $adapter_args --max-loras 2 --max-cpu-loras 3 \
     --max-tokens 24 --input "$work/in.jsonl" --output "$work/out.jsonl"
 echo "wrote $work/out.jsonl:" >&2
-python -c 'import json,sys; [print(f"{(r[\"adapter\"] or \"base\"):>12} | {r[\"prompt\"]!r} -> {r[\"text\"]!r} ({r[\"finish_reason\"]})") for r in map(json.loads, open(sys.argv[1]))]' "$work/out.jsonl"
+python - "$work/out.jsonl" <<'PY'
+import json
+import sys
+
+for row in map(json.loads, open(sys.argv[1])):
+    name = row["adapter"] or "base"
+    print(f"{name:>12} | {row['prompt']!r} -> {row['text']!r} ({row['finish_reason']})")
+PY

@@ -64,3 +64,22 @@ def test_unknown_backend_raises(monkeypatch):
     monkeypatch.setenv("LORAFLEET_KERNELS", "cuda")
     with pytest.raises(ValueError, match="LORAFLEET_KERNELS"):
         lora_shrink(torch.randn(1, 4), (torch.randn(1, 2, 4),), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_shrink_into_a_caller_zeroed_buffer(backend, monkeypatch):
+    """The engine's per-step workspace path: writing into `out` equals allocating."""
+    monkeypatch.setenv("LORAFLEET_KERNELS", backend)
+    x = torch.randn(6, 32)
+    token_slots = torch.tensor([1, -1, 0, 1, 2, -1])
+    lora_a = random_slices(3, [(16, 32)] * 3, torch.float32, "cpu", 1.0)
+    meta = build_meta(token_slots, 3, slot_ranks=torch.tensor([16, 4, 9]))
+    want = lora_shrink(x, lora_a, meta)
+    out = torch.zeros(3, 6, 16)
+    got = lora_shrink(x, lora_a, meta, out=out)
+    assert got.data_ptr() == out.data_ptr() and rel_err(got, want) < 1e-6
+    assert rel_err(want, oracle_shrink(x, lora_a, token_slots, 1.0, meta.slot_ranks)) < 1e-6
+    with pytest.raises(ValueError, match="out"):
+        lora_shrink(x, lora_a, meta, out=torch.zeros(3, 6, 8))
+    with pytest.raises(ValueError, match="out"):
+        lora_shrink(x, lora_a, meta, out=torch.zeros(3, 6, 16, dtype=torch.float16))

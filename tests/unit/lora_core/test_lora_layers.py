@@ -216,3 +216,22 @@ def test_context_limits() -> None:
     assert ctx.token_slots.tolist() == [0, -1, 3] and ctx.token_slots.dtype == torch.int32
     with pytest.raises(ValueError, match="5 tokens"):
         ctx.set_slots([0] * 5)
+
+
+def test_context_workspace_hands_out_zeroed_disjoint_slices_per_step() -> None:
+    from lora_core.context import LoraBatchContext
+
+    ctx = LoraBatchContext(
+        max_num_tokens=64, device="cpu", workspace_per_token=2 * 4 + 1 * 4, workspace_tokens=8
+    )
+    ctx.set(torch.tensor([0, -1, 1], dtype=torch.int32), any_lora=True)
+    a, b = ctx.take(2, 3, 4), ctx.take(1, 3, 4)
+    assert a.shape == (2, 3, 4) and b.shape == (1, 3, 4)
+    assert a.data_ptr() + a.numel() * 4 == b.data_ptr()  # disjoint, back to back
+    a.fill_(7.0)
+    b.fill_(7.0)
+    assert ctx.take(1, 3, 4) is None  # used up: the kernel allocates its own
+    ctx.set(torch.tensor([0, -1, 1], dtype=torch.int32), any_lora=True)
+    assert float(ctx.take(2, 3, 4).abs().sum()) == 0.0  # zeroed again each step
+    ctx.set(torch.zeros(9, dtype=torch.int32), any_lora=True)  # more tokens than the workspace
+    assert ctx.take(1, 9, 4) is None
