@@ -42,9 +42,14 @@ def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
     exc = unwrap(exc)
     status = status_for(exc)
     context.set_code(status.grpc_code)
-    context.set_details(public_message(exc))
+    details = public_message(exc)
     if status.retry_after_s is not None:
-        context.set_trailing_metadata([("retry-after", str(max(1, round(status.retry_after_s))))])
+        retry = str(max(1, round(status.retry_after_s)))
+        # Serve's gRPC proxy drops trailing metadata when the call ends in an error, so
+        # the hint also rides in the details, which always reach the client.
+        details = f"{details} (retry after {retry} s)"
+        context.set_trailing_metadata([("retry-after", retry)])
+    context.set_details(details)
     return exc
 
 

@@ -26,6 +26,7 @@ from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
 from router import rest
 from router.auth import AdapterResolver, bearer_key
+from router.errors import unwrap
 from router.frontend import Frontend
 from router.grpc_service import GrpcInferenceMixin
 from router.openai_protocol import (
@@ -114,13 +115,22 @@ class LoraIngress(GrpcInferenceMixin):
             stream=True, method_name="generate", multiplexed_model_id=call.adapter_key or ""
         )
         gen = handle.remote(call)
+        ended = False
         try:
             async for out in gen:
                 yield out
-        except BackPressureError as e:
-            raise CapacityExceeded(f"all replicas are at their queue limit ({e})") from None
+            ended = True
+        except Exception as e:
+            ended = True  # the call is over; cancel() would only re-raise its error
+            # Serve may deliver backpressure wrapped (e.g. in a RayTaskError): look inside.
+            if isinstance(unwrap(e), BackPressureError):
+                raise CapacityExceeded(
+                    f"all replicas are at their queue limit ({unwrap(e)})"
+                ) from None
+            raise
         finally:
-            gen.cancel()
+            if not ended:  # the consumer left early: stop the replica's generation
+                gen.cancel()
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:

@@ -144,7 +144,7 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
         stop_redis=stop_redis,
         metrics=f"http://127.0.0.1:{metrics_port}/metrics",
     )
-    wait_registered(cluster, 2)
+    wait_registered(cluster, cfg.num_replicas)
     return cluster
 
 
