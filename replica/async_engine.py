@@ -1,13 +1,16 @@
 """asyncio front of the engine: a background thread steps the engine while callers
 stream their tokens (the Serve replica uses this).
 
-The engine is not thread-safe; every call into it holds `_lock`. The step loop
+The engine is not thread-safe; every call into it holds `_lock` (through `_engine_locked`,
+which also refreshes a stats snapshot, so `stats()` — called from Serve's health checks and
+routing-stats polls on the event loop — never waits for a running step). The step loop
 sleeps when there is no work and wakes on new requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -25,6 +28,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig, engine: LLMEngine | None = None):
         self.engine = engine or LLMEngine(config)
         self._lock = threading.Lock()
+        self._stats = self.engine.stats()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = False
@@ -41,7 +45,7 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         while not self._stop:
-            with self._lock:
+            with self._engine_locked():
                 busy = self.engine.has_unfinished()
                 outputs: list[RequestOutput] | BaseException = []
                 if busy:
@@ -67,7 +71,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def _fail_all(self, error: BaseException) -> None:
-        with self._lock:
+        with self._engine_locked():
             for rid in list(self._queues):
                 self.engine.abort(rid)
         for rid in list(self._queues):
@@ -104,7 +108,7 @@ class AsyncEngine:
         finally:
             if not finished:
                 self._queues.pop(request_id, None)
-                with self._lock:
+                with self._engine_locked():
                     self.engine.abort(request_id)
 
     def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
@@ -112,19 +116,21 @@ class AsyncEngine:
             # Disk -> CPU (validate, hash, unpack) without the engine lock, so a cold
             # adapter's load overlaps with running steps; the manager is thread-safe.
             self.engine.adapters.register(adapter)
-        with self._lock:
+        with self._engine_locked():
             self.engine.add_request(request_id, prompt_token_ids, params, adapter)
 
     async def abort(self, request_id: str) -> bool:
-        with self._lock:
+        with self._engine_locked():
             return self.engine.abort(request_id)
 
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
         """Validate and load into the CPU cache (and a GPU slot if to_gpu)."""
-        await asyncio.to_thread(self.engine.adapters.register, ref)
+        await asyncio.to_thread(self.engine.adapters.register, ref)  # disk -> CPU, unlocked
         if to_gpu:
             await asyncio.to_thread(self._locked, self.engine.adapters.pin, ref)
             await asyncio.to_thread(self._locked, self.engine.adapters.unpin, ref)
+        else:
+            await asyncio.to_thread(self._locked, lambda: None)  # refresh the stats snapshot
 
     async def unload_adapter(self, name: str) -> None:
         """Refuse new requests for `name` now; memory is freed once in-flight ones finish."""
@@ -137,11 +143,20 @@ class AsyncEngine:
         self._locked(self.engine.adapters.unpin, ref)
 
     def stats(self) -> EngineStats:
-        return self._locked(self.engine.stats)
+        """The snapshot taken when the engine lock was last released (no waiting)."""
+        return self._stats
 
     def _locked(self, fn, *args):
-        with self._lock:
+        with self._engine_locked():
             return fn(*args)
+
+    @contextlib.contextmanager
+    def _engine_locked(self):
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._stats = self.engine.stats()
 
     def shutdown(self) -> None:
         self._stop = True

@@ -255,3 +255,23 @@ def test_async_engine_streams_and_cancel_aborts(llama_dir, refs):
         assert stats.num_running == 0 and stats.num_waiting == 0
     finally:
         engine.shutdown()
+
+
+def test_async_stats_never_wait_for_a_running_step(llama_dir):
+    """Health checks and routing-stats polls run on the replica's event loop: they read a
+    snapshot instead of waiting for the engine lock that a long step holds."""
+    import time
+
+    engine = AsyncEngine(
+        EngineConfig(
+            model=str(llama_dir), device="cpu", max_loras=2, max_cpu_loras=4, max_lora_rank=16
+        )
+    )
+    try:
+        with engine._lock:  # what a long prefill step does
+            t0 = time.monotonic()
+            stats = engine.stats()
+            assert time.monotonic() - t0 < 0.05
+        assert stats.num_running == 0 and stats.free_slots == 2
+    finally:
+        engine.shutdown()
