@@ -7,9 +7,7 @@ gate_up = (gate, up), down = (down,).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from lora_core.errors import ModelLoadFailed
 
@@ -57,15 +55,6 @@ class BaseShape:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             intermediate=int(cfg["intermediate_size"]),
         )
-
-    @classmethod
-    def from_model_dir(cls, path: str | Path) -> BaseShape:
-        cfg_path = Path(path) / "config.json"
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelLoadFailed(f"cannot read {cfg_path}: {e}") from e
-        return cls.from_hf_config(cfg)
 
     def module_shape(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a PEFT module name."""
