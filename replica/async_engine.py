@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 
+from lora_core.errors import CapacityExceeded
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
@@ -126,11 +127,12 @@ class AsyncEngine:
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
         """Validate and load into the CPU cache (and a GPU slot if to_gpu)."""
         await asyncio.to_thread(self.engine.adapters.register, ref)  # disk -> CPU, unlocked
-        if to_gpu:
-            await asyncio.to_thread(self._locked, self.engine.adapters.pin, ref)
-            await asyncio.to_thread(self._locked, self.engine.adapters.unpin, ref)
-        else:
+        if not to_gpu:
             await asyncio.to_thread(self._locked, lambda: None)  # refresh the stats snapshot
+            return
+        slot = await asyncio.to_thread(self._locked, self.engine.adapters.prefetch_to_gpu, ref)
+        if slot is None:
+            raise CapacityExceeded(f"{ref.name}: every GPU slot is busy with running requests")
 
     async def unload_adapter(self, name: str) -> None:
         """Refuse new requests for `name` now; memory is freed once in-flight ones finish."""

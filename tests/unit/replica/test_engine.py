@@ -275,3 +275,19 @@ def test_async_stats_never_wait_for_a_running_step(llama_dir):
         assert stats.num_running == 0 and stats.free_slots == 2
     finally:
         engine.shutdown()
+
+
+def test_async_load_to_gpu_warms_a_slot_even_with_one_slot(llama_dir, refs):
+    """Warming (load_adapter to_gpu) places the adapter in a slot without pinning it, so it
+    works with max_loras 1, where pinning is always refused."""
+    engine = AsyncEngine(
+        EngineConfig(
+            model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=2, max_lora_rank=16
+        )
+    )
+    try:
+        asyncio.run(engine.load_adapter(refs["qv8"], to_gpu=True))
+        stats = engine.stats()
+        assert stats.gpu_adapters == (refs["qv8"].key,) and stats.pinned == ()
+    finally:
+        engine.shutdown()
