@@ -204,11 +204,18 @@ def main() -> None:
         "--profile", action="store_true", help="print a torch.profiler table per configuration"
     )
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs for decode steps")
+    ap.add_argument(
+        "--fused", action="store_true", help="one fused shrink+expand launch per LoRA layer"
+    )
     ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
     ap.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)"
     )
     args = ap.parse_args()
+    if args.fused:
+        from kernels.triton import lora_fused
+
+        lora_fused.FUSED_MAX_TOKENS = 1 << 30
     global DEVICE, PROFILE, GRAPHS
     PROFILE = args.profile
     GRAPHS = not args.eager and not args.smoke

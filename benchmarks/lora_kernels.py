@@ -3,12 +3,15 @@
     python3 benchmarks/lora_kernels.py --out benchmarks/results/lora_kernels_h200.json
 
 For each layer (qkv, o, gate_up, down), rank, T tokens and n distinct adapters (bf16):
-median microseconds of shrink, expand and both, eagerly (triton do_bench, L2 flushed
-between calls) and under CUDA-graph replay (one graph replays `sets` calls on rotated
-inputs and weights, so L2 holds none of the next call's bytes). Metadata is built once
-per step (as the engine does) and timed separately. The floor is the bytes that must
-move (x, the active adapters' A and B rows up to their ranks, y read + written, the
-fp32 buffer written + read) over the copy bandwidth measured in the same run.
+median microseconds of `both` (`lora_shrink_expand`, what the engine's LoRA layers run:
+by default the shrink and expand kernels back to back), of the separate `shrink` and
+`expand` kernels, and of `fused` (the one-launch persistent kernel, opt-in), eagerly (triton do_bench, L2 flushed between calls) and under CUDA-graph
+replay (one graph replays `sets` calls on rotated inputs and weights, so L2 holds none
+of the next call's bytes). Metadata is built once per step (as the engine does) and
+timed separately. The floor of `both` is the bytes that must move (x, the active
+adapters' A and B rows up to their ranks, y read + written) over the copy bandwidth
+measured in the same run; shrink's and expand's floors add the fp32 buffer they pass
+through memory.
 """
 
 from __future__ import annotations
@@ -27,9 +30,16 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import SegmentMeta, build_meta, lora_expand, lora_shrink  # noqa: E402
+from kernels import (  # noqa: E402
+    SegmentMeta,
+    build_meta,
+    lora_expand,
+    lora_shrink,
+    lora_shrink_expand,
+)
 from kernels.reference import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from kernels.testing import random_slots, rel_err  # noqa: E402
+from kernels.triton.lora_fused import lora_shrink_expand_triton  # noqa: E402
 
 LAYERS = {
     "qkv": (4096, (4096, 1024, 1024)),
@@ -75,7 +85,7 @@ def floor_bytes(layer: str, tokens: int, n: int, mean_rank: float, rank: int) ->
         "terms": terms,
         "shrink": terms["x"] + terms["A"] + terms["buf"],
         "expand": terms["B"] + terms["y"] + terms["buf"],
-        "both": sum(terms.values()) + terms["buf"],
+        "both": sum(terms.values()) - terms["buf"],
     }
 
 
@@ -175,8 +185,10 @@ def check(st, ranks) -> float:
     buf = lora_shrink_ref(st["x"].double(), a64, local, slot_ranks=ranks[used])
     want = lora_expand_ref(st["y"].double(), buf.double(), b64, local, slot_ranks=ranks[used])
     y = st["y"].clone()
-    lora_expand(y, lora_shrink(st["x"], pool.a, st["meta"]), pool.b, st["meta"])
-    return rel_err(y, want)
+    lora_shrink_expand(y, st["x"], pool.a, pool.b, st["meta"])
+    fused = st["y"].clone()
+    _fused({**st, "y": fused})
+    return max(rel_err(y, want), rel_err(fused, want))
 
 
 def _shrink(st):
@@ -188,7 +200,11 @@ def _expand(st):
 
 
 def _both(st):
-    lora_expand(st["y"], lora_shrink(st["x"], st["pool"].a, st["meta"]), st["pool"].b, st["meta"])
+    lora_shrink_expand(st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"])
+
+
+def _fused(st):
+    lora_shrink_expand_triton(st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"])
 
 
 def run_case(layer, pools, rank, tokens, n, bw, mixed=False) -> dict:
@@ -201,7 +217,8 @@ def run_case(layer, pools, rank, tokens, n, bw, mixed=False) -> dict:
     res["rel_err"] = check(sets[0], ranks)
     res["floor_us"] = {k: fb[k] / bw * 1e6 for k in ("shrink", "expand", "both")}
     res["floor_terms_MB"] = {k: v / 1e6 for k, v in fb["terms"].items()}
-    for kind, fn in (("shrink", _shrink), ("expand", _expand), ("both", _both)):
+    kinds = (("both", _both), ("shrink", _shrink), ("expand", _expand), ("fused", _fused))
+    for kind, fn in kinds:
         res[kind] = time_both_modes([functools.partial(fn, st) for st in sets], nsets)
     res["ratio_graph_both"] = res["both"]["graph_us"] / res["floor_us"]["both"]
     hidden, sizes = LAYERS[layer]
@@ -218,46 +235,60 @@ def run_case(layer, pools, rank, tokens, n, bw, mixed=False) -> dict:
 
 
 SWEEP_SHAPES = [
+    ("o", 16, 64, 8),
     ("qkv", 16, 64, 8),
+    ("qkv", 16, 64, 32),
     ("qkv", 16, 256, 32),
-    ("o", 64, 1024, 32),
-    ("gate_up", 16, 4096, 8),
+    ("gate_up", 16, 128, 32),
+    ("qkv", 64, 256, 32),
+    ("down", 64, 256, 32),
+    ("o", 16, 2048, 32),
+    ("qkv", 64, 4096, 8),
+    ("gate_up", 64, 4096, 64),
+    ("down", 16, 4096, 8),
 ]
-SHRINK_SWEEP = [(64, 8), (128, 4), (128, 8), (256, 2), (256, 4), (256, 8), (256, 16)]
-EXPAND_SWEEP = [(64, 4), (128, 4), (256, 4), (128, 8), (256, 8), (512, 8)]
+# FusedTuning fields: (shrink items/program, expand items/program, block_n, warps, stages,
+# block_k (0 = auto), fuse slices, max programs per SM)
+SWEEP_DECODE = [
+    (1, 1, 128, 4, 3, 0, True, 4), (0.5, 1, 128, 4, 3, 0, True, 4),
+    (1, 0.5, 128, 4, 3, 0, True, 4), (2, 1, 128, 4, 3, 0, True, 4),
+    (1, 2, 128, 4, 3, 0, True, 4), (1, 1, 128, 8, 3, 0, True, 4),
+    (1, 1, 128, 4, 3, 128, True, 4), (1, 1, 128, 4, 3, 0, False, 4),
+    (1, 1, 128, 4, 3, 0, True, 1),
+]  # fmt: skip
+SWEEP_PREFILL = [
+    (2, 4, 128, 4, 3, 0, True, 4), (1, 2, 128, 4, 3, 0, True, 4),
+    (1, 4, 128, 4, 3, 0, True, 4), (2, 8, 128, 4, 3, 0, True, 4),
+    (2, 4, 128, 8, 3, 0, True, 4), (2, 4, 256, 8, 3, 0, True, 4),
+    (2, 4, 128, 4, 3, 0, False, 4), (2, 4, 128, 4, 3, 0, True, 1),
+]  # fmt: skip
 
 
-def sweep(bw: float) -> list[dict]:
-    """Graph-replay us of shrink and expand per launch config on a few shapes (tuning data)."""
-    from kernels.meta import default_block_m
-    from kernels.triton import lora_expand as ex
-    from kernels.triton import lora_shrink as sh
+def sweep(bw: float, budget_s: float) -> list[dict]:
+    """Graph-replay us of the fused kernel per tuning on a few shapes (tuning data)."""
+    from kernels.triton import lora_fused as fu
 
-    rows = []
+    rows, t0 = [], time.monotonic()
     for layer, rank, tokens, n in SWEEP_SHAPES:
+        if time.monotonic() - t0 > budget_s:
+            print(f"sweep budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
+            continue
         pools = Pools(layer, rank)
         fb = floor_bytes(layer, tokens, n, rank, rank)
         nsets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / fb["both"])))
         sets, _ = make_sets(layer, pools, tokens, n, nsets, lambda i, r=rank: r)
-        bm = default_block_m(tokens)
-        base = sh.default_config(bm, max(16, rank), EL)
-        shrink_cfgs = [sh.ShrinkConfig(bk, pps, base.fuse_slices) for bk, pps in SHRINK_SWEEP]
-        shrink_cfgs.append(
-            sh.ShrinkConfig(base.block_k, base.programs_per_sm, not base.fuse_slices)
-        )
-        for cfg in shrink_cfgs:
-            sh.CONFIG_OVERRIDE = cfg
-            us = time_graph([functools.partial(_shrink, st) for st in sets], 10)
-            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "kernel": "shrink", "config": repr(cfg),
-                         "graph_us": us, "floor_us": fb["shrink"] / bw * 1e6})  # fmt: skip
-        sh.CONFIG_OVERRIDE = None
-        for bn, warps in EXPAND_SWEEP:
-            ex.CONFIG_OVERRIDE = ex.ExpandConfig(bn, warps)
-            us = time_graph([functools.partial(_expand, st) for st in sets], 10)
-            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "kernel": "expand",
-                         "config": repr(ex.CONFIG_OVERRIDE), "graph_us": us, "floor_us": fb["expand"] / bw * 1e6})  # fmt: skip
-        ex.CONFIG_OVERRIDE = None
-        print(f"sweep {layer} r{rank} T={tokens} n={n} done", flush=True)
+        for knobs in SWEEP_DECODE if tokens <= 256 else SWEEP_PREFILL:
+            fu.TUNING_OVERRIDE = fu.FusedTuning(*knobs)
+            try:
+                us = time_graph([functools.partial(_fused, st) for st in sets], 10)
+            except Exception as e:  # an unlaunchable config is data too
+                us = float("nan")
+                print(f"  {fu.TUNING_OVERRIDE}: {e!r}"[:300], flush=True)
+            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "tuning": repr(fu.TUNING_OVERRIDE),
+                         "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
+            print(f"{rows[-1]['shape']:24s} {us:7.1f} us (floor {rows[-1]['floor_us']:.1f}) {knobs}",
+                  flush=True)  # fmt: skip
+        fu.TUNING_OVERRIDE = None
         del sets, pools
     return rows
 
@@ -334,8 +365,11 @@ def _fmt(v: float | None, suffix: str = "") -> str:
 
 
 def table(results: list[dict]) -> str:
-    head = "| layer | r | T | n | floor us | graph both us | x floor | eager both us | gather+bmm graph us | speedup |"
-    lines = [head, "|" + "---|" * 10]
+    head = (
+        "| layer | r | T | n | floor us | graph both us | x floor | fused graph us | "
+        "eager both us | gather+bmm graph us | speedup |"
+    )
+    lines = [head, "|" + "---|" * 11]
     for r in results:
         if "both" not in r:
             lines.append(
@@ -346,7 +380,7 @@ def table(results: list[dict]) -> str:
         rank = "16/64" if r["mixed_16_64"] else r["rank"]
         lines.append(
             f"| {r['layer']} | {rank} | {r['T']} | {r['n']} | {r['floor_us']['both']:.1f} | {r['both']['graph_us']:.1f} | "
-            f"{r['ratio_graph_both']:.2f} | {r['both']['eager_us']:.1f} | "
+            f"{r['ratio_graph_both']:.2f} | {r['fused']['graph_us']:.1f} | {r['both']['eager_us']:.1f} | "
             f"{_fmt(base)} | {_fmt(None if base is None else base / r['both']['graph_us'], 'x')} |"
         )
     return "\n".join(lines)
@@ -367,6 +401,8 @@ def main() -> None:
     ap.add_argument(
         "--budget-s", type=float, default=480, help="stop starting new layers after this"
     )
+    ap.add_argument("--sweep-budget-s", type=float, default=240, help="time for --sweep")
+    ap.add_argument("--no-grid", action="store_true", help="skip the full grid (sweep only)")
     args = ap.parse_args()
     t0 = time.monotonic()
     torch.manual_seed(0)
@@ -377,12 +413,9 @@ def main() -> None:
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
     if args.sweep:
-        doc["sweep"] = sweep(bw)
-        for row in doc["sweep"]:
-            print(
-                f"{row['shape']:24s} {row['kernel']:6s} {row['graph_us']:7.1f} us (floor {row['floor_us']:.1f}) {row['config']}"
-            )
-    for layer, rank, grid in cases():
+        doc["sweep"] = sweep(bw, args.sweep_budget_s)
+        write(args.out, doc)
+    for layer, rank, grid in [] if args.no_grid else cases():
         if layer not in args.layers.split(","):
             continue
         if time.monotonic() - t0 > args.budget_s:
@@ -413,6 +446,8 @@ def main() -> None:
         doc["targets"] = targets(doc["results"])
         write(args.out, doc)
         print(f"[{time.monotonic() - t0:.0f}s] {layer} r{rank} done", flush=True)
+    doc.setdefault("targets", targets(doc["results"]))
+    write(args.out, doc)
     missed = [t for t in doc["targets"] if not t["pass"]]
     print(table(doc["results"]))
     print(f"targets: {len(doc['targets']) - len(missed)}/{len(doc['targets'])} pass")

@@ -15,6 +15,11 @@ Signatures:
                 *, scale: float = 1.0) -> float32 [S, T, R]
     lora_expand(y: [T, sum N_s], buf: float32 [S, T, R], lora_b: tuple of S [L, N_s, R],
                 token_slots: int [T] | SegmentMeta, *, add_inputs: bool = True) -> y
+    lora_shrink_expand(y, x, lora_a, lora_b, token_slots, *, scale=1.0, add_inputs=True,
+                       workspace=None) -> y
+                = lora_expand(y, lora_shrink(x, lora_a, token_slots, scale=scale), lora_b, ...)
+                what the engine's LoRA layers call; optionally one fused launch
+                (LORAFLEET_FUSED_MAX_TOKENS, kernels/triton/lora_fused.py)
     build_meta(token_slots: int [T], num_slots: int, slot_ranks: int [L] | None = None,
                out: SegmentMeta | None = None) -> SegmentMeta
     SegmentMeta.empty(num_tokens, num_slots, device, block_m=None) -> SegmentMeta (preallocated)
@@ -37,24 +42,11 @@ kernels.triton is imported): the Triton interpreter, as the CPU tests run it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from kernels.backend import backend_for
 from kernels.meta import SegmentMeta, build_meta
 from kernels.reference import lora_expand_ref, lora_shrink_ref
-
-_BACKENDS = ("auto", "triton", "reference")
-
-
-def backend_for(device: torch.device) -> str:
-    """Which implementation runs for tensors on `device` ("triton" or "reference")."""
-    choice = os.environ.get("LORAFLEET_KERNELS", "auto")
-    if choice not in _BACKENDS:
-        raise ValueError(f"LORAFLEET_KERNELS={choice!r}; allowed: {', '.join(_BACKENDS)}")
-    if choice == "auto":
-        return "triton" if device.type == "cuda" else "reference"
-    return choice
 
 
 def _split(token_slots: torch.Tensor | SegmentMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -119,4 +111,42 @@ def lora_expand(
     return lora_expand_ref(y, buf, lora_b, slots, add_inputs=add_inputs, slot_ranks=ranks)
 
 
-__all__ = ["SegmentMeta", "backend_for", "build_meta", "lora_expand", "lora_shrink"]
+def lora_shrink_expand(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    lora_b: tuple[torch.Tensor, ...],
+    token_slots: torch.Tensor | SegmentMeta,
+    *,
+    scale: float = 1.0,
+    add_inputs: bool = True,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y: [T, sum N_s] updated in place with expand(shrink(x)): what a LoRA layer calls.
+
+    Equals `lora_expand(y, lora_shrink(x, lora_a, slots, scale=scale, out=workspace),
+    lora_b, slots, add_inputs=add_inputs)`, and that is how it runs by default: on the
+    H200 the two launches beat the fused one-launch kernel (kernels.triton.lora_fused)
+    in the engine; steps of at most lora_fused.FUSED_MAX_TOKENS tokens (env
+    LORAFLEET_FUSED_MAX_TOKENS, default 0) take the fused kernel instead, which ignores
+    `workspace` (a zeroed float32 [S, T, R] for the shrink output, or None).
+    """
+    if backend_for(y.device) == "triton":
+        from kernels.triton.lora_fused import FUSED_MAX_TOKENS, lora_shrink_expand_triton
+
+        if x.shape[0] <= FUSED_MAX_TOKENS:
+            return lora_shrink_expand_triton(
+                y, x, lora_a, lora_b, token_slots, scale=scale, add_inputs=add_inputs
+            )
+    buf = lora_shrink(x, lora_a, token_slots, scale=scale, out=workspace)
+    return lora_expand(y, buf, lora_b, token_slots, add_inputs=add_inputs)
+
+
+__all__ = [
+    "SegmentMeta",
+    "backend_for",
+    "build_meta",
+    "lora_expand",
+    "lora_shrink",
+    "lora_shrink_expand",
+]

@@ -1,24 +1,27 @@
 """Per-step segment metadata for the segmented LoRA kernels, built on the device.
 
 The model runner builds one `SegmentMeta` per step (or refills a preallocated one
-with `build_meta(..., out=meta)`) and passes it to every LoRA layer's
-`lora_shrink` / `lora_expand` in place of `token_slots`. Building it uses only
-device ops with shapes fixed by (T, L): no host synchronisation, so a decode step
-that builds it can be captured in a CUDA graph.
+with `build_meta(..., out=meta)`) and passes it to every LoRA layer in place of
+`token_slots`. Building it uses only device work with shapes fixed by (T, L): no
+host synchronisation, so a decode step that builds it can be captured in a CUDA graph.
 
 Worked example: token_slots = [2, -1, 0, 2, 2], num_slots L = 3, block_m = 2.
     key         = [2, 3, 0, 2, 2]        slot, with -1 (and out-of-range) -> L
-    sorted_idx  = [2, 0, 3, 4, 1]        tokens grouped by slot, slot -1 last
-    seg_len     = [1, 0, 3]              tokens per slot
-    seg_start   = [0, 1, 1]              first position of each slot in sorted_idx
-    tiles/slot  = [1, 0, 2]              ceil(seg_len / block_m)
+    tokens/slot = [1, 0, 3]              slot 0: token 2; slot 2: tokens 0, 3, 4
+    tiles/slot  = [1, 0, 2]              ceil(tokens / block_m)
     max_tiles   = ceil(5 / 2) + min(3, 5) = 6
     tile_slot   = [0, 2, 2, -1, -1, -1]  slot of each block_m-row tile; -1 = no work
-    tile_start  = [0, 1, 3, 0, 0, 0]     first position in sorted_idx of each tile
-    tile_rows   = [1, 2, 1, 0, 0, 0]     valid rows of each tile
+    tile_rank   = [R, R, R, 0, 0, 0]     rank of the tile's slot (R = slot_ranks[slot])
+    tile_tok    = [[2, -1], [0, 3], [4, -1], [-1, -1], [-1, -1], [-1, -1]]
+                                         token of each row, in token order; -1 = padding
     num_tiles   = [3]                    tiles with work (they come first)
-Kernels run a grid of programs that stride over tiles [0, num_tiles) (read on the
-device), so tokens of slot -1 cost nothing and no work is done for absent slots.
+A kernel program reads one tile's slot, rank and tokens with independent loads (no
+chain of dependent index loads), so tokens of slot -1 cost nothing and no work is
+done for absent slots.
+
+`sync` ([max_tiles + 1] int32, zero between launches) is the fused kernel's scratch:
+per-tile counts of finished shrink work, then a count of finished programs; the last
+program to finish zeroes it again, and every build zeroes it too.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.backend import backend_for
 
 # Rank recorded for a slot when the caller gives no ranks: "use the pool's max rank".
 FULL_RANK = 2**30
@@ -46,39 +51,34 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
 
 
 def tile_programs(num_tokens: int, num_slots: int, block_m: int) -> int:
-    """Programs the kernels launch along tiles; each strides over the valid tiles.
-
-    One per possible tile while that bound is small; with many slots and many tokens
-    the bound is loose (most slots absent), so cap it and let programs loop instead.
+    """Programs the separate shrink/expand kernels launch along tiles; each strides over
+    the valid tiles. One per possible tile while that bound is small; with many slots
+    and many tokens the bound is loose (most slots absent), so cap it and let programs loop.
     """
     return min(max_tiles(num_tokens, num_slots, block_m), -(-num_tokens // block_m) + 64)
 
 
 @dataclass(frozen=True)
 class SegmentMeta:
-    """Tokens grouped by slot, ready for the kernels (see the module docstring's example).
+    """Tokens grouped by slot into tiles, ready for the kernels (module docstring's example).
 
     All tensors live on the device of `token_slots`; int32 unless stated.
     """
 
     token_slots: torch.Tensor
-    """int [T]: the slot map this was built from (the torch reference reads it)."""
-    sorted_idx: torch.Tensor
-    """[T]: token indices sorted by slot, tokens of slot -1 last."""
-    seg_start: torch.Tensor
-    """[L]: first position of each slot's tokens in sorted_idx."""
-    seg_len: torch.Tensor
-    """[L]: number of tokens of each slot."""
+    """int64 [T]: the slot map this was built from (the torch reference reads it)."""
     slot_ranks: torch.Tensor
     """[L]: actual rank of each slot (FULL_RANK = the pool's max rank)."""
     tile_slot: torch.Tensor
     """[max_tiles]: slot of each tile, -1 for a tile with no work."""
-    tile_start: torch.Tensor
-    """[max_tiles]: first position in sorted_idx of each tile."""
-    tile_rows: torch.Tensor
-    """[max_tiles]: valid rows of each tile (0..block_m)."""
+    tile_rank: torch.Tensor
+    """[max_tiles]: slot_ranks[tile_slot] (0 for a tile with no work)."""
+    tile_tok: torch.Tensor
+    """[max_tiles, block_m]: token index of each row of each tile, -1 for padding rows."""
     num_tiles: torch.Tensor
     """[1]: tiles with work; they come first in the tile list."""
+    sync: torch.Tensor
+    """[max_tiles + 1]: the fused kernel's flags and program counter; zero between launches."""
     num_slots: int
     """L: slots in the adapter pool."""
     block_m: int
@@ -86,11 +86,15 @@ class SegmentMeta:
 
     @property
     def num_tokens(self) -> int:
-        return self.sorted_idx.shape[0]
+        return self.token_slots.shape[0]
+
+    @property
+    def max_tiles(self) -> int:
+        return self.tile_slot.shape[0]
 
     @property
     def device(self) -> torch.device:
-        return self.sorted_idx.device
+        return self.token_slots.device
 
     @classmethod
     def empty(
@@ -106,19 +110,17 @@ class SegmentMeta:
             )
         nt = max_tiles(num_tokens, num_slots, bm)
 
-        def buf(n: int) -> torch.Tensor:
-            return torch.empty(n, dtype=torch.int32, device=device)
+        def buf(*shape: int) -> torch.Tensor:
+            return torch.empty(shape, dtype=torch.int32, device=device)
 
         return cls(
             token_slots=torch.empty(num_tokens, dtype=torch.int64, device=device),
-            sorted_idx=buf(num_tokens),
-            seg_start=buf(num_slots),
-            seg_len=buf(num_slots),
             slot_ranks=buf(num_slots),
             tile_slot=buf(nt),
-            tile_start=buf(nt),
-            tile_rows=buf(nt),
+            tile_rank=buf(nt),
+            tile_tok=buf(nt, bm),
             num_tiles=buf(1),
+            sync=torch.zeros(nt + 1, dtype=torch.int32, device=device),
             num_slots=num_slots,
             block_m=bm,
         )
@@ -147,10 +149,10 @@ def build_meta(
 ) -> SegmentMeta:
     """token_slots: int [T] in [-1, L); slot_ranks: int [L] or None -> SegmentMeta.
 
-    Device ops only (sort, scatter_add, cumsum, searchsorted) into fixed-shape
-    buffers: no host sync, CUDA-graph capturable when `out` is preallocated.
-    Slots outside [-1, L) are the caller's bug; they are treated as -1 so the
-    kernels never read out of bounds.
+    Device work only into fixed-shape buffers: no host sync, CUDA-graph capturable when
+    `out` is preallocated. On the Triton backend it is one kernel (a counting sort in
+    one program); otherwise a few torch ops. Slots outside [-1, L) are the caller's
+    bug; they are treated as -1 so the kernels never read out of bounds.
     """
     _check_inputs(token_slots, slot_ranks, num_slots)
     tokens = token_slots.shape[0]
@@ -162,37 +164,49 @@ def build_meta(
             f"out: built for T={out.num_tokens}, L={out.num_slots} on {out.device}; "
             f"allowed: T={tokens}, L={num_slots} on {dev}"
         )
+    if slot_ranks is not None and slot_ranks.device != dev:
+        raise ValueError(f"slot_ranks is on {slot_ranks.device}; allowed: {dev}")
+    if backend_for(dev) == "triton":
+        from kernels.triton.build_meta import build_meta_triton
+
+        build_meta_triton(token_slots, slot_ranks, out)
+    else:
+        _build_torch(token_slots, slot_ranks, out)
+    return out
+
+
+def _build_torch(token_slots: torch.Tensor, slot_ranks: torch.Tensor | None, out: SegmentMeta):
+    """The same metadata from torch ops (CPU, and the reference the Triton build is tested on)."""
+    bm, num_slots, nt = out.block_m, out.num_slots, out.max_tiles
+    dev = token_slots.device
     out.token_slots.copy_(token_slots)
     slots = out.token_slots
     key = torch.where((slots < 0) | (slots >= num_slots), num_slots, slots)
     order = torch.sort(key, stable=True).indices
-    out.sorted_idx.copy_(order)
+    skey = key[order]
     counts = torch.zeros(num_slots + 1, dtype=torch.int64, device=dev)
     counts.scatter_add_(0, key, torch.ones_like(key))
     seg_len = counts[:num_slots]
-    seg_end = torch.cumsum(seg_len, 0)
-    out.seg_len.copy_(seg_len)
-    out.seg_start.copy_(seg_end - seg_len)
+    seg_start = torch.cumsum(seg_len, 0) - seg_len
+    tiles = (seg_len + bm - 1) // bm
+    tile_end = torch.cumsum(tiles, 0)
+    tile_begin = tile_end - tiles
+    # Sorted position p holds the q-th token of its slot: row q % bm of that slot's tile q // bm.
+    sk = skey.clamp(max=num_slots - 1)
+    q = torch.arange(order.shape[0], device=dev) - seg_start[sk]
+    dest = torch.where(skey < num_slots, (tile_begin[sk] + q // bm) * bm + q % bm, nt * bm)
+    flat = torch.full((nt * bm + 1,), -1, dtype=torch.int32, device=dev)
+    flat.scatter_(0, dest, order.to(torch.int32))
+    out.tile_tok.view(-1).copy_(flat[: nt * bm])
     if slot_ranks is None:
         out.slot_ranks.fill_(FULL_RANK)
     else:
         out.slot_ranks.copy_(slot_ranks)
-    _fill_tiles(out, seg_len, seg_end - seg_len)
-    return out
-
-
-def _fill_tiles(out: SegmentMeta, seg_len: torch.Tensor, seg_start: torch.Tensor) -> None:
-    """Tile list: tile i belongs to the slot whose cumulative tile count first exceeds i."""
-    bm, num_slots = out.block_m, out.num_slots
-    tiles = (seg_len + bm - 1) // bm
-    tile_end = torch.cumsum(tiles, 0)
-    i = torch.arange(out.tile_slot.shape[0], device=seg_len.device, dtype=torch.int64)
+    i = torch.arange(nt, device=dev, dtype=torch.int64)
     slot = torch.searchsorted(tile_end, i, right=True)
     valid = slot < num_slots
     slot_c = slot.clamp(max=num_slots - 1)
-    m0 = (i - (tile_end[slot_c] - tiles[slot_c])) * bm
-    rows = (seg_len[slot_c] - m0).clamp(0, bm) * valid
     out.tile_slot.copy_(torch.where(valid, slot, -1))
-    out.tile_start.copy_(torch.where(valid, seg_start[slot_c] + m0, 0))
-    out.tile_rows.copy_(rows)
+    out.tile_rank.copy_(torch.where(valid, out.slot_ranks[slot_c], 0))
     out.num_tiles.copy_(tile_end[-1:])
+    out.sync.zero_()

@@ -84,3 +84,23 @@ def random_slots(
 def random_slices(num_slots: int, dims: list[tuple[int, int]], dtype, device, std: float) -> tuple:
     """tuple of S [L, d0, d1] tensors, fresh normal values * std."""
     return tuple((torch.randn(num_slots, d0, d1, device=device) * std).to(dtype) for d0, d1 in dims)
+
+
+def slot_map(tokens, num_slots, none_frac, bad_frac, dtype, seed, device="cpu") -> torch.Tensor:
+    """[T] slots in [0, L), ~none_frac of them -1 and ~bad_frac out of range (<= -2 or >= L)."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = torch.randint(0, num_slots, (tokens,), generator=gen)
+    u = torch.rand(tokens, generator=gen)
+    bad = torch.where(torch.rand(tokens, generator=gen) < 0.5, -2 - slots, num_slots + slots)
+    slots = torch.where(u < none_frac, -1, torch.where(u < none_frac + bad_frac, bad, slots))
+    return slots.to(dtype).to(device)
+
+
+def captured(step) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `step()`, run once eagerly first (Triton compiles outside the capture)."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph

@@ -60,11 +60,15 @@ class LinearWithLoRA(nn.Module):
         """x: [T, H] -> [T, sum N_s]."""
         y = self.base_layer(x)
         if self.ctx.any_lora:
-            slots = self.ctx.kernel_slots
             a = self.buffers.a(self.layer, self.group)
-            out = self.ctx.take(len(a), x.shape[0], a[0].shape[1])
-            buf = kernels.lora_shrink(x, a, slots, out=out)
-            kernels.lora_expand(y, buf, self.buffers.b(self.layer, self.group), slots)
+            kernels.lora_shrink_expand(
+                y,
+                x,
+                a,
+                self.buffers.b(self.layer, self.group),
+                self.ctx.kernel_slots,
+                workspace=self.ctx.take(len(a), x.shape[0], a[0].shape[1]),
+            )
         return y
 
     def set_slot(self, slot: int, slices: tuple[SliceWeights | None, ...]) -> None:

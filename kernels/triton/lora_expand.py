@@ -25,56 +25,41 @@ from kernels.triton.common import (
     dot_precision,
     slices_of,
 )
-
-
-@triton.jit
-def _pick(s, v0, v1, v2):
-    return tl.where(s == 0, v0, tl.where(s == 1, v1, v2))
+from kernels.triton.tiles import expand_block, load_tile, pick
 
 
 @triton.jit
 def _expand_tile(
-    y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+    y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
     s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    m_mask = offs_m < rows
-    rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
-    r_mask = offs_r < rank
-    tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
-    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
-    mask = m_mask[:, None] & n_mask[None, :]
-    if ADD_INPUTS:  # issued first: the y read overlaps the buf and B reads
-        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-    buf_ptrs = (
-        buf_ptr
-        + s.to(tl.int64) * stride_bs
-        + tok[:, None] * stride_bt
-        + offs_r[None, :] * stride_bk
+    slot, rank, tok, m_mask = load_tile(
+        tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-    b_ptrs = (
-        b_slice
-        + slot.to(tl.int64) * stride_bl
-        + offs_n[None, :] * stride_bn
-        + offs_r[:, None] * stride_br
-    )
-    b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-    acc = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
-    if ADD_INPUTS:
-        acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if slot >= 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        r_mask = offs_r < rank
+        buf_ptrs = (
+            buf_ptr
+            + s.to(tl.int64) * stride_bs
+            + tok[:, None] * stride_bt
+            + offs_r[None, :] * stride_bk
+        )
+        h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+        expand_block(
+            y_ptr, h.to(b_slice.dtype.element_ty), b_slice + slot.to(tl.int64) * stride_bl,
+            tok, m_mask, r_mask, col0, offs_n, n_mask, stride_bn, stride_br, stride_yt, stride_yn,
+            BLOCK_R, ADD_INPUTS, PRECISION,
+        )  # fmt: skip
 
 
 @triton.jit
 def _expand_kernel(
     y_ptr, buf_ptr, b_ptr,
-    tile_slot_ptr, tile_start_ptr, tile_rows_ptr, sorted_idx_ptr, slot_ranks_ptr,
-    num_tiles_ptr, num_programs,
+    tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, num_programs,
     b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_br,
     n0, n1, n2, nt1, nt2,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
@@ -88,31 +73,23 @@ def _expand_kernel(
     """
     pid_n = tl.program_id(1)
     s = (pid_n >= nt1).to(tl.int32) + (pid_n >= nt2).to(tl.int32)
-    n_s = _pick(s, n0, n1, n2)
-    col0 = _pick(s, 0, n0, n0 + n1).to(tl.int64)
-    offs_n = (pid_n - _pick(s, 0, nt1, nt2)) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_s = pick(s, n0, n1, n2)
+    col0 = pick(s, 0, n0, n0 + n1).to(tl.int64)
+    offs_n = (pid_n - pick(s, 0, nt1, nt2)) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < n_s
-    b_slice = b_ptr + _pick(s, 0, b_off1, b_off2).to(tl.int64)
-    stride_bl = _pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
+    b_slice = b_ptr + pick(s, 0, b_off1, b_off2).to(tl.int64)
+    stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
-        tile = tl.program_id(0)
-        slot = tl.load(tile_slot_ptr + tile)
-        start = tl.load(tile_start_ptr + tile)
-        rows = tl.load(tile_rows_ptr + tile)
-        if slot >= 0:
-            _expand_tile(
-                y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
-                s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
-                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
-            )  # fmt: skip
+        _expand_tile(
+            y_ptr, buf_ptr, b_slice, tl.program_id(0), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+            s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+            stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+            BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
+        )  # fmt: skip
     else:
         for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
-            slot = tl.load(tile_slot_ptr + tile)
-            start = tl.load(tile_start_ptr + tile)
-            rows = tl.load(tile_rows_ptr + tile)
             _expand_tile(
-                y_ptr, buf_ptr, b_slice, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
                 BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
@@ -137,7 +114,8 @@ def default_config(bm: int, br: int) -> ExpandConfig:
     return ExpandConfig(block_n=128 if br <= 64 else 64)
 
 
-def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> Slices:
+def check_y_b(y: torch.Tensor, lora_b) -> Slices:
+    """Refuse a y / lora_b pair the kernels cannot take (ValueError naming the argument)."""
     if not isinstance(y, torch.Tensor) or y.dim() != 2:
         raise ValueError(f"y: a 2-D tensor [T, sum N_s]; got {getattr(y, 'shape', y)!r}")
     check_device(y, "y")
@@ -152,7 +130,12 @@ def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> Slices:
     width = sum(sh[1] for sh in sl.shapes)
     if y.shape[1] != width or y.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"y: {y.dtype} [.., {y.shape[1]}]; allowed: fp16/bf16/fp32 [T, {width}]")
-    want = (sl.count, y.shape[0], rank)
+    return sl
+
+
+def _check(y: torch.Tensor, buf: torch.Tensor, lora_b) -> Slices:
+    sl = check_y_b(y, lora_b)
+    want = (sl.count, y.shape[0], sl.shapes[0][2])
     if not isinstance(buf, torch.Tensor) or tuple(buf.shape) != want or buf.device != y.device:
         raise ValueError(
             f"buf: shape {tuple(getattr(buf, 'shape', ()))}; allowed: {list(want)} on {y.device}"
@@ -192,8 +175,7 @@ def lora_expand_triton(
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
     _expand_kernel[(programs, total)](
         y, buf, sl.base,
-        meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
-        meta.num_tiles, programs,
+        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2, stride_l[0], stride_l[1], stride_l[2], stride_n, stride_r,
         ns[0], ns[1], ns[2], nt1, nt2,
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),

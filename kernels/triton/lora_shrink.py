@@ -28,6 +28,7 @@ from kernels.triton.common import (
     num_sms,
     slices_of,
 )
+from kernels.triton.tiles import load_tile, pick, shrink_acc
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,6 @@ CONFIG_OVERRIDE: ShrinkConfig | None = None
 
 
 @triton.jit
-def _load_rows(a_ptrs, m_or_r_mask, k, offs_k, H, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        return tl.load(a_ptrs, mask=m_or_r_mask[:, None], other=0.0)
-    k_mask = (offs_k + k) < H
-    return tl.load(a_ptrs, mask=m_or_r_mask[:, None] & k_mask[None, :], other=0.0)
-
-
-@triton.jit
 def _store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
     if USE_ATOMIC:
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
@@ -65,69 +58,41 @@ def _store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
 
 @triton.jit
 def _shrink_tile(
-    x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
-    s0, off0, off1, off2, k0,
+    x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+    s0, off_g, off1, off2, k0,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    m_mask = offs_m < rows
-    rank = tl.minimum(tl.load(slot_ranks_ptr + slot), R)
-    r_mask = offs_r < rank
-    tok = tl.load(sorted_idx_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
-    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
-    a_rows = (
-        a_ptr
-        + slot.to(tl.int64) * stride_al
-        + offs_r[:, None] * stride_ar
-        + offs_k[None, :] * stride_ah
+    slot, rank, tok, m_mask = load_tile(
+        tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    a0 = a_rows + off0
-    a1 = a_rows + off1
-    a2 = a_rows + off2
-    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k in range(0, k_per_split, BLOCK_K):
-        xv = _load_rows(x_ptrs, m_mask, k, offs_k, H, EVEN_K)
-        acc0 += tl.dot(
-            xv, tl.trans(_load_rows(a0, r_mask, k, offs_k, H, EVEN_K)), input_precision=PRECISION
+    if slot >= 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        r_mask = offs_r < rank
+        a_slot = a_ptr + slot.to(tl.int64) * stride_al + off_g
+        acc0, acc1, acc2 = shrink_acc(
+            x_ptr, a_slot, off1, off2, tok, m_mask, r_mask, k0, k_per_split,
+            stride_xt, stride_xh, stride_ar, stride_ah, H,
+            NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, PRECISION,
+        )  # fmt: skip
+        out_ptrs = (
+            out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
         )
+        mask = m_mask[:, None] & r_mask[None, :]
+        _store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
         if NSL > 1:
-            acc1 += tl.dot(
-                xv,
-                tl.trans(_load_rows(a1, r_mask, k, offs_k, H, EVEN_K)),
-                input_precision=PRECISION,
-            )
+            _store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
         if NSL > 2:
-            acc2 += tl.dot(
-                xv,
-                tl.trans(_load_rows(a2, r_mask, k, offs_k, H, EVEN_K)),
-                input_precision=PRECISION,
-            )
-        x_ptrs += BLOCK_K * stride_xh
-        a0 += BLOCK_K * stride_ah
-        a1 += BLOCK_K * stride_ah
-        a2 += BLOCK_K * stride_ah
-    out_ptrs = out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
-    mask = m_mask[:, None] & r_mask[None, :]
-    _store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
-    if NSL > 1:
-        _store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
-    if NSL > 2:
-        _store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)
+            _store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr,
-    tile_slot_ptr, tile_start_ptr, tile_rows_ptr, sorted_idx_ptr, slot_ranks_ptr,
-    num_tiles_ptr, num_programs,
+    tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, num_programs,
     a_off1, a_off2,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
@@ -142,28 +107,20 @@ def _shrink_kernel(
     """
     pid_g = tl.program_id(0)
     k0 = tl.program_id(2).to(tl.int64) * k_per_split
-    off_g = tl.where(pid_g == 0, 0, tl.where(pid_g == 1, a_off1, a_off2)).to(tl.int64)
+    off_g = pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
     off1 = a_off1.to(tl.int64)
     off2 = a_off2.to(tl.int64)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
-        tile = tl.program_id(1)
-        slot = tl.load(tile_slot_ptr + tile)
-        start = tl.load(tile_start_ptr + tile)
-        rows = tl.load(tile_rows_ptr + tile)
-        if slot >= 0:
-            _shrink_tile(
-                x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
-                pid_g, off_g, off1, off2, k0,
-                stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-            )  # fmt: skip
+        _shrink_tile(
+            x_ptr, a_ptr, out_ptr, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+            pid_g, off_g, off1, off2, k0,
+            stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+            H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
+        )  # fmt: skip
     else:
         for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
-            slot = tl.load(tile_slot_ptr + tile)
-            start = tl.load(tile_start_ptr + tile)
-            rows = tl.load(tile_rows_ptr + tile)
             _shrink_tile(
-                x_ptr, a_ptr, out_ptr, slot, start, rows, sorted_idx_ptr, slot_ranks_ptr,
+                x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
@@ -199,7 +156,8 @@ def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: t
     return bk, k_per_split, cdiv(hidden, k_per_split)
 
 
-def _check(x: torch.Tensor, lora_a) -> Slices:
+def check_x_a(x: torch.Tensor, lora_a) -> Slices:
+    """Refuse an x / lora_a pair the kernels cannot take (ValueError naming the argument)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: a 2-D tensor [T, H]; got {getattr(x, 'shape', x)!r}")
     check_device(x, "x")
@@ -229,7 +187,7 @@ def lora_shrink_triton(
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L).
     """
-    sl = _check(x, lora_a)
+    sl = check_x_a(x, lora_a)
     num_slots, rank, hidden = sl.shapes[0]
     tokens, num_slices = x.shape[0], sl.count
     if out is None:
@@ -246,8 +204,7 @@ def lora_shrink_triton(
     stride_l, stride_r, stride_h = sl.strides[0]
     _shrink_kernel[(groups, programs, split)](
         x, sl.base, out,
-        meta.tile_slot, meta.tile_start, meta.tile_rows, meta.sorted_idx, meta.slot_ranks,
-        meta.num_tiles, programs,
+        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2,
         x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
         hidden, rank, k_per_split, float(scale),

@@ -5,7 +5,7 @@ import torch
 
 from kernels import SegmentMeta, build_meta, lora_expand, lora_shrink
 from kernels.reference import lora_expand_ref, lora_shrink_ref
-from kernels.testing import TOLERANCE, random_slices, random_slots, rel_err
+from kernels.testing import TOLERANCE, captured, random_slices, random_slots, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,11 +108,7 @@ def test_cuda_graph_replay_with_new_slots():
         y.copy_(y0)
         lora_expand(y, lora_shrink(x, lora_a, meta), lora_b, meta)
 
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     for _ in range(3):
         new = random_slots(tokens, slots, 8, 0.2).cuda()
         static_slots.copy_(new)

@@ -12,14 +12,12 @@ def test_worked_example():
     meta = SegmentMeta.empty(5, 3, CPU, block_m=2)
     got = build_meta(torch.tensor([2, -1, 0, 2, 2]), 3, out=meta)
     assert got is meta
-    assert meta.sorted_idx.tolist() == [2, 0, 3, 4, 1]
-    assert meta.seg_len.tolist() == [1, 0, 3]
-    assert meta.seg_start.tolist() == [0, 1, 1]
     assert meta.tile_slot.tolist() == [0, 2, 2, -1, -1, -1]
-    assert meta.tile_start.tolist() == [0, 1, 3, 0, 0, 0]
-    assert meta.tile_rows.tolist() == [1, 2, 1, 0, 0, 0]
+    assert meta.tile_rank.tolist() == [FULL_RANK] * 3 + [0] * 3
+    assert meta.tile_tok.tolist() == [[2, -1], [0, 3], [4, -1]] + [[-1, -1]] * 3
     assert meta.num_tiles.tolist() == [3]
     assert meta.slot_ranks.tolist() == [FULL_RANK] * 3
+    assert meta.sync.tolist() == [0] * 7
 
 
 @pytest.mark.parametrize("tokens,slots,block_m", [(1, 1, 16), (7, 3, 2), (64, 8, 16), (300, 64, 4)])
@@ -29,38 +27,46 @@ def test_tiles_cover_each_slot_once(tokens, slots, block_m):
         token_slots, slots, out=SegmentMeta.empty(tokens, slots, CPU, block_m=block_m)
     )
     assert meta.tile_slot.shape[0] == max_tiles(tokens, slots, block_m)
+    assert meta.tile_tok.shape == (meta.max_tiles, block_m)
     seen = {s: [] for s in range(slots)}
-    for slot, start, rows in zip(
-        meta.tile_slot.tolist(), meta.tile_start.tolist(), meta.tile_rows.tolist(), strict=True
-    ):
+    for slot, toks in zip(meta.tile_slot.tolist(), meta.tile_tok.tolist(), strict=True):
+        rows = [t for t in toks if t >= 0]
+        assert toks == rows + [-1] * (block_m - len(rows))  # padding rows last
         if slot < 0:
-            assert rows == 0
+            assert rows == []
             continue
-        assert 1 <= rows <= block_m
-        seen[slot] += meta.sorted_idx[start : start + rows].tolist()
+        assert 1 <= len(rows) <= block_m
+        seen[slot] += rows
     assert (meta.tile_slot >= 0).sum().item() == meta.num_tiles.item()
     assert (meta.tile_slot[: meta.num_tiles.item()] >= 0).all()
     for s in range(slots):
         want = (token_slots == s).nonzero().flatten().tolist()
         assert seen[s] == want  # stable: token order kept inside a slot
+        tiles_of_s = [i for i, t in enumerate(meta.tile_slot.tolist()) if t == s]
+        assert all(
+            len([t for t in meta.tile_tok[i].tolist() if t >= 0]) == block_m
+            for i in tiles_of_s[:-1]
+        )  # fmt: skip  (only a slot's last tile is partial)
 
 
 def test_refill_in_place_and_ranks():
     meta = SegmentMeta.empty(6, 4, CPU)
     build_meta(torch.tensor([0, 0, 1, 1, 2, 3]), 4, out=meta)
+    meta.sync.fill_(5)  # a build leaves the fused kernel's flags at zero
     build_meta(
         torch.tensor([3, -1, 3, 1, -1, 3]), 4, slot_ranks=torch.tensor([8, 16, 4, 2]), out=meta
     )
-    assert meta.sorted_idx.tolist() == [3, 0, 2, 5, 1, 4]
-    assert meta.seg_len.tolist() == [0, 1, 0, 3]
     assert meta.tile_slot.tolist()[:2] == [1, 3] and set(meta.tile_slot.tolist()[2:]) == {-1}
+    assert meta.tile_tok[:2, :3].tolist() == [[3, -1, -1], [0, 2, 5]]
+    assert meta.tile_rank.tolist()[:2] == [16, 2]
     assert meta.slot_ranks.tolist() == [8, 16, 4, 2]
+    assert meta.sync.abs().sum() == 0
 
 
 def test_out_of_range_slots_are_no_work():
     meta = build_meta(torch.tensor([5, 0, -3]), 2)
-    assert meta.seg_len.tolist() == [1, 0]
-    assert meta.tile_rows.sum().item() == 1
+    assert meta.num_tiles.tolist() == [1]
+    assert (meta.tile_tok >= 0).sum().item() == 1 and meta.tile_tok[0, 0] == 1
 
 
 @pytest.mark.parametrize(

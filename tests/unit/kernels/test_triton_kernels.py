@@ -136,3 +136,118 @@ def test_prefill_tiles_fuse_slices(triton_backend, num_slices):
     want = oracle_expand(y, buf, lora_b, token_slots)
     lora_expand(y, buf, lora_b, meta)
     assert rel_err(y, want) < TOLERANCE[torch.float32]
+
+
+TUNINGS = {  # default; many K splits and one column tile per item; splits + several tiles per item
+    "default": None,
+    "split_k": dict(
+        shrink_items_per_program=64, expand_items_per_program=64, block_n=16, block_k=16
+    ),
+    "chunks": dict(
+        shrink_items_per_program=8, expand_items_per_program=0.01, block_n=16, block_k=32
+    ),
+}
+
+
+@pytest.fixture(params=list(TUNINGS))
+def fused_tuning(request, monkeypatch):
+    """The interpreter runs one program, so force the split-K and column-chunk paths."""
+    from kernels.triton import lora_fused
+
+    knobs = TUNINGS[request.param]
+    tuning = None if knobs is None else lora_fused.FusedTuning(**knobs)
+    monkeypatch.setattr(lora_fused, "TUNING_OVERRIDE", tuning)
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", 1 << 30)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "tokens,hidden,num_slices,rank,distinct,none_frac",
+    [
+        (1, 200, 1, 8, 1, 0.0),  # H not a multiple of BLOCK_K
+        (5, 64, 3, 16, 3, 0.4),
+        (33, 128, 2, 32, 4, 0.2),
+        (20, 96, 3, 1, 2, 0.0),
+        (70, 64, 3, 128, 4, 0.1),  # rank 128: slices in separate shrink items
+    ],
+)
+def test_fused_matches_oracle(
+    triton_backend, fused_tuning, dtype, tokens, hidden, num_slices, rank, distinct, none_frac
+):
+    from kernels import lora_shrink_expand
+
+    token_slots, x, lora_a, lora_b = _case(
+        tokens, hidden, num_slices, rank, distinct, none_frac, dtype
+    )
+    y = torch.randn(tokens, sum(SLICES[num_slices])).to(dtype)
+    before = y.clone()
+    want = oracle_expand(y, oracle_shrink(x, lora_a, token_slots, 0.75), lora_b, token_slots)
+    meta = build_meta(token_slots, 4)
+    assert lora_shrink_expand(y, x, lora_a, lora_b, meta, scale=0.75) is y
+    assert rel_err(y, want) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], before[token_slots < 0])
+    assert meta.sync.abs().sum() == 0  # the last program resets flags and counter
+
+
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_fused_per_slot_rank_and_overwrite(triton_backend, fused_tuning, num_slices):
+    from kernels import lora_shrink_expand
+
+    token_slots, x, lora_a, lora_b = _case(17, 64, num_slices, 16, 4, 0.3, torch.float32)
+    ranks = torch.tensor([3, 16, 8, 1], dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks)
+    buf = oracle_shrink(x, lora_a, token_slots, 1.0, ranks)
+    want = oracle_expand(torch.zeros(17, sum(SLICES[num_slices])), buf, lora_b, token_slots,
+                         False, ranks)  # fmt: skip
+    y = torch.full((17, sum(SLICES[num_slices])), float("nan"))
+    lora_shrink_expand(y, x, lora_a, lora_b, meta, add_inputs=False)
+    live = token_slots >= 0
+    assert rel_err(y[live], want[live]) < TOLERANCE[torch.float32]
+    assert torch.isnan(y[~live]).all()
+
+
+def test_fused_equals_unfused_on_non_contiguous_inputs(triton_backend):
+    from kernels import lora_shrink_expand
+
+    token_slots, _, lora_a, lora_b = _case(9, 64, 2, 8, 3, 0.2, torch.float16)
+    x = torch.randn(64, 18).to(torch.float16).t()[::2]  # [9, 64], strides (2, 18)
+    wide = torch.randn(9, 100).to(torch.float16)
+    keep = wide.clone()
+    y = wide[:, 10 : 10 + 64]
+    want = oracle_expand(y, oracle_shrink(x, lora_a, token_slots), lora_b, token_slots)
+    lora_shrink_expand(y, x, lora_a, lora_b, token_slots)
+    assert rel_err(y, want) < TOLERANCE[torch.float16]
+    assert torch.equal(wide[:, :10], keep[:, :10]) and torch.equal(wide[:, 74:], keep[:, 74:])
+
+
+def test_fused_all_tokens_without_adapter(triton_backend):
+    from kernels import lora_shrink_expand
+
+    token_slots = torch.full((6,), -1)
+    y = torch.randn(6, 16)
+    before = y.clone()
+    a = random_slices(2, [(4, 32)], torch.float32, "cpu", 1.0)
+    b = random_slices(2, [(16, 4)], torch.float32, "cpu", 1.0)
+    lora_shrink_expand(y, torch.randn(6, 32), a, b, token_slots)
+    assert torch.equal(y, before)
+
+
+def test_shrink_expand_default_route_uses_the_workspace(triton_backend, monkeypatch):
+    """Default (FUSED_MAX_TOKENS 0): separate shrink + expand, shrink output in the caller's
+    zeroed workspace; the same result as the fused kernel."""
+    from kernels import lora_shrink_expand
+    from kernels.triton import lora_fused
+
+    token_slots, x, lora_a, lora_b = _case(12, 64, 3, 8, 3, 0.2, torch.float32)
+    y0 = torch.randn(12, sum(SLICES[3]))
+    want = oracle_expand(y0, oracle_shrink(x, lora_a, token_slots, 0.5), lora_b, token_slots)
+    ws = torch.zeros(3, 12, 8)
+    y = y0.clone()
+    lora_shrink_expand(y, x, lora_a, lora_b, token_slots, scale=0.5, workspace=ws)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]
+    assert rel_err(ws, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", 12)
+    fused = y0.clone()
+    lora_shrink_expand(fused, x, lora_a, lora_b, token_slots, scale=0.5)
+    assert rel_err(fused, want) < TOLERANCE[torch.float32]

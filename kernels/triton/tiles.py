@@ -1,0 +1,99 @@
+"""Triton building blocks shared by the shrink, expand and fused kernels.
+
+A tile is up to BLOCK_M tokens of one slot (kernels.meta.SegmentMeta): its slot, rank
+and token rows are three independent loads, so a program starts moving x / A / B / y
+after one round trip to memory instead of a chain of dependent index loads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pick(s, v0, v1, v2):
+    """v0, v1 or v2 by slice index s (0, 1, 2)."""
+    return tl.where(s == 0, v0, tl.where(s == 1, v1, v2))
+
+
+@triton.jit
+def load_tile(tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M: tl.constexpr):
+    """(slot, rank, tok int64 [BLOCK_M], m_mask [BLOCK_M]) of one tile; rank <= R.
+
+    Rows past the tile's tokens have tok = 0 and m_mask False (loads of them are masked).
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    slot = tl.load(tile_slot_ptr + tile)
+    rank = tl.minimum(tl.load(tile_rank_ptr + tile), R)
+    tok = tl.load(tile_tok_ptr + tile * BLOCK_M + offs_m)
+    m_mask = tok >= 0
+    return slot, rank, tl.where(m_mask, tok, 0).to(tl.int64), m_mask
+
+
+@triton.jit
+def _load_k(ptrs, row_mask, k, offs_k, H, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
+    return tl.load(ptrs, mask=row_mask[:, None] & ((offs_k + k) < H)[None, :], other=0.0)
+
+
+@triton.jit
+def shrink_acc(
+    x_ptr, a_ptr, off1, off2, tok, m_mask, r_mask, k0, k_len,
+    stride_xt, stride_xh, stride_ar, stride_ah, H,
+    NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Semantics: for j < NSL (slice j at a_ptr + (0, off1, off2)[j], rows of one slot):
+        acc_j[m, r] = sum_{k0 <= k < k0 + k_len, k < H} x[tok_m, k] * A_j[r, k]   (r_mask rows)
+    -> (acc0, acc1, acc2) float32 [BLOCK_M, BLOCK_R] (unused ones stay zero).
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
+    a0 = a_ptr + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ah
+    a1 = a0 + off1
+    a2 = a0 + off2
+    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k in range(0, k_len, BLOCK_K):
+        xv = _load_k(x_ptrs, m_mask, k, offs_k, H, EVEN_K)
+        acc0 += tl.dot(xv, tl.trans(_load_k(a0, r_mask, k, offs_k, H, EVEN_K)),
+                       input_precision=PRECISION)  # fmt: skip
+        if NSL > 1:
+            acc1 += tl.dot(xv, tl.trans(_load_k(a1, r_mask, k, offs_k, H, EVEN_K)),
+                           input_precision=PRECISION)  # fmt: skip
+        if NSL > 2:
+            acc2 += tl.dot(xv, tl.trans(_load_k(a2, r_mask, k, offs_k, H, EVEN_K)),
+                           input_precision=PRECISION)  # fmt: skip
+        x_ptrs += BLOCK_K * stride_xh
+        a0 += BLOCK_K * stride_ah
+        a1 += BLOCK_K * stride_ah
+        a2 += BLOCK_K * stride_ah
+    return acc0, acc1, acc2
+
+
+@triton.jit
+def expand_block(
+    y_ptr, h, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
+    stride_bn, stride_br, stride_yt, stride_yn,
+    BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Semantics: for rows m with m_mask, n in offs_n with n_mask:
+        y[tok_m, col0 + n] = (y[tok_m, col0 + n] if ADD_INPUTS else 0) + sum_r h[m, r] * B[n, r]
+    h: [BLOCK_M, BLOCK_R] in B's dtype (columns past the rank are zero); b_ptr: one slot
+    of one slice [N, R]; only the r_mask columns of B are read.
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
+    mask = m_mask[:, None] & n_mask[None, :]
+    if ADD_INPUTS:  # issued first: the y read overlaps the B read
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
+    b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+    acc = tl.dot(h, b, input_precision=PRECISION)
+    if ADD_INPUTS:
+        acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
