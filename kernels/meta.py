@@ -21,7 +21,8 @@ done for absent slots.
 
 `sync` ([max_tiles + 1] int32, zero between launches) is the fused kernel's scratch:
 per-tile counts of finished shrink work, then a count of finished programs; the last
-program to finish zeroes it again, and every build zeroes it too.
+program to finish zeroes it again. Every build zeroes it (so `SegmentMeta.empty` need
+not: its contents are undefined until built).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class SegmentMeta:
             tile_rank=buf(nt),
             tile_tok=buf(nt, bm),
             num_tiles=buf(1),
-            sync=torch.zeros(nt + 1, dtype=torch.int32, device=device),
+            sync=buf(nt + 1),
             num_slots=num_slots,
             block_m=bm,
         )
@@ -150,8 +151,8 @@ def build_meta(
     """token_slots: int [T] in [-1, L); slot_ranks: int [L] or None -> SegmentMeta.
 
     Device work only into fixed-shape buffers: no host sync, CUDA-graph capturable when
-    `out` is preallocated. On the Triton backend it is one kernel (a counting sort in
-    one program); otherwise a few torch ops. Slots outside [-1, L) are the caller's
+    `out` is preallocated. On the Triton backend it is one kernel (a radix sort in one
+    program, kernels/triton/build_meta.py); otherwise a few torch ops. Slots outside [-1, L) are the caller's
     bug; they are treated as -1 so the kernels never read out of bounds.
     """
     _check_inputs(token_slots, slot_ranks, num_slots)

@@ -203,7 +203,6 @@ TUNING_OVERRIDE: FusedTuning | None = None
 FUSED_MAX_TOKENS = int(os.environ.get("LORAFLEET_FUSED_MAX_TOKENS", "0"))
 MAX_SPLIT = 16  # K splits of the shrink; the expand adds the partial sums fully unrolled
 PLAN_PROGRAMS_PER_SM = 2  # programs per SM the work is cut for (the launch uses the occupancy)
-MAX_PROGRAMS_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -220,17 +219,16 @@ class FusedPlan:
     chunk_starts: tuple[int, int]
     """First chunk index of slices 1 and 2 (= the chunk count where a slice is absent)."""
     chunks: int
-    tuning: FusedTuning
 
 
+@functools.lru_cache(maxsize=256)
 def plan(tokens: int, bm: int, rank: int, hidden: int, sizes: tuple[int, ...], elem: int,
-         device: torch.device) -> FusedPlan:  # fmt: skip
+         device: torch.device, tuning: FusedTuning) -> FusedPlan:  # fmt: skip
     """Launch shape: fuse slices while their accumulators fit (rank <= 64), split K until
     the shrink has about `shrink_items_per_program` items per program, and cut columns
     into chunks for about `expand_items_per_program` expand items per program. Tile
     counts are estimated from T alone (ceil(T / BLOCK_M), the fewest possible), so
     more adapters than expected means more items per program, never idle SMs."""
-    tuning = TUNING_OVERRIDE or TUNING["decode" if bm <= 16 else "prefill"]
     br = block_r(rank)
     programs = num_sms(device) * PLAN_PROGRAMS_PER_SM if device.type == "cuda" else 1
     fuse = tuning.fuse_slices and len(sizes) * br <= 64
@@ -254,18 +252,13 @@ def plan(tokens: int, bm: int, rank: int, hidden: int, sizes: tuple[int, ...], e
     ch1, ch2 = (st if i + 1 < len(sizes) else total for i, st in enumerate(starts))
     return FusedPlan(
         fuse_slices=fuse, block_k=bk, k_per_split=k_per_split, split=cdiv(hidden, k_per_split),
-        block_n=bn, chunk_tiles=nb, chunk_starts=(ch1, ch2), chunks=total, tuning=tuning,
+        block_n=bn, chunk_tiles=nb, chunk_starts=(ch1, ch2), chunks=total,
     )  # fmt: skip
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_plan(tokens, bm, rank, hidden, sizes, elem, device, override):
-    return plan(tokens, bm, rank, hidden, sizes, elem, device)
 
 
 def resident_programs(n_regs: int, shared: int, num_warps: int, max_shared: int) -> int:
     """Programs of a compiled kernel that fit on one SM at once (registers, shared memory,
-    threads), with a margin, at most MAX_PROGRAMS_PER_SM. The fused kernel's programs wait
+    threads), with a margin. The fused kernel's programs wait
     on each other, so its grid must never exceed what is resident (else it deadlocks).
 
     Registers go to warps in units of 256 (65536 per SM); each program also reserves 1 KB
@@ -275,22 +268,23 @@ def resident_programs(n_regs: int, shared: int, num_warps: int, max_shared: int)
     by_regs = (65536 // regs_per_warp) // num_warps
     by_shared = (max_shared + 1024) // (shared + 1024 + 4096)
     by_threads = 2048 // (32 * num_warps)
-    return max(1, min(by_regs, by_shared, by_threads, MAX_PROGRAMS_PER_SM))
+    return max(1, min(by_regs, by_shared, by_threads))
 
 
-def _launch_programs(per_sm: int, tuning: FusedTuning, device: torch.device) -> int:
-    return num_sms(device) * min(per_sm, tuning.max_programs_per_sm)
+_RESIDENT: dict[tuple, int] = {}
 
 
-_PROGRAMS: dict[tuple, int] = {}
-
-
-def _programs(key: tuple, device: torch.device, launch_args: tuple, launch_kwargs: dict) -> int:
-    """Grid size: SMs x resident programs of this specialization (1 under the interpreter,
-    which runs programs one after another: one program doing every item in order)."""
+def _programs(
+    device: torch.device, tuning: FusedTuning, launch_args: tuple, launch_kwargs: dict
+) -> int:
+    """Grid size: SMs x min(resident programs of this specialization, the tuning's cap);
+    1 under the interpreter, which runs programs one after another (one program then does
+    every item in order)."""
     if device.type != "cuda":
         return 1
-    got = _PROGRAMS.get(key)
+    x, y = launch_args[0], launch_args[3]
+    key = (device, x.dtype, y.dtype, *sorted(launch_kwargs.items()))
+    got = _RESIDENT.get(key)
     if got is None:
         compiled = _fused_kernel.warmup(*launch_args, grid=(1,), **launch_kwargs)
         compiled._init_handles()
@@ -299,8 +293,8 @@ def _programs(key: tuple, device: torch.device, launch_args: tuple, launch_kwarg
             compiled.n_regs, compiled.metadata.shared, launch_kwargs["num_warps"],
             props["max_shared_mem"],
         )  # fmt: skip
-        got = _PROGRAMS[key] = per_sm
-    return _launch_programs(got, key[0].tuning, device)
+        got = _RESIDENT[key] = per_sm
+    return num_sms(device) * min(got, tuning.max_programs_per_sm)
 
 
 def lora_shrink_expand_triton(
@@ -333,8 +327,8 @@ def lora_shrink_expand_triton(
         return y
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
     sizes = tuple(sh[1] for sh in sb.shapes)
-    p = _cached_plan(tokens, meta.block_m, rank, hidden, sizes, x.element_size(), x.device,
-                     TUNING_OVERRIDE)  # fmt: skip
+    tuning = TUNING_OVERRIDE or TUNING["decode" if meta.block_m <= 16 else "prefill"]
+    p = plan(tokens, meta.block_m, rank, hidden, sizes, x.element_size(), x.device, tuning)
     br = block_r(rank)
     part = torch.empty(
         p.split * len(sizes) * meta.max_tiles * meta.block_m * br,
@@ -348,7 +342,7 @@ def lora_shrink_expand_triton(
         BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=p.block_k, BLOCK_N=p.block_n,
         EVEN_K=hidden % p.k_per_split == 0, ADD_INPUTS=bool(add_inputs),
         PRECISION=dot_precision(x.dtype),
-        num_warps=p.tuning.num_warps, num_stages=p.tuning.num_stages,
+        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )  # fmt: skip
 
     def args(programs: int) -> tuple:
@@ -363,8 +357,6 @@ def lora_shrink_expand_triton(
             hidden, rank, p.k_per_split, float(scale), p.chunk_tiles,
         )  # fmt: skip
 
-    key = (p, meta.block_m, br, x.dtype, y.dtype, bool(add_inputs), x.device,
-           hidden % p.k_per_split == 0)  # fmt: skip
-    programs = _programs(key, x.device, args(num_sms(x.device)), kwargs)
+    programs = _programs(x.device, tuning, args(num_sms(x.device)), kwargs)
     _fused_kernel[(programs,)](*args(programs), **kwargs)
     return y
