@@ -20,6 +20,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from kernels import (  # noqa: E402
 )
 from kernels.reference import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from kernels.testing import random_slots, rel_err  # noqa: E402
+from kernels.triton.common import pdl_enabled  # noqa: E402
 from kernels.triton.lora_fused import lora_shrink_expand_triton  # noqa: E402
 
 LAYERS = {
@@ -61,6 +63,7 @@ DT = torch.bfloat16
 EL = 2
 BASELINE_MAX_BYTES = 3e9
 ROTATE_BYTES = 3 * 60e6  # three L2s per replay
+BW = [0.0]  # copy bandwidth measured by main, bytes/s
 
 
 def copy_bandwidth() -> float:
@@ -89,8 +92,12 @@ def floor_bytes(layer: str, tokens: int, n: int, mean_rank: float, rank: int) ->
     }
 
 
+B_RANK_MAJOR = True  # the engine's layout (lora_core.slot_buffers); --b-n-major for the other
+
+
 class Pool:
-    """One layer's adapter weights for POOL_SLOTS slots at max rank `rank`."""
+    """One layer's adapter weights for POOL_SLOTS slots at max rank `rank`, laid out as the
+    engine's slots are: A_s [L, R, H]; B_s [L, N_s, R] stored rank-major ([L, R, N_s])."""
 
     def __init__(self, layer: str, rank: int):
         hidden, sizes = LAYERS[layer]
@@ -98,9 +105,17 @@ class Pool:
             (torch.randn(POOL_SLOTS, rank, hidden, device="cuda") * hidden**-0.5).to(DT)
             for _ in sizes
         )
-        self.b = tuple(
-            (torch.randn(POOL_SLOTS, n, rank, device="cuda") * rank**-0.5).to(DT) for n in sizes
-        )
+        if B_RANK_MAJOR:
+            self.b = tuple(
+                (torch.randn(POOL_SLOTS, rank, n, device="cuda") * rank**-0.5)
+                .to(DT)
+                .transpose(1, 2)
+                for n in sizes
+            )
+        else:
+            self.b = tuple(
+                (torch.randn(POOL_SLOTS, n, rank, device="cuda") * rank**-0.5).to(DT) for n in sizes
+            )
 
 
 class Pools:
@@ -147,25 +162,27 @@ def baseline(x, a, b, y, slots):
         off += n
 
 
-def time_graph(fns, rep_ms: int = 25) -> float:
-    """Median us of one call under CUDA-graph replay: one graph runs fns (rotated sets) in turn."""
+def time_graph(fns, rep_ms: int = 25, prologue=None) -> float:
+    """Median us of one call under CUDA-graph replay: one graph runs prologue (if any: the
+    step's one workspace memset) and then fns (rotated sets) in turn."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for f in fns:
+        for f in [prologue] * (prologue is not None) + list(fns):
             f()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for f in fns:
+        for f in [prologue] * (prologue is not None) + list(fns):
             f()
     replay = do_bench(graph.replay, warmup=3, rep=rep_ms, return_mode="median") * 1e3
     del graph
     return replay / len(fns)
 
 
-def time_both_modes(fns, nsets) -> dict[str, float]:
-    """{eager_us, graph_us} medians for one call; fns[k] runs the call on set k."""
+def time_both_modes(fns, nsets, graph_fns=None, prologue=None) -> dict[str, float]:
+    """{eager_us, graph_us} medians for one call; fns[k] runs the call on set k
+    (graph_fns[k] under graph replay, after prologue, when given)."""
     counter = [0]
 
     def cycle():
@@ -173,7 +190,17 @@ def time_both_modes(fns, nsets) -> dict[str, float]:
         counter[0] += 1
 
     eager = do_bench(cycle, warmup=3, rep=15, return_mode="median") * 1e3
-    return {"eager_us": eager, "graph_us": time_graph(fns)}
+    return {"eager_us": eager, "graph_us": time_graph(graph_fns or fns, prologue=prologue)}
+
+
+def workspaces(sets, layer: str, rank: int):
+    """(memset, one zeroed float32 [S, T, R] shrink output per set): the engine's per-step
+    workspace (lora_core.context.LoraBatchContext), one memset for every call of the step."""
+    tokens, slices = sets[0]["x"].shape[0], len(LAYERS[layer][1])
+    size = slices * tokens * rank
+    ws = torch.zeros(len(sets) * size, dtype=torch.float32, device="cuda")
+    views = [ws[k * size : (k + 1) * size].view(slices, tokens, rank) for k in range(len(sets))]
+    return ws.zero_, views
 
 
 def check(st, ranks) -> float:
@@ -199,8 +226,10 @@ def _expand(st):
     lora_expand(st["y"], st["buf"], st["pool"].b, st["meta"])
 
 
-def _both(st):
-    lora_shrink_expand(st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"])
+def _both(st, workspace=None):
+    lora_shrink_expand(
+        st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"], workspace=workspace
+    )
 
 
 def _fused(st):
@@ -220,6 +249,15 @@ def run_case(layer, pools, rank, tokens, n, bw, mixed=False) -> dict:
     kinds = (("both", _both), ("shrink", _shrink), ("expand", _expand), ("fused", _fused))
     for kind, fn in kinds:
         res[kind] = time_both_modes([functools.partial(fn, st) for st in sets], nsets)
+    # `both` under graph replay as the engine runs it: shrink outputs in the step's
+    # workspace, zeroed by one memset per step (eagerly each call zeroes its own buffer).
+    memset, views = workspaces(sets, layer, rank)
+    ws_fns = [functools.partial(_both, st, v) for st, v in zip(sets, views, strict=True)]
+    res["both"]["graph_us"] = time_graph(ws_fns, prologue=memset)
+    if pdl_enabled(torch.device("cuda")):  # the same without programmatic dependent launch
+        os.environ["LORAFLEET_PDL"] = "0"
+        res["both_no_pdl"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
+        del os.environ["LORAFLEET_PDL"]
     res["ratio_graph_both"] = res["both"]["graph_us"] / res["floor_us"]["both"]
     hidden, sizes = LAYERS[layer]
     gathered = tokens * rank * (len(sizes) * hidden + sum(sizes)) * EL
@@ -293,6 +331,84 @@ def sweep(bw: float, budget_s: float) -> list[dict]:
     return rows
 
 
+TUNE_SHAPES = [
+    ("o", 16, 64, 8), ("qkv", 16, 64, 8), ("gate_up", 16, 64, 8), ("qkv", 16, 256, 32),
+    ("down", 16, 256, 32), ("qkv", 64, 256, 32), ("gate_up", 64, 256, 8),
+    ("qkv", 16, 2048, 8), ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32), ("down", 64, 4096, 32),
+]  # fmt: skip
+
+
+def _shrink_configs(prefill: bool):
+    from kernels.triton.lora_shrink import ShrinkConfig
+
+    bks = (64, 128) if prefill else (128, 256)
+    pps = (2, 4, 8) if prefill else (4, 8, 16)
+    grid = [ShrinkConfig(bk, p, fuse) for bk in bks for p in pps for fuse in (False, True)]
+    base = ShrinkConfig(bks[1], pps[1], prefill)
+    return grid + [
+        ShrinkConfig(base.block_k, base.programs_per_sm, prefill, num_stages=st, num_warps=w)
+        for st, w in ((2, 4), (4, 4), (3, 8))
+    ]
+
+
+def tune(budget_s: float, kinds: tuple[str, ...] = ("both", "shrink", "expand")) -> list[dict]:
+    """Graph-replay us of the separate shrink and expand kernels per launch config on
+    TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use)."""
+    global B_RANK_MAJOR
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    rows, t0 = [], time.monotonic()
+    for layer, rank, tokens, n in TUNE_SHAPES:
+        if time.monotonic() - t0 > budget_s:
+            print(f"tune budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
+            continue
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        nsets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / fb["both"])))
+        shape = f"{layer} r{rank} T={tokens} n={n}"
+        for rank_major in (True, False):
+            B_RANK_MAJOR = rank_major
+            sets, _ = make_sets(layer, Pools(layer, rank), tokens, n, nsets, lambda i, r=rank: r)
+            memset, views = workspaces(sets, layer, rank)
+            ws_fns = [functools.partial(_both, st, v) for st, v in zip(sets, views, strict=True)]
+            for pdl in ("1", "0") if "both" in kinds else ():
+                os.environ["LORAFLEET_PDL"] = pdl
+                us = time_graph(ws_fns, 10, prologue=memset)
+                rows.append({"shape": shape, "kind": "both", "b_rank_major": rank_major,
+                             "pdl": pdl == "1", "graph_us": us, "floor_us": fb["both"] / BW[0] * 1e6})  # fmt: skip
+                print(f"{shape:24s} both   {'rm' if rank_major else 'nm'} pdl={pdl} {us:7.1f} us "
+                      f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
+            os.environ.pop("LORAFLEET_PDL", None)
+            trials = [
+                ("expand", ex, ex.ExpandConfig(bn, w)) for bn in (64, 128, 256) for w in (4, 8)
+            ]
+            if rank_major:
+                trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
+            trials = [t for t in trials if t[0] in kinds]
+            for kind, mod, cfg in trials:
+                mod.CONFIG_OVERRIDE = cfg
+                if kind == "shrink":
+                    fns = [functools.partial(lora_shrink, st["x"], st["pool"].a, st["meta"], out=v)
+                           for st, v in zip(sets, views, strict=True)]  # fmt: skip
+                else:
+                    fns = [functools.partial(_expand, st) for st in sets]
+                try:
+                    us = time_graph(fns, 10, prologue=memset if kind == "shrink" else None)
+                except Exception as e:  # an unlaunchable config is data too
+                    us = float("nan")
+                    print(f"  {cfg}: {e!r}"[:300], flush=True)
+                mod.CONFIG_OVERRIDE = None
+                row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
+                       "config": repr(cfg), "graph_us": us, "floor_us": fb[kind] / BW[0] * 1e6}  # fmt: skip
+                rows.append(row)
+                print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
+                      f"(floor {row['floor_us']:.1f}) {cfg}", flush=True)  # fmt: skip
+            del sets, views
+        B_RANK_MAJOR = True
+        torch.cuda.empty_cache()
+    return rows
+
+
 def meta_build_times() -> dict[str, dict[str, float]]:
     """build_meta into preallocated buffers (once per step, shared by all layers)."""
     out = {}
@@ -360,6 +476,17 @@ def targets(results: list[dict]) -> list[dict]:
     return out
 
 
+def target_summary(tgts: list[dict]) -> dict[str, dict]:
+    """{target: {pass, total, worst_by}} (worst_by: the largest measured / limit)."""
+    out: dict[str, dict] = {}
+    for t in tgts:
+        row = out.setdefault(t["target"], {"pass": 0, "total": 0, "worst_by": 0.0})
+        row["pass"] += t["pass"]
+        row["total"] += 1
+        row["worst_by"] = max(row["worst_by"], t["by"])
+    return out
+
+
 def _fmt(v: float | None, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.1f}{suffix}"
 
@@ -403,15 +530,22 @@ def main() -> None:
     )
     ap.add_argument("--sweep-budget-s", type=float, default=240, help="time for --sweep")
     ap.add_argument("--no-grid", action="store_true", help="skip the full grid (sweep only)")
+    ap.add_argument("--tune", action="store_true", help="time shrink/expand launch configs")
+    ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
+    ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
     args = ap.parse_args()
     t0 = time.monotonic()
     torch.manual_seed(0)
     bw = copy_bandwidth()
+    BW[0] = bw
     props = torch.cuda.get_device_properties(0)
     doc = {"command": "python3 " + " ".join(sys.argv), "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
            "triton": triton.__version__, "dtype": "bfloat16", "pool_slots": POOL_SLOTS,
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
+    if args.tune:
+        doc["tune"] = tune(args.tune_budget_s, tuple(args.tune_kinds.split(",")))
+        write(args.out, doc)
     if args.sweep:
         doc["sweep"] = sweep(bw, args.sweep_budget_s)
         write(args.out, doc)
@@ -447,6 +581,7 @@ def main() -> None:
         write(args.out, doc)
         print(f"[{time.monotonic() - t0:.0f}s] {layer} r{rank} done", flush=True)
     doc.setdefault("targets", targets(doc["results"]))
+    doc["target_summary"] = target_summary(doc["targets"])
     write(args.out, doc)
     missed = [t for t in doc["targets"] if not t["pass"]]
     print(table(doc["results"]))

@@ -86,6 +86,12 @@ def random_slices(num_slots: int, dims: list[tuple[int, int]], dtype, device, st
     return tuple((torch.randn(num_slots, d0, d1, device=device) * std).to(dtype) for d0, d1 in dims)
 
 
+def rank_major(lora_b: tuple) -> tuple:
+    """The same B slices [L, N_s, R] stored rank-major ([L, R, N_s] memory, transposed
+    view), as lora_core.slot_buffers keeps them: n-stride 1, r-stride N_s (differs by slice)."""
+    return tuple(b.transpose(1, 2).contiguous().transpose(1, 2) for b in lora_b)
+
+
 def slot_map(tokens, num_slots, none_frac, bad_frac, dtype, seed, device="cpu") -> torch.Tensor:
     """[T] slots in [0, L), ~none_frac of them -1 and ~bad_frac out of range (<= -2 or >= L)."""
     gen = torch.Generator().manual_seed(seed)

@@ -2,9 +2,10 @@
 
 For every layer and group (qkv, o, gate_up, down) and each of its S slices:
     A_s: [L, R, H]   B_s: [L, N_s, R]      (L = max_loras slots, R = max_rank)
-exactly what `kernels.lora_shrink` / `kernels.lora_expand` take. A slot holding an
-adapter of rank r has rows/columns r..R-1 zero, and untargeted slices all zero, so
-the padded rank contributes nothing.
+exactly what `kernels.lora_shrink` / `kernels.lora_expand` take (B_s is stored
+rank-major, a transposed view of [L, R, N_s]; the kernels read it through strides).
+A slot holding an adapter of rank r has rows/columns r..R-1 zero, and untargeted
+slices all zero, so the padded rank contributes nothing.
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ class SlotBuffers:
         return tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in outs)
 
     def _alloc_b(self, group: str) -> tuple[torch.Tensor, ...]:
+        """Stored rank-major ([L, R, N_s], viewed as [L, N_s, R]): a slot of rank r keeps
+        its B in r contiguous rows, so the expand kernel reads only those (coalesced
+        along N) instead of r of every R elements of each of N rows."""
         _, outs = self.base.group_sizes(group)
         return tuple(
-            torch.zeros((self.max_loras, n, self.max_rank), dtype=self.dtype, device=self.device)
+            torch.zeros(
+                (self.max_loras, self.max_rank, n), dtype=self.dtype, device=self.device
+            ).transpose(1, 2)
             for n in outs
         )
 

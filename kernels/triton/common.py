@@ -45,10 +45,13 @@ class Slices:
     def count(self) -> int:
         return len(self.shapes)
 
-    def stride_l(self) -> tuple[int, int, int]:
-        """Slot stride of each slice, padded to MAX_SLICES."""
-        pad = (0,) * (MAX_SLICES - self.count)
-        return tuple(st[0] for st in self.strides) + pad
+    def per_slice(self, dim: int) -> tuple[int, int, int]:
+        """Stride along `dim` of each slice, padded to MAX_SLICES (slices may differ: a
+        rank-major B [L, R, N_s] viewed as [L, N_s, R] has an r-stride of N_s)."""
+        # padded with slice 0's: equal strides stay equal, so Triton's specialisation of a
+        # stride of 1 (vectorised loads) survives the kernel's pick by slice
+        pad = (self.strides[0][dim],) * (MAX_SLICES - self.count)
+        return tuple(st[dim] for st in self.strides) + pad
 
 
 # Pool tuples are passed on every layer of every step: check them once. Keyed by the
@@ -159,3 +162,29 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+@functools.lru_cache(maxsize=8)
+def _pdl_capable(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+# Programmatic dependent launch helps steps of at most this many tokens (H200: the expand's
+# launch and its B / old-y loads hide behind the shrink, 0.3-2 us per layer); in larger
+# steps the expand's early programs take SM room the shrink still needs (up to 10% slower).
+PDL_MAX_TOKENS = 256
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch (a kernel starts while the one before it drains):
+    CUDA devices of compute capability >= 9.0, unless LORAFLEET_PDL=0. Never under the
+    interpreter, which has no grid dependency control."""
+    if device.type != "cuda" or os.environ.get("LORAFLEET_PDL", "1") == "0":
+        return False
+    return _pdl_capable(device)
+
+
+def launch_pdl(enabled: bool) -> dict[str, bool]:
+    """Launch keyword arguments for a programmatic dependent launch (none when off, so
+    the kernel's compile options, and its cache key, stay as without PDL)."""
+    return {"launch_pdl": True} if enabled else {}

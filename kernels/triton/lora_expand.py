@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
@@ -23,9 +24,11 @@ from kernels.triton.common import (
     cdiv,
     check_device,
     dot_precision,
+    launch_pdl,
+    pdl_enabled,
     slices_of,
 )
-from kernels.triton.tiles import expand_block, load_tile, pick
+from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 
 
 @triton.jit
@@ -33,15 +36,26 @@ def _expand_tile(
     y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
     s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr,
+    WAIT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T."""
+    """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T.
+
+    WAIT (launched as a programmatic dependent of the shrink that writes buf): the tile,
+    B and old y, which the shrink does not write, are loaded before waiting for it.
+    """
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
     if slot >= 0:
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < rank
+        y_ptrs, mask, y_old, b = expand_operands(
+            y_ptr, b_slice + slot.to(tl.int64) * stride_bl, tok, m_mask, r_mask, col0,
+            offs_n, n_mask, stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
+        )  # fmt: skip
+        if WAIT:
+            gdc_wait()
         buf_ptrs = (
             buf_ptr
             + s.to(tl.int64) * stride_bs
@@ -49,23 +63,21 @@ def _expand_tile(
             + offs_r[None, :] * stride_bk
         )
         h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-        expand_block(
-            y_ptr, h.to(b_slice.dtype.element_ty), b_slice + slot.to(tl.int64) * stride_bl,
-            tok, m_mask, r_mask, col0, offs_n, n_mask, stride_bn, stride_br, stride_yt, stride_yn,
-            BLOCK_R, ADD_INPUTS, PRECISION,
-        )  # fmt: skip
+        expand_store(y_ptrs, mask, y_old, b, h.to(b.dtype), ADD_INPUTS, PRECISION)
 
 
 @triton.jit
 def _expand_kernel(
     y_ptr, buf_ptr, b_ptr,
     tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, num_programs,
-    b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_br,
+    b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2, stride_bn0, stride_bn1, stride_bn2,
+    stride_br0, stride_br1, stride_br2,
     n0, n1, n2, nt1, nt2,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr, PRECISION: tl.constexpr,
+    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr, WAIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = n-tile j of slice s, its tiles):
     for t in tile tokens, n in tile j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
@@ -79,12 +91,14 @@ def _expand_kernel(
     n_mask = offs_n < n_s
     b_slice = b_ptr + pick(s, 0, b_off1, b_off2).to(tl.int64)
     stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
+    stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
+    stride_br = pick(s, stride_br0, stride_br1, stride_br2)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _expand_tile(
             y_ptr, buf_ptr, b_slice, tl.program_id(0), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
             s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
+            BLOCK_M, BLOCK_R, ADD_INPUTS, WAIT, PRECISION,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
@@ -92,8 +106,10 @@ def _expand_kernel(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_R, ADD_INPUTS, PRECISION,
+                BLOCK_M, BLOCK_R, ADD_INPUTS, WAIT, PRECISION,
             )  # fmt: skip
+    if WAIT:  # also programs without work: this kernel ends only after the shrink has
+        gdc_wait()
 
 
 @dataclass(frozen=True)
@@ -108,10 +124,18 @@ class ExpandConfig:
 CONFIG_OVERRIDE: ExpandConfig | None = None
 
 
-def default_config(bm: int, br: int) -> ExpandConfig:
-    """128 columns per program (64 for rank > 64), from the H200 --sweep: 256 lost at T=64
-    (6.0 vs 5.2 us) and at T=4096 (167 vs 144 us), tied at T=256."""
-    return ExpandConfig(block_n=128 if br <= 64 else 64)
+def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
+    """From `benchmarks/lora_kernels.py --tune` on the H200 (B rank-major; the figures in
+    results/lora_kernels_tune_h200.json): 128 columns per program, 4 warps; decode-sized
+    tiles (bm 16) of wide slices (gate_up, N >= 8192) take 256 columns (gate_up r16 T=64:
+    8.4 vs 11.4 us); prefill tiles of rank <= 32 take 8 warps (gate_up r16 T=4096: 148 vs
+    154 us; rank 64 loses with 8: down r64 T=4096 43 vs 36). Rank > 64: 64 columns
+    (registers)."""
+    if br > 64:
+        return ExpandConfig(block_n=64)
+    if bm <= 16:
+        return ExpandConfig(block_n=256 if max_n >= 8192 else 128)
+    return ExpandConfig(block_n=128, num_warps=8 if br <= 32 else 4)
 
 
 def check_y_b(y: torch.Tensor, lora_b) -> Slices:
@@ -121,10 +145,8 @@ def check_y_b(y: torch.Tensor, lora_b) -> Slices:
     check_device(y, "y")
     sl = slices_of(lora_b, "lora_b")
     rank = sl.shapes[0][2]
-    if any(sh[2] != rank for sh in sl.shapes) or any(
-        st[1:] != sl.strides[0][1:] for st in sl.strides
-    ):
-        raise ValueError("lora_b: slices differ in rank/inner strides; all slices must match")
+    if any(sh[2] != rank for sh in sl.shapes):
+        raise ValueError("lora_b: slices differ in rank; all slices must match")
     if sl.base.device != y.device:
         raise ValueError(f"lora_b is on {sl.base.device}; allowed: y's device {y.device}")
     width = sum(sh[1] for sh in sl.shapes)
@@ -150,10 +172,17 @@ def lora_expand_triton(
     token_slots_or_meta: torch.Tensor | SegmentMeta,
     *,
     add_inputs: bool = True,
+    after_shrink: bool = False,
 ) -> torch.Tensor:
     """y: [T, sum N_s] (in place, any strides); buf: [S, T, R] (fp32 from shrink); lora_b: S x [L, N_s, R].
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L). Returns y.
+
+    after_shrink: the kernel launched just before on this stream is the shrink that
+    writes buf, launched with `dependents=True`, and was itself launched normally (so
+    whatever wrote y, B and the metadata had finished before it began). Where the GPU
+    allows (common.pdl_enabled), this launch then overlaps the shrink's tail: programmatic
+    dependent launch, loading its tile, B and old y before waiting for the shrink.
     """
     sl = _check(y, buf, lora_b)
     num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
@@ -162,27 +191,27 @@ def lora_expand_triton(
         return y
     meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device)
     br = block_r(rank)
-    cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br)
+    cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br, max(sizes))
     bn = cfg.block_n
     n_tiles = [cdiv(n, bn) for n in sizes]
     starts = [sum(n_tiles[:i]) for i in range(1, MAX_SLICES)]
     total = sum(n_tiles)
     nt1, nt2 = [st if i + 1 < len(sizes) else total for i, st in enumerate(starts)]
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
-    stride_l = sl.stride_l()
+    stride_l, stride_n, stride_r = (sl.per_slice(d) for d in range(3))
     off1, off2 = sl.offsets
-    _, stride_n, stride_r = sl.strides[0]
+    pdl = after_shrink and pdl_enabled(y.device)
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
     _expand_kernel[(programs, total)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
-        off1, off2, stride_l[0], stride_l[1], stride_l[2], stride_n, stride_r,
+        off1, off2, *stride_l, *stride_n, *stride_r,
         ns[0], ns[1], ns[2], nt1, nt2,
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
         rank,
         BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
-        PRECISION=dot_precision(y.dtype),
-        num_warps=cfg.num_warps, num_stages=1,
+        WAIT=pdl, PRECISION=dot_precision(y.dtype),
+        num_warps=cfg.num_warps, num_stages=1, **launch_pdl(pdl),
     )  # fmt: skip
     return y

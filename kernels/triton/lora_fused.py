@@ -88,7 +88,8 @@ def _shrink_items(
 def _expand_items(
     y_ptr, b_ptr, part_ptr, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, sync_ptr,
     num_tiles, pid, num_programs, b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2,
-    stride_bn, stride_br, stride_yt, stride_yn, n0, n1, n2, ch1, ch2, chunks, R, part_rows,
+    stride_bn0, stride_bn1, stride_bn2, stride_br0, stride_br1, stride_br2,
+    stride_yt, stride_yn, n0, n1, n2, ch1, ch2, chunks, R, part_rows,
     NB, SPLIT: tl.constexpr, NS: tl.constexpr, NSL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
@@ -109,6 +110,8 @@ def _expand_items(
             + pick(s, 0, b_off1, b_off2).to(tl.int64)
             + slot.to(tl.int64) * pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
         )
+        stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
+        stride_br = pick(s, stride_br0, stride_br1, stride_br2)
         n_s = pick(s, n0, n1, n2)
         col0 = pick(s, 0, n0, n0 + n1).to(tl.int64)
         n_first = (c - pick(s, 0, ch1, ch2)) * (NB * BLOCK_N)
@@ -136,7 +139,8 @@ def _fused_kernel(
     tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, sync_ptr, max_tiles, num_programs,
     a_off1, a_off2, b_off1, b_off2,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah,
-    stride_bl0, stride_bl1, stride_bl2, stride_bn, stride_br, stride_yt, stride_yn,
+    stride_bl0, stride_bl1, stride_bl2, stride_bn0, stride_bn1, stride_bn2,
+    stride_br0, stride_br1, stride_br2, stride_yt, stride_yn,
     n0, n1, n2, ch1, ch2, chunks, H, R, k_per_split, scale, NB,
     SPLIT: tl.constexpr, NS: tl.constexpr, NSL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -159,7 +163,8 @@ def _fused_kernel(
     _expand_items(
         y_ptr, b_ptr, part_ptr, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, sync_ptr,
         num_tiles, pid, num_programs, b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2,
-        stride_bn, stride_br, stride_yt, stride_yn, n0, n1, n2, ch1, ch2, chunks, R, part_rows,
+        stride_bn0, stride_bn1, stride_bn2, stride_br0, stride_br1, stride_br2,
+        stride_yt, stride_yn, n0, n1, n2, ch1, ch2, chunks, R, part_rows,
         NB, SPLIT, NS, NSL, BLOCK_M, BLOCK_R, BLOCK_N, ADD_INPUTS, PRECISION,
     )  # fmt: skip
     # The last program out resets the flags and the counter (every flag read is done).
@@ -335,8 +340,7 @@ def lora_shrink_expand_triton(
         dtype=torch.float32, device=x.device,
     )  # fmt: skip
     ns = sizes + (0,) * (3 - len(sizes))
-    stride_l = sb.stride_l()
-    _, stride_bn, stride_br = sb.strides[0]
+    stride_l, stride_bn, stride_br = (sb.per_slice(d) for d in range(3))
     kwargs = dict(
         SPLIT=p.split, NS=len(sizes), NSL=len(sizes) if p.fuse_slices else 1,
         BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=p.block_k, BLOCK_N=p.block_n,
@@ -352,7 +356,7 @@ def lora_shrink_expand_triton(
             meta.max_tiles, programs,
             sa.offsets[0], sa.offsets[1], sb.offsets[0], sb.offsets[1],
             x.stride(0), x.stride(1), sa.strides[0][0], sa.strides[0][1], sa.strides[0][2],
-            stride_l[0], stride_l[1], stride_l[2], stride_bn, stride_br, y.stride(0), y.stride(1),
+            *stride_l, *stride_bn, *stride_br, y.stride(0), y.stride(1),
             ns[0], ns[1], ns[2], p.chunk_starts[0], p.chunk_starts[1], p.chunks,
             hidden, rank, p.k_per_split, float(scale), p.chunk_tiles,
         )  # fmt: skip

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
 from kernels.triton.common import (
@@ -26,6 +27,7 @@ from kernels.triton.common import (
     dot_precision,
     next_pow2,
     num_sms,
+    pdl_enabled,
     slices_of,
 )
 from kernels.triton.tiles import load_tile, pick, shrink_acc
@@ -98,13 +100,16 @@ def _shrink_kernel(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
         out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
     NSL == 1: group g is slice g. NSL == S: one group, all slices.
+    DEPENDENTS: let the next kernel (a programmatic dependent launch) start now.
     """
+    if DEPENDENTS:
+        gdc_launch_dependents()
     pid_g = tl.program_id(0)
     k0 = tl.program_id(2).to(tl.int64) * k_per_split
     off_g = pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
@@ -131,19 +136,21 @@ MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14
 
 
 def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkConfig:
-    """Decode (bm 16): per-slice programs, ~8 per SM. Prefill: fused slices (rank <= 64, so
-    the S accumulators fit in registers), ~4 per SM. BLOCK_K halves until 3 pipeline stages
-    of the x and A tiles fit in ~120 KB of shared memory.
+    """Decode (bm 16): per-slice programs, ~16 per SM. Prefill: fused slices (rank <= 64, so
+    the S accumulators fit in registers), ~4 per SM. BLOCK_K 128, halved until 3 pipeline
+    stages of the x and A tiles fit in ~120 KB of shared memory.
 
-    From benchmarks/lora_kernels.py --sweep on the H200 (results/lora_kernels_h200.json).
+    From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
+    over 7 decode shapes this is within 5% of each shape's best of 15 configs (geometric
+    mean; the previous BLOCK_K 256 / 8 per SM: 11%); over 4 prefill shapes within 1%.
     """
     prefill = bm >= 32
     fuse = prefill and br <= 64
     rows = bm + (num_slices if fuse else 1) * br
-    bk = 128 if prefill else 256
+    bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    return ShrinkConfig(block_k=bk, programs_per_sm=4 if prefill else 8, fuse_slices=fuse)
+    return ShrinkConfig(block_k=bk, programs_per_sm=4 if prefill else 16, fuse_slices=fuse)
 
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
@@ -180,10 +187,14 @@ def lora_shrink_triton(
     *,
     scale: float = 1.0,
     out: torch.Tensor | None = None,
+    dependents: bool = False,
 ) -> torch.Tensor:
     """x: [T, H] (any strides); lora_a: S x [L, R, H] (dtype of x) -> float32 [S, T, R].
 
     out: a zeroed contiguous float32 [S, T, R] to write into (checked by kernels.lora_shrink).
+
+    dependents: the next kernel is an expand launched with after_shrink=True; let it
+    start while this one runs (where common.pdl_enabled).
 
     token_slots_or_meta: int [T] slot map, or a SegmentMeta built for (T, L).
     """
@@ -211,7 +222,7 @@ def lora_shrink_triton(
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
-        PRECISION=dot_precision(x.dtype),
+        DEPENDENTS=dependents and pdl_enabled(x.device), PRECISION=dot_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

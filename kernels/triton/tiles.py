@@ -76,6 +76,36 @@ def shrink_acc(
 
 
 @triton.jit
+def expand_operands(
+    y_ptr, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
+    stride_bn, stride_br, stride_yt, stride_yn,
+    BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr,
+):  # fmt: skip
+    """The operands of one expand block that do not depend on the shrink output:
+    -> (y_ptrs, mask, y_old (0.0 unless ADD_INPUTS), b [BLOCK_R, BLOCK_N]).
+    b_ptr: one slot of one slice [N, R]; only the r_mask rows of b are read.
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
+    mask = m_mask[:, None] & n_mask[None, :]
+    y_old = 0.0
+    if ADD_INPUTS:  # issued first: the y read overlaps the B read
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
+    b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+    return y_ptrs, mask, y_old, b
+
+
+@triton.jit
+def expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr):
+    """y[rows, cols] = (y_old if ADD_INPUTS else 0) + h @ b (h: [BLOCK_M, BLOCK_R], b's dtype)."""
+    acc = tl.dot(h, b, input_precision=PRECISION)
+    if ADD_INPUTS:
+        acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def expand_block(
     y_ptr, h, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
     stride_bn, stride_br, stride_yt, stride_yn,
@@ -86,14 +116,8 @@ def expand_block(
     h: [BLOCK_M, BLOCK_R] in B's dtype (columns past the rank are zero); b_ptr: one slot
     of one slice [N, R]; only the r_mask columns of B are read.
     """
-    offs_r = tl.arange(0, BLOCK_R)
-    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
-    mask = m_mask[:, None] & n_mask[None, :]
-    if ADD_INPUTS:  # issued first: the y read overlaps the B read
-        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
-    b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-    acc = tl.dot(h, b, input_precision=PRECISION)
-    if ADD_INPUTS:
-        acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    y_ptrs, mask, y_old, b = expand_operands(
+        y_ptr, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
+        stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
+    )  # fmt: skip
+    expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)

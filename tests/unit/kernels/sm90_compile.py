@@ -24,7 +24,8 @@ from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
 from kernels.triton.lora_shrink import _shrink_kernel
 
-ONE = {"stride_xh", "stride_ah", "stride_br", "stride_yn", "stride_bk"}
+# B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
+ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "R", "nt1", "nt2", "NB", "T",
              "L", "MT", "stride_t", "stride_r"}  # fmt: skip
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks")
@@ -79,9 +80,12 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "fused qkv r64 decode": (_fused_kernel, _fused(8, 1, 16, 64, 128), 4, 3),
     "fused gate_up r16 prefill": (_fused_kernel, _fused(4, 2, 64, 16, 128, ns=2), 4, 3),
     "shrink decode": (_shrink_kernel, dict(NSL=1, BLOCK_M=16, BLOCK_R=16, BLOCK_K=256,
-                      EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True, PRECISION="tf32"), 4, 3),
+                      EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True, DEPENDENTS=True,
+                      PRECISION="tf32"), 4, 3),
+    "expand decode r16 after shrink": (_expand_kernel, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_R=16,
+                           ADD_INPUTS=True, SINGLE_TILE=True, WAIT=True, PRECISION="tf32"), 4, 1),
     "expand prefill r64": (_expand_kernel, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_R=64,
-                           ADD_INPUTS=True, SINGLE_TILE=False, PRECISION="tf32"), 4, 1),
+                           ADD_INPUTS=True, SINGLE_TILE=False, WAIT=False, PRECISION="tf32"), 4, 1),
     "build_meta T<=4096": (_build_meta_kernel, dict(FULL=FULL_RANK, HAS_RANKS=True, BM=16,
                            PASSES=4, LOG_TP=12, CT=4096, ONE_CHUNK=True, FB=1024), 16, 1),
 }  # fmt: skip

@@ -14,6 +14,7 @@ from kernels.testing import (
     oracle_shrink,
     random_slices,
     random_slots,
+    rank_major,
     rel_err,
 )
 
@@ -251,3 +252,30 @@ def test_shrink_expand_default_route_uses_the_workspace(triton_backend, monkeypa
     fused = y0.clone()
     lora_shrink_expand(fused, x, lora_a, lora_b, token_slots, scale=0.5)
     assert rel_err(fused, want) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("tokens", [5, 40])
+def test_rank_major_b_with_unequal_slices(triton_backend, monkeypatch, tokens):
+    """B stored rank-major (the engine's slots): per-slice r-strides 48/16/16, n-stride 1;
+    the expand, the two-launch op and the fused kernel all read it right."""
+    from kernels import lora_shrink_expand
+    from kernels.triton import lora_fused
+
+    token_slots, x, lora_a, lora_b = _case(tokens, 64, 3, 8, 3, 0.2, torch.float32)
+    b_rm = rank_major(lora_b)
+    assert b_rm[0].stride() == (8 * 48, 1, 48) and b_rm[1].stride() == (8 * 16, 1, 16)
+    ranks = torch.tensor([8, 3, 5, 8], dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks)
+    y0 = torch.randn(tokens, sum(SLICES[3]))
+    buf = oracle_shrink(x, lora_a, token_slots, 1.0, ranks).float()
+    want = oracle_expand(y0, buf, lora_b, token_slots, True, ranks)
+    y = y0.clone()
+    lora_expand(y, buf, b_rm, meta)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]
+    y = y0.clone()
+    lora_shrink_expand(y, x, lora_a, b_rm, meta)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", tokens)
+    y = y0.clone()
+    lora_shrink_expand(y, x, lora_a, b_rm, meta)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]

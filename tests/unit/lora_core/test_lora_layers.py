@@ -178,6 +178,8 @@ def test_buffer_layout_matches_kernel_contract(base) -> None:
     assert [tuple(t.shape) for t in buffers.b(0, "qkv")] == [(3, 64, 8), (3, 32, 8), (3, 32, 8)]
     assert [tuple(t.shape) for t in buffers.a(1, "down")] == [(3, 8, 128)]
     assert [tuple(t.shape) for t in buffers.b(1, "gate_up")] == [(3, 128, 8)] * 2
+    # B rank-major: a rank-r slot's B is r contiguous rows of N (what the expand reads)
+    assert [t.stride() for t in buffers.b(0, "qkv")] == [(512, 1, 64), (256, 1, 32), (256, 1, 32)]
     per_layer = 8 * (3 * 64 + 64 + 2 * 32) + 8 * (64 + 64) + 8 * (2 * 64 + 2 * 128) + 8 * (128 + 64)
     assert buffers.nbytes == 2 * 3 * per_layer * 2
 
