@@ -493,10 +493,10 @@ def _fmt(v: float | None, suffix: str = "") -> str:
 
 def table(results: list[dict]) -> str:
     head = (
-        "| layer | r | T | n | floor us | graph both us | x floor | fused graph us | "
-        "eager both us | gather+bmm graph us | speedup |"
+        "| layer | r | T | n | floor us | graph both us | x floor | no-PDL graph us | "
+        "fused graph us | eager both us | gather+bmm graph us | speedup |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in results:
         if "both" not in r:
             lines.append(
@@ -507,7 +507,8 @@ def table(results: list[dict]) -> str:
         rank = "16/64" if r["mixed_16_64"] else r["rank"]
         lines.append(
             f"| {r['layer']} | {rank} | {r['T']} | {r['n']} | {r['floor_us']['both']:.1f} | {r['both']['graph_us']:.1f} | "
-            f"{r['ratio_graph_both']:.2f} | {r['fused']['graph_us']:.1f} | {r['both']['eager_us']:.1f} | "
+            f"{r['ratio_graph_both']:.2f} | {_fmt(r.get('both_no_pdl', {}).get('graph_us'))} | "
+            f"{r['fused']['graph_us']:.1f} | {r['both']['eager_us']:.1f} | "
             f"{_fmt(base)} | {_fmt(None if base is None else base / r['both']['graph_us'], 'x')} |"
         )
     return "\n".join(lines)
@@ -533,7 +534,15 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="time shrink/expand launch configs")
     ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
     ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
+    ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
     args = ap.parse_args()
+    if args.table:
+        doc = json.loads(args.table.read_text())
+        rows = [r for r in doc["results"] if r["T"] == 1 or r["n"] in (8, 32) or r["mixed_16_64"]]
+        print(table(rows) + "\n\n| target | pass |\n|---|---|")
+        for name, t in target_summary(doc["targets"]).items():
+            print(f"| {name} | {t['pass']}/{t['total']} |")
+        return
     t0 = time.monotonic()
     torch.manual_seed(0)
     bw = copy_bandwidth()
