@@ -345,8 +345,9 @@ TUNE_SHAPES = [
 def _shrink_configs(prefill: bool):
     from kernels.triton.lora_shrink import ShrinkConfig
 
-    bks = (64, 128) if prefill else (128, 256)
-    pps = (2, 4, 8) if prefill else (4, 8, 16)
+    if not prefill:  # per-slice programs (fused slices lost at decode: --tune of 2026-12-02)
+        return [ShrinkConfig(bk, p, False) for bk in (64, 128, 256) for p in (8, 16, 32, 64)]
+    bks, pps = (64, 128), (2, 4, 8)
     grid = [ShrinkConfig(bk, p, fuse) for bk in bks for p in pps for fuse in (False, True)]
     base = ShrinkConfig(bks[1], pps[1], prefill)
     return grid + [
@@ -355,7 +356,11 @@ def _shrink_configs(prefill: bool):
     ]
 
 
-def tune(budget_s: float, kinds: tuple[str, ...] = ("both", "shrink", "expand")) -> list[dict]:
+def tune(
+    budget_s: float,
+    kinds: tuple[str, ...] = ("both", "shrink", "expand"),
+    max_tokens: int = 1 << 30,
+) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
     TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use)."""
     global B_RANK_MAJOR
@@ -364,13 +369,15 @@ def tune(budget_s: float, kinds: tuple[str, ...] = ("both", "shrink", "expand"))
 
     rows, t0 = [], time.monotonic()
     for layer, rank, tokens, n in TUNE_SHAPES:
+        if tokens > max_tokens:
+            continue
         if time.monotonic() - t0 > budget_s:
             print(f"tune budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
             continue
         fb = floor_bytes(layer, tokens, n, rank, rank)
         nsets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / fb["both"])))
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for rank_major in (True, False):
+        for rank_major in (True, False) if {"both", "expand"} & set(kinds) else (True,):
             B_RANK_MAJOR = rank_major
             sets, _ = make_sets(layer, Pools(layer, rank), tokens, n, nsets, lambda i, r=rank: r)
             memset, views = workspaces(sets, layer, rank)
@@ -538,6 +545,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="time shrink/expand launch configs")
     ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
     ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
+    ap.add_argument("--tune-max-tokens", type=int, default=1 << 30, help="--tune shapes' T cap")
     ap.add_argument("--no-fused", action="store_true", help="skip the opt-in fused kernel")
     ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
     args = ap.parse_args()
@@ -560,7 +568,9 @@ def main() -> None:
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
     if args.tune:
-        doc["tune"] = tune(args.tune_budget_s, tuple(args.tune_kinds.split(",")))
+        doc["tune"] = tune(
+            args.tune_budget_s, tuple(args.tune_kinds.split(",")), args.tune_max_tokens
+        )
         write(args.out, doc)
     if args.sweep:
         doc["sweep"] = sweep(bw, args.sweep_budget_s)
