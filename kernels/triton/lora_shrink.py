@@ -136,13 +136,15 @@ MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14
 
 
 def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkConfig:
-    """Decode (bm 16): per-slice programs, ~16 per SM. Prefill: fused slices (rank <= 64, so
-    the S accumulators fit in registers), ~4 per SM. BLOCK_K 128, halved until 3 pipeline
-    stages of the x and A tiles fit in ~120 KB of shared memory.
+    """Decode (bm 16): per-slice programs, K split until ~32 per SM at rank 16 (~16 above:
+    a rank-64 program already streams 4x the A bytes). Prefill: fused slices (rank <= 64,
+    so the S accumulators fit in registers), ~4 per SM. BLOCK_K 128, halved until 3
+    pipeline stages of the x and A tiles fit in ~120 KB of shared memory.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
-    over 7 decode shapes this is within 5% of each shape's best of 15 configs (geometric
-    mean; the previous BLOCK_K 256 / 8 per SM: 11%); over 4 prefill shapes within 1%.
+    on 7 decode shapes within 2% of each shape's best of 12 configs, except gate_up r16
+    T=64 (6.4 vs 5.4 us) and down r16 T=256 (11.7 vs 11.0); the previous BLOCK_K 256 /
+    8 per SM was 16% off on average. Over 4 prefill shapes within 1% of the best.
     """
     prefill = bm >= 32
     fuse = prefill and br <= 64
@@ -150,7 +152,8 @@ def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkCo
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    return ShrinkConfig(block_k=bk, programs_per_sm=4 if prefill else 16, fuse_slices=fuse)
+    per_sm = 4 if prefill else 32 if br <= 16 else 16
+    return ShrinkConfig(block_k=bk, programs_per_sm=per_sm, fuse_slices=fuse)
 
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
