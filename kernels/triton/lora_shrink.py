@@ -144,7 +144,8 @@ def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkCo
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     on 7 decode shapes within 2% of each shape's best of 12 configs, except gate_up r16
     T=64 (6.4 vs 5.4 us) and down r16 T=256 (11.7 vs 11.0); the previous BLOCK_K 256 /
-    8 per SM was 16% off on average. Over 4 prefill shapes within 1% of the best.
+    8 per SM was 16% off on average (the shrink alone: shrink + expand in the grid moved
+    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best.
     """
     prefill = bm >= 32
     fuse = prefill and br <= 64
