@@ -97,3 +97,28 @@ def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices):
     rows = bm + (num_slices if cfg.fuse_slices else 1) * br
     assert rows * cfg.block_k * elem * 3 <= 120_000
     assert cfg.fuse_slices == (bm >= 32 and br <= 64)
+
+
+def test_per_slice_strides_pad_with_slice_zero():
+    """Absent slices repeat slice 0's stride: a unit stride shared by every slice stays
+    a constant 1 through the kernel's pick by slice (Triton then vectorises the loads;
+    padding with 0 made the rank-major B loads scalar on the H200, 3-7x slower)."""
+    from kernels.testing import rank_major
+    from kernels.triton.common import slices_of
+
+    gate_up = rank_major((torch.randn(2, 48, 8), torch.randn(2, 48, 8)))
+    sl = slices_of(gate_up, "lora_b")
+    assert sl.per_slice(1) == (1, 1, 1)
+    assert sl.per_slice(2) == (48, 48, 48)
+    qkv = rank_major((torch.randn(2, 64, 8), torch.randn(2, 16, 8), torch.randn(2, 16, 8)))
+    assert slices_of(qkv, "lora_b").per_slice(2) == (64, 16, 16)
+    assert slices_of(qkv, "lora_b").per_slice(0) == (512, 128, 128)
+
+
+def test_pdl_off_on_the_cpu_and_by_env(monkeypatch):
+    from kernels.triton.common import launch_pdl, pdl_enabled
+
+    assert not pdl_enabled(CPU)
+    assert launch_pdl(False) == {} and launch_pdl(True) == {"launch_pdl": True}
+    monkeypatch.setenv("LORAFLEET_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda"))  # decided before any CUDA query
