@@ -3,7 +3,7 @@
     ncu --kernel-name regex:_shrink --launch-skip 3 --launch-count 1 \
         python3 benchmarks/kernel_once.py qkv 16 4096 8
 
-Same inputs as benchmarks/lora_kernels.py (bf16, 64-slot pool, engine layouts, a zeroed
+Same inputs as benchmarks/lora_kernels.py (benchmarks/lora_bench.py) (bf16, 64-slot pool, engine layouts, a zeroed
 workspace for the shrink output); runs `both` (shrink then expand) `--reps` times.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.lora_kernels import LAYERS, Pools, _both, make_sets, workspaces  # noqa: E402
+from benchmarks.lora_bench import LAYERS, Pools, call_both, make_sets, workspaces  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     memset, views = workspaces(sets, args.layer, args.rank)
     for _ in range(args.reps):
         memset()
-        _both(sets[0], views[0])
+        call_both(sets[0], views[0])
     torch.cuda.synchronize()
 
 

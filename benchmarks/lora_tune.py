@@ -1,0 +1,174 @@
+"""Launch-config data for the LoRA kernels (GPU), run through benchmarks/lora_kernels.py:
+
+    python3 benchmarks/lora_kernels.py --no-grid --tune [--tune-kinds shrink] [--tune-max-tokens 256]
+    python3 benchmarks/lora_kernels.py --no-grid --sweep
+
+`tune`: graph-replay us of the separate shrink and expand kernels per ShrinkConfig /
+ExpandConfig, B rank-major against n-major, and shrink+expand with and without
+programmatic dependent launch (what default_config in kernels/triton/lora_shrink.py and
+lora_expand.py is chosen from). `sweep`: the opt-in fused kernel per FusedTuning.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from benchmarks.lora_bench import (
+    Pools,
+    call_both,
+    call_expand,
+    call_fused,
+    call_shrink,
+    floor_bytes,
+    make_sets,
+    num_sets,
+    pdl,
+    time_graph,
+    workspaces,
+)
+
+SWEEP_SHAPES = [
+    ("o", 16, 64, 8),
+    ("qkv", 16, 64, 8),
+    ("qkv", 16, 64, 32),
+    ("qkv", 16, 256, 32),
+    ("gate_up", 16, 128, 32),
+    ("qkv", 64, 256, 32),
+    ("down", 64, 256, 32),
+    ("o", 16, 2048, 32),
+    ("qkv", 64, 4096, 8),
+    ("gate_up", 64, 4096, 64),
+    ("down", 16, 4096, 8),
+]
+# FusedTuning fields: (shrink items/program, expand items/program, block_n, warps, stages,
+# block_k (0 = auto), fuse slices, max programs per SM)
+SWEEP_DECODE = [
+    (1, 1, 128, 4, 3, 0, True, 4), (0.5, 1, 128, 4, 3, 0, True, 4),
+    (1, 0.5, 128, 4, 3, 0, True, 4), (2, 1, 128, 4, 3, 0, True, 4),
+    (1, 2, 128, 4, 3, 0, True, 4), (1, 1, 128, 8, 3, 0, True, 4),
+    (1, 1, 128, 4, 3, 128, True, 4), (1, 1, 128, 4, 3, 0, False, 4),
+    (1, 1, 128, 4, 3, 0, True, 1),
+]  # fmt: skip
+SWEEP_PREFILL = [
+    (2, 4, 128, 4, 3, 0, True, 4), (1, 2, 128, 4, 3, 0, True, 4),
+    (1, 4, 128, 4, 3, 0, True, 4), (2, 8, 128, 4, 3, 0, True, 4),
+    (2, 4, 128, 8, 3, 0, True, 4), (2, 4, 256, 8, 3, 0, True, 4),
+    (2, 4, 128, 4, 3, 0, False, 4), (2, 4, 128, 4, 3, 0, True, 1),
+]  # fmt: skip
+
+
+def sweep(bw: float, budget_s: float) -> list[dict]:
+    """Graph-replay us of the fused kernel per tuning on a few shapes (tuning data)."""
+    from kernels.triton import lora_fused as fu
+
+    rows, t0 = [], time.monotonic()
+    for layer, rank, tokens, n in SWEEP_SHAPES:
+        if time.monotonic() - t0 > budget_s:
+            print(f"sweep budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
+            continue
+        pools = Pools(layer, rank)
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
+        for knobs in SWEEP_DECODE if tokens <= 256 else SWEEP_PREFILL:
+            fu.TUNING_OVERRIDE = fu.FusedTuning(*knobs)
+            try:
+                us = time_graph([functools.partial(call_fused, st) for st in sets], 10)
+            except Exception as e:  # an unlaunchable config is data too
+                us = float("nan")
+                print(f"  {fu.TUNING_OVERRIDE}: {e!r}"[:300], flush=True)
+            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "tuning": repr(fu.TUNING_OVERRIDE),
+                         "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
+            print(f"{rows[-1]['shape']:24s} {us:7.1f} us (floor {rows[-1]['floor_us']:.1f}) {knobs}",
+                  flush=True)  # fmt: skip
+        fu.TUNING_OVERRIDE = None
+        del sets, pools
+    return rows
+
+
+TUNE_SHAPES = [
+    ("o", 16, 64, 8), ("qkv", 16, 64, 8), ("gate_up", 16, 64, 8), ("qkv", 16, 256, 32),
+    ("down", 16, 256, 32), ("qkv", 64, 256, 32), ("gate_up", 64, 256, 8),
+    ("qkv", 16, 2048, 8), ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32), ("down", 64, 4096, 32),
+]  # fmt: skip
+
+
+def _shrink_configs(prefill: bool):
+    from kernels.triton.lora_shrink import ShrinkConfig
+
+    if not prefill:  # per-slice programs (fused slices lost at decode: --tune of 2026-12-02)
+        return [ShrinkConfig(bk, p, False) for bk in (64, 128, 256) for p in (8, 16, 32, 64)]
+    bks, pps = (64, 128), (2, 4, 8)
+    grid = [ShrinkConfig(bk, p, fuse) for bk in bks for p in pps for fuse in (False, True)]
+    base = ShrinkConfig(bks[1], pps[1], prefill)
+    return grid + [
+        ShrinkConfig(base.block_k, base.programs_per_sm, prefill, num_stages=st, num_warps=w)
+        for st, w in ((2, 4), (4, 4), (3, 8))
+    ]
+
+
+def tune(
+    bw: float,
+    budget_s: float,
+    kinds: tuple[str, ...] = ("both", "shrink", "expand"),
+    max_tokens: int = 1 << 30,
+) -> list[dict]:
+    """Graph-replay us of the separate shrink and expand kernels per launch config on
+    TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use)."""
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    rows, t0 = [], time.monotonic()
+    for layer, rank, tokens, n in TUNE_SHAPES:
+        if tokens > max_tokens:
+            continue
+        if time.monotonic() - t0 > budget_s:
+            print(f"tune budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
+            continue
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        shape = f"{layer} r{rank} T={tokens} n={n}"
+        for rank_major in (True, False) if {"both", "expand"} & set(kinds) else (True,):
+            pools = Pools(layer, rank, rank_major)
+            sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
+            memset, views = workspaces(sets, layer, rank)
+            ws_fns = [
+                functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)
+            ]
+            for on in (True, False) if "both" in kinds else ():
+                with pdl(on):
+                    us = time_graph(ws_fns, 10, prologue=memset)
+                rows.append({"shape": shape, "kind": "both", "b_rank_major": rank_major,
+                             "pdl": on, "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
+                print(f"{shape:24s} both   {'rm' if rank_major else 'nm'} pdl={int(on)} {us:7.1f} us "
+                      f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
+            trials = [
+                ("expand", ex, ex.ExpandConfig(bn, w)) for bn in (64, 128, 256) for w in (4, 8)
+            ]
+            if rank_major:
+                trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
+            trials = [t for t in trials if t[0] in kinds]
+            for kind, mod, cfg in trials:
+                mod.CONFIG_OVERRIDE = cfg
+                if kind == "shrink":
+                    fns = [
+                        functools.partial(call_shrink, st, v)
+                        for st, v in zip(sets, views, strict=True)
+                    ]
+                else:
+                    fns = [functools.partial(call_expand, st) for st in sets]
+                try:
+                    us = time_graph(fns, 10, prologue=memset if kind == "shrink" else None)
+                except Exception as e:  # an unlaunchable config is data too
+                    us = float("nan")
+                    print(f"  {cfg}: {e!r}"[:300], flush=True)
+                mod.CONFIG_OVERRIDE = None
+                row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
+                       "config": repr(cfg), "graph_us": us, "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
+                rows.append(row)
+                print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
+                      f"(floor {row['floor_us']:.1f}) {cfg}", flush=True)  # fmt: skip
+            del sets, views, pools
+        torch.cuda.empty_cache()
+    return rows
