@@ -256,6 +256,7 @@ def main() -> None:
     ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
     ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
     ap.add_argument("--tune-max-tokens", type=int, default=1 << 30, help="--tune shapes' T cap")
+    ap.add_argument("--tune-min-tokens", type=int, default=0, help="--tune shapes' T floor")
     ap.add_argument("--no-fused", action="store_true", help="skip the opt-in fused kernel")
     ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
     args = ap.parse_args()
@@ -276,7 +277,11 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
     if args.tune:
         doc["tune"] = tune(
-            bw, args.tune_budget_s, tuple(args.tune_kinds.split(",")), args.tune_max_tokens
+            bw,
+            args.tune_budget_s,
+            tuple(args.tune_kinds.split(",")),
+            args.tune_max_tokens,
+            args.tune_min_tokens,
         )
         write(args.out, doc)
     if args.sweep:

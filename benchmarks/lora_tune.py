@@ -1,12 +1,13 @@
 """Launch-config data for the LoRA kernels (GPU), run through benchmarks/lora_kernels.py:
 
     python3 benchmarks/lora_kernels.py --no-grid --tune [--tune-kinds shrink] [--tune-max-tokens 256]
+        [--tune-min-tokens 1024] --out FILE
     python3 benchmarks/lora_kernels.py --no-grid --sweep
 
 `tune`: graph-replay us of the separate shrink and expand kernels per ShrinkConfig /
-ExpandConfig, B rank-major against n-major, and shrink+expand with and without
-programmatic dependent launch (what default_config in kernels/triton/lora_shrink.py and
-lora_expand.py is chosen from). `sweep`: the opt-in fused kernel per FusedTuning.
+ExpandConfig (what default_config in kernels/triton/lora_shrink.py and lora_expand.py is
+chosen from), shrink+expand with and without programmatic dependent launch, and (kind
+"layout") B rank-major against n-major. `sweep`: the opt-in fused kernel per FusedTuning.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def sweep(bw: float, budget_s: float) -> list[dict]:
 TUNE_SHAPES = [
     ("o", 16, 64, 8), ("qkv", 16, 64, 8), ("gate_up", 16, 64, 8), ("qkv", 16, 256, 32),
     ("down", 16, 256, 32), ("qkv", 64, 256, 32), ("gate_up", 64, 256, 8),
+    ("o", 16, 1024, 8), ("gate_up", 16, 1024, 8), ("down", 64, 1024, 32), ("qkv", 64, 1024, 32),
     ("qkv", 16, 2048, 8), ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32), ("down", 64, 4096, 32),
+    ("qkv", 64, 4096, 8), ("gate_up", 64, 4096, 8),
 ]  # fmt: skip
 
 
@@ -99,14 +102,27 @@ def _shrink_configs(prefill: bool):
     from kernels.triton.lora_shrink import ShrinkConfig
 
     if not prefill:  # per-slice programs (fused slices lost at decode: --tune of 2026-12-02)
-        return [ShrinkConfig(bk, p, False) for bk in (64, 128, 256) for p in (8, 16, 32, 64)]
-    bks, pps = (64, 128), (2, 4, 8)
-    grid = [ShrinkConfig(bk, p, fuse) for bk in bks for p in pps for fuse in (False, True)]
-    base = ShrinkConfig(bks[1], pps[1], prefill)
-    return grid + [
-        ShrinkConfig(base.block_k, base.programs_per_sm, prefill, num_stages=st, num_warps=w)
-        for st, w in ((2, 4), (4, 4), (3, 8))
-    ]
+        grid = [ShrinkConfig(bk, p, False) for bk, p in ((128, 16), (128, 32), (64, 32), (256, 16))]
+        return grid + [
+            ShrinkConfig(128, 32, False, num_stages=st, num_warps=w)
+            for st, w in ((1, 4), (2, 4), (3, 2), (1, 2))
+        ]
+    # prefill: K split finer than before (T=1024 shrinks ran at 3-5x their floor with 4/SM)
+    grid = [ShrinkConfig(128, p, fuse) for p in (4, 8, 16, 32) for fuse in (False, True)]
+    return grid + [ShrinkConfig(64, p, True) for p in (8, 16)]
+
+
+def _expand_configs(prefill: bool):
+    """(block_n, warps), then several blocks per program (n_iters, pipelined by
+    num_stages) at the widths that fit the registers (lora_expand.ExpandConfig)."""
+    from kernels.triton.lora_expand import ExpandConfig
+
+    if not prefill:
+        return [ExpandConfig(*c) for c in ((128, 4), (256, 4), (128, 2), (256, 8),
+                                            (64, 4, 2, 2), (128, 4, 2, 2))]  # fmt: skip
+    return [ExpandConfig(*c) for c in ((64, 4), (128, 4), (128, 8), (256, 8), (64, 4, 4, 2),
+                                       (64, 4, 4, 3), (128, 4, 2, 2), (128, 4, 4, 2),
+                                       (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
 def tune(
@@ -114,22 +130,25 @@ def tune(
     budget_s: float,
     kinds: tuple[str, ...] = ("both", "shrink", "expand"),
     max_tokens: int = 1 << 30,
+    min_tokens: int = 0,
 ) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
-    TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use)."""
+    TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
+    kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
+    "layout" (also B n-major, the layout before rank-major)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = [], time.monotonic()
     for layer, rank, tokens, n in TUNE_SHAPES:
-        if tokens > max_tokens:
+        if not min_tokens <= tokens <= max_tokens:
             continue
         if time.monotonic() - t0 > budget_s:
             print(f"tune budget spent: skipping {layer} r{rank} T={tokens}", flush=True)
             continue
         fb = floor_bytes(layer, tokens, n, rank, rank)
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for rank_major in (True, False) if {"both", "expand"} & set(kinds) else (True,):
+        for rank_major in (True, False) if "layout" in kinds else (True,):
             pools = Pools(layer, rank, rank_major)
             sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
             memset, views = workspaces(sets, layer, rank)
@@ -143,9 +162,7 @@ def tune(
                              "pdl": on, "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
                 print(f"{shape:24s} both   {'rm' if rank_major else 'nm'} pdl={int(on)} {us:7.1f} us "
                       f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
-            trials = [
-                ("expand", ex, ex.ExpandConfig(bn, w)) for bn in (64, 128, 256) for w in (4, 8)
-            ]
+            trials = [("expand", ex, c) for c in _expand_configs(tokens > 256)]
             if rank_major:
                 trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
             trials = [t for t in trials if t[0] in kinds]

@@ -1,8 +1,10 @@
 """Segmented LoRA expand (Punica SGMV): y[t, off_s:off_s+N_s] (+)= B_s[slot_t] @ buf[s, t], one launch.
 
-Grid: (tile program, n-tile over all slices); programs stride over the valid tiles. The n-tiles of slices with unequal N are laid
-end to end, so q, k and v (or gate and up) share one launch. Each (tile, n-tile)
-is written by exactly one program: no atomics, rows of slot -1 are never touched.
+Grid: (tile program, column group over all slices); programs stride over the valid
+tiles. A column group is n_iters blocks of BLOCK_N columns of one slice; the groups of
+slices with unequal N are laid end to end, so q, k and v (or gate and up) share one
+launch. Each (tile, column) is written by exactly one program: no atomics, rows of
+slot -1 are never touched.
 Columns r >= rank of the slot are masked, so only the slot's own rank is read.
 """
 
@@ -34,15 +36,19 @@ from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 @triton.jit
 def _expand_tile(
     y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-    s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+    s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    WAIT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """y[tile tokens, col0 + offs_n] (+)= buf[s, tok, :rank] @ B_s[slot, offs_n, :rank]^T.
+    """y[tile tokens, col0 + n] (+)= buf[s, tok, :rank] @ B_s[slot, n, :rank]^T for the
+    N_ITERS column blocks of BLOCK_N from offs_n on (columns < n_s).
 
-    WAIT (launched as a programmatic dependent of the shrink that writes buf): the tile,
-    B and old y, which the shrink does not write, are loaded before waiting for it.
+    The first block is peeled: with WAIT (launched as a programmatic dependent of the
+    shrink that writes buf) its tile, B and old y, which the shrink does not write, are
+    loaded before waiting for it. buf is read once for all blocks; the later blocks form
+    a loop the compiler can pipeline (num_stages > 1).
     """
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
@@ -50,9 +56,10 @@ def _expand_tile(
     if slot >= 0:
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < rank
+        b_slot = b_slice + slot.to(tl.int64) * stride_bl
         y_ptrs, mask, y_old, b = expand_operands(
-            y_ptr, b_slice + slot.to(tl.int64) * stride_bl, tok, m_mask, r_mask, col0,
-            offs_n, n_mask, stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
+            y_ptr, b_slot, tok, m_mask, r_mask, col0, offs_n, offs_n < n_s,
+            stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
         )  # fmt: skip
         if WAIT:
             gdc_wait()
@@ -62,8 +69,15 @@ def _expand_tile(
             + tok[:, None] * stride_bt
             + offs_r[None, :] * stride_bk
         )
-        h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-        expand_store(y_ptrs, mask, y_old, b, h.to(b.dtype), ADD_INPUTS, PRECISION)
+        h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0).to(b.dtype)
+        expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
+        for j in range(1, N_ITERS):
+            offs_j = offs_n + j * BLOCK_N
+            y_ptrs, mask, y_old, b = expand_operands(
+                y_ptr, b_slot, tok, m_mask, r_mask, col0, offs_j, offs_j < n_s,
+                stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
+            )  # fmt: skip
+            expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
 
 
 @triton.jit
@@ -76,19 +90,19 @@ def _expand_kernel(
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr, WAIT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    WAIT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Semantics (one program = n-tile j of slice s, its tiles):
-    for t in tile tokens, n in tile j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
-                                         + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r]
+    """Semantics (one program = column group j of slice s, its tiles; a group is N_ITERS
+    blocks of BLOCK_N columns of one slice, groups of slices 1 and 2 start at nt1, nt2):
+    for t in tile tokens, n in group j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
+                                          + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r]
     """
     pid_n = tl.program_id(1)
     s = (pid_n >= nt1).to(tl.int32) + (pid_n >= nt2).to(tl.int32)
     n_s = pick(s, n0, n1, n2)
     col0 = pick(s, 0, n0, n0 + n1).to(tl.int64)
-    offs_n = (pid_n - pick(s, 0, nt1, nt2)) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < n_s
+    offs_n = (pid_n - pick(s, 0, nt1, nt2)) * (N_ITERS * BLOCK_N) + tl.arange(0, BLOCK_N)
     b_slice = b_ptr + pick(s, 0, b_off1, b_off2).to(tl.int64)
     stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
     stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
@@ -96,17 +110,17 @@ def _expand_kernel(
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _expand_tile(
             y_ptr, buf_ptr, b_slice, tl.program_id(0), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-            s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+            s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_R, ADD_INPUTS, WAIT, PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                s, col0, offs_n, n_mask, stride_bl, stride_bn, stride_br,
+                s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_R, ADD_INPUTS, WAIT, PRECISION,
+                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
             )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
         gdc_wait()
@@ -117,25 +131,40 @@ class ExpandConfig:
     """Launch shape (benchmarks may set CONFIG_OVERRIDE to sweep it)."""
 
     block_n: int
-    """Output columns per program; a power of two >= 16."""
+    """Output columns per block; a power of two >= 16."""
     num_warps: int = 4
+    n_iters: int = 1
+    """Blocks of block_n columns (of one slice) per program: the shrink output is read
+    once for all of them, and blocks after the first are a loop that num_stages > 1
+    pipelines."""
+    num_stages: int = 1
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
 
 
 def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
-    """From `benchmarks/lora_kernels.py --tune` on the H200 (B rank-major; the figures in
-    results/lora_kernels_tune_h200.json): 128 columns per program, 4 warps; decode-sized
-    tiles (bm 16) of wide slices (gate_up, N >= 8192) take 256 columns (gate_up r16 T=64:
-    8.4 vs 11.4 us); prefill tiles of rank <= 32 take 8 warps (gate_up r16 T=4096: 148 vs
-    154 us; rank 64 loses with 8: down r64 T=4096 43 vs 36). Rank > 64: 64 columns
-    (registers)."""
+    """From `benchmarks/lora_kernels.py --tune` and the grid on the H200 (B rank-major;
+    results/lora_kernels_tune_h200.json, lora_kernels_h200.json). 128 columns per block:
+      - rank > 64: 64 columns (registers);
+      - decode-sized tiles (bm 16): one block per program, 4 warps; wide slices (gate_up,
+        N >= 8192) take 256 columns (gate_up r16 T=64: 8.4 vs 11.4 us). Two blocks per
+        program made rank-64 decode shrink+expand 4% slower (geometric mean of 52 grid
+        rows, up to 15%): the second block's loads come after the wait for the shrink;
+      - prefill tiles of 64 rows at rank <= 32: 8 warps (gate_up r16 T=4096: 145 vs 150 us);
+      - other prefill tiles (rank 64, or 32-row tiles at T <= 1024): two blocks per
+        program, pipelined, 4 warps. The shrink rows are read once for both and the second
+        block's loads overlap the first's: expand 8% (rank 64, T=1024) and 5% (rank 64,
+        T >= 2048; gate_up r64 T=4096 160 vs 172 us) and 6% (rank 16, T=1024) faster,
+        geometric means over the grid.
+    """
     if br > 64:
         return ExpandConfig(block_n=64)
     if bm <= 16:
         return ExpandConfig(block_n=256 if max_n >= 8192 else 128)
-    return ExpandConfig(block_n=128, num_warps=8 if br <= 32 else 4)
+    if br <= 32 and bm >= 64:
+        return ExpandConfig(block_n=128, num_warps=8)
+    return ExpandConfig(block_n=128, n_iters=2, num_stages=2)
 
 
 def check_y_b(y: torch.Tensor, lora_b) -> Slices:
@@ -193,9 +222,9 @@ def lora_expand_triton(
     br = block_r(rank)
     cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br, max(sizes))
     bn = cfg.block_n
-    n_tiles = [cdiv(n, bn) for n in sizes]
-    starts = [sum(n_tiles[:i]) for i in range(1, MAX_SLICES)]
-    total = sum(n_tiles)
+    groups = [cdiv(n, bn * cfg.n_iters) for n in sizes]  # column groups per slice
+    starts = [sum(groups[:i]) for i in range(1, MAX_SLICES)]
+    total = sum(groups)
     nt1, nt2 = [st if i + 1 < len(sizes) else total for i, st in enumerate(starts)]
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
     stride_l, stride_n, stride_r = (sl.per_slice(d) for d in range(3))
@@ -209,9 +238,10 @@ def lora_expand_triton(
         ns[0], ns[1], ns[2], nt1, nt2,
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
         rank,
-        BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, ADD_INPUTS=bool(add_inputs),
+        BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
+        ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
         WAIT=pdl, PRECISION=dot_precision(y.dtype),
-        num_warps=cfg.num_warps, num_stages=1, **launch_pdl(pdl),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl),
     )  # fmt: skip
     return y

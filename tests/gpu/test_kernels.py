@@ -184,11 +184,15 @@ def test_shrink_expand_rank_major_b_eager_and_graph(
     assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
 
 
-def test_layer_chain_in_one_graph_sees_each_layers_output():
+@pytest.mark.parametrize("copy_x_last", [False, True])
+def test_layer_chain_in_one_graph_sees_each_layers_output(copy_x_last):
     """Twelve layers in one graph, each y = 0.5 x (a kernel) then shrink+expand into y, and
     the next layer's x = y: the expand's loads before its wait (y, B) and the next
     shrink's read of y must all see the latest writes (programmatic dependent launch
-    must not reorder the chain). Checked against a float64 chain on fresh inputs."""
+    must not reorder the chain). copy_x_last: x is copied by a kernel launched just
+    before the shrink, which is that shrink's primary (the shrink must wait for it
+    before reading x, and the expand's early read of y must still follow the y write
+    two kernels back). Checked against a float64 chain on fresh inputs."""
     assert pdl_enabled(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
     layers, tokens, hidden, slots = 12, 64, 4096, 8
     token_slots = random_slots(tokens, slots, 8, 0.1).cuda()
@@ -197,6 +201,7 @@ def test_layer_chain_in_one_graph_sees_each_layers_output():
     b = [rank_major(random_slices(slots, [(hidden, 16)], F32, "cuda", 0.25)) for _ in range(layers)]
     x0 = torch.empty(tokens, hidden, device="cuda")
     ys = [torch.empty(tokens, hidden, device="cuda") for _ in range(layers)]
+    xs = [torch.empty(tokens, hidden, device="cuda") for _ in range(layers)]
     ws = torch.zeros(layers, 1, tokens, 16, device="cuda")
 
     def step():
@@ -204,6 +209,8 @@ def test_layer_chain_in_one_graph_sees_each_layers_output():
         x = x0
         for i in range(layers):
             torch.mul(x, 0.5, out=ys[i])
+            if copy_x_last:
+                x = xs[i].copy_(x)
             lora_shrink_expand(ys[i], x, a[i], b[i], meta, workspace=ws[i])
             x = ys[i]
 

@@ -279,3 +279,24 @@ def test_rank_major_b_with_unequal_slices(triton_backend, monkeypatch, tokens):
     y = y0.clone()
     lora_shrink_expand(y, x, lora_a, b_rm, meta)
     assert rel_err(y, want) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("num_slices,n_iters", [(3, 2), (2, 3), (1, 4)])
+def test_expand_column_groups_span_several_blocks(triton_backend, monkeypatch, num_slices, n_iters):
+    """ExpandConfig.n_iters > 1: each program writes n_iters blocks of one slice, reading
+    its shrink rows once; groups end mid-slice (masked blocks) and never cross slices."""
+    from kernels.triton import lora_expand as ex
+
+    tokens = 37
+    token_slots, x, lora_a, lora_b = _case(tokens, 64, num_slices, 8, 3, 0.2, torch.float32)
+    ranks = torch.tensor([8, 3, 5, 8], dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks)
+    y0 = torch.randn(tokens, sum(SLICES[num_slices]))
+    buf = oracle_shrink(x, lora_a, token_slots, 1.0, ranks).float()
+    want = oracle_expand(y0, buf, lora_b, token_slots, True, ranks)
+    monkeypatch.setattr(ex, "CONFIG_OVERRIDE", ex.ExpandConfig(16, n_iters=n_iters, num_stages=2))
+    for b in (lora_b, rank_major(lora_b)):
+        y = y0.clone()
+        lora_expand(y, buf, b, meta)
+        assert rel_err(y, want) < TOLERANCE[torch.float32]
+        assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
