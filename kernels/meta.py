@@ -51,12 +51,23 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + min(num_slots, num_tokens)
 
 
+MAX_TILE_PROGRAMS = 65535
+"""The tile programs are a CUDA grid's y / z dimension (at most 65535): about 1M tokens at
+block_m 16, 4M at 64."""
+
+
 def tile_programs(num_tokens: int, num_slots: int, block_m: int) -> int:
     """Programs the separate shrink/expand kernels launch along tiles; each strides over
     the valid tiles. One per possible tile while that bound is small; with many slots
     and many tokens the bound is loose (most slots absent), so cap it and let programs loop.
     """
-    return min(max_tiles(num_tokens, num_slots, block_m), -(-num_tokens // block_m) + 64)
+    programs = min(max_tiles(num_tokens, num_slots, block_m), -(-num_tokens // block_m) + 64)
+    if programs > MAX_TILE_PROGRAMS:
+        raise ValueError(
+            f"token_slots: {num_tokens} tokens need {programs} tile programs of {block_m} rows; "
+            f"allowed: at most {MAX_TILE_PROGRAMS} (a CUDA grid dimension): split the step"
+        )
+    return programs
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Segmented LoRA expand (Punica SGMV): y[t, off_s:off_s+N_s] (+)= B_s[slot_t] @ buf[s, t], one launch.
 
-Grid: (tile program, column group over all slices); programs stride over the valid
-tiles. A column group is n_iters blocks of BLOCK_N columns of one slice; the groups of
-slices with unequal N are laid end to end, so q, k and v (or gate and up) share one
-launch. Each (tile, column) is written by exactly one program: no atomics, rows of
-slot -1 are never touched.
-Columns r >= rank of the slot are masked, so only the slot's own rank is read.
+Grid: (column group over all slices, tile program); programs stride over the valid
+tiles. The tile program varies slowest, so the programs of the tiles with work (they
+come first) start before those past the device-side tile count. A column group is
+n_iters blocks of BLOCK_N columns of one slice; the groups of slices with unequal N
+are laid end to end, so q, k and v (or gate and up) share one launch. Each (tile,
+column) is written by exactly one program: no atomics, rows of slot -1 are never
+touched. Columns r >= rank of the slot are masked, so only the slot's own rank is read.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _expand_kernel(
     for t in tile tokens, n in group j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
                                           + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r]
     """
-    pid_n = tl.program_id(1)
+    pid_n = tl.program_id(0)
     s = (pid_n >= nt1).to(tl.int32) + (pid_n >= nt2).to(tl.int32)
     n_s = pick(s, n0, n1, n2)
     col0 = pick(s, 0, n0, n0 + n1).to(tl.int64)
@@ -109,13 +110,13 @@ def _expand_kernel(
     stride_br = pick(s, stride_br0, stride_br1, stride_br2)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _expand_tile(
-            y_ptr, buf_ptr, b_slice, tl.program_id(0), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+            y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
             s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
             BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
         )  # fmt: skip
     else:
-        for tile in range(tl.program_id(0), tl.load(num_tiles_ptr), num_programs):
+        for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
@@ -231,7 +232,7 @@ def lora_expand_triton(
     off1, off2 = sl.offsets
     pdl = after_shrink and pdl_enabled(y.device)
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
-    _expand_kernel[(programs, total)](
+    _expand_kernel[(total, programs)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2, *stride_l, *stride_n, *stride_r,

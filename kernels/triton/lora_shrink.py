@@ -1,11 +1,14 @@
 """Segmented LoRA shrink (Punica SGMV): out[s, t] = scale * A_s[slot_t] @ x[t], one launch.
 
-Grid: (slice group, tile program, k-split). A tile is up to BLOCK_M tokens of one
-slot (from SegmentMeta); programs visit only tiles with work. Decode-sized batches
-put each slice in its own program and split K over H, so enough programs stream A
-at full bandwidth (partial sums meet through fp32 atomics in the zeroed output);
-prefill-sized batches give one program all slices so each x tile is read once.
-Rows r >= rank of the slot are masked: a low-rank adapter reads only its rows of A.
+Grid: (slice group, k-split, tile program). A tile is up to BLOCK_M tokens of one
+slot (from SegmentMeta); programs visit only tiles with work. The tile program varies
+slowest, so the GPU starts the programs of the tiles with work (they come first)
+before those past the device-side tile count, which only read it and exit.
+Decode-sized batches put each slice in its own program and split K over H, so enough
+programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
+zeroed output); prefill-sized batches give one program all slices so each x tile is
+read once. Rows r >= rank of the slot are masked: a low-rank adapter reads only its
+rows of A.
 """
 
 from __future__ import annotations
@@ -111,19 +114,19 @@ def _shrink_kernel(
     if DEPENDENTS:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
-    k0 = tl.program_id(2).to(tl.int64) * k_per_split
+    k0 = tl.program_id(1).to(tl.int64) * k_per_split
     off_g = pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
     off1 = a_off1.to(tl.int64)
     off2 = a_off2.to(tl.int64)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _shrink_tile(
-            x_ptr, a_ptr, out_ptr, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+            x_ptr, a_ptr, out_ptr, tl.program_id(2), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
             pid_g, off_g, off1, off2, k0,
             stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
             H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
         )  # fmt: skip
     else:
-        for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
+        for tile in range(tl.program_id(2), tl.load(num_tiles_ptr), num_programs):
             _shrink_tile(
                 x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 pid_g, off_g, off1, off2, k0,
@@ -217,7 +220,7 @@ def lora_shrink_triton(
     bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
     off1, off2 = sl.offsets
     stride_l, stride_r, stride_h = sl.strides[0]
-    _shrink_kernel[(groups, programs, split)](
+    _shrink_kernel[(groups, split, programs)](
         x, sl.base, out,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2,

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from kernels.meta import FULL_RANK, SegmentMeta, build_meta, max_tiles
+from kernels.meta import (
+    FULL_RANK,
+    MAX_TILE_PROGRAMS,
+    SegmentMeta,
+    build_meta,
+    max_tiles,
+    tile_programs,
+)
 
 CPU = torch.device("cpu")
 
@@ -92,3 +99,12 @@ def test_bad_inputs_raise(slots, num_slots, ranks, out, match):
 def test_bad_block_m():
     with pytest.raises(ValueError, match="block_m"):
         SegmentMeta.empty(4, 2, CPU, block_m=24)
+
+
+def test_tile_programs_fit_a_grid_dimension():
+    """The tile programs are a CUDA grid's y / z dimension: a step past 65535 of them is
+    refused with an error naming the limit, not launched with a wrapped grid."""
+    assert tile_programs(64, 64, 16) == 4 + 64
+    assert tile_programs(16 * (MAX_TILE_PROGRAMS - 64), 64, 16) == MAX_TILE_PROGRAMS
+    with pytest.raises(ValueError, match="at most 65535"):
+        tile_programs(16 * (MAX_TILE_PROGRAMS - 63), 64, 16)
