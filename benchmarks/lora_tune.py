@@ -107,7 +107,8 @@ def _shrink_configs(prefill: bool):
             ShrinkConfig(128, 32, False, num_stages=st, num_warps=w)
             for st, w in ((1, 4), (2, 4), (3, 2), (1, 2))
         ]
-    # prefill: K split finer than before (T=1024 shrinks ran at 3-5x their floor with 4/SM)
+    # prefill: up to 32 programs per SM (T=1024 shrinks ran at 3-5x their floor with 4/SM);
+    # run 5 of results/lora_kernels_tune_h200.json: finer splits were slower at every shape
     grid = [ShrinkConfig(128, p, fuse) for p in (4, 8, 16, 32) for fuse in (False, True)]
     return grid + [ShrinkConfig(64, p, True) for p in (8, 16)]
 
