@@ -112,7 +112,7 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
                 t.normal_(0, 0.02)
     buffers.slot_ranks.fill_(rank)
     ctx = LoraBatchContext(
-        8192, DEVICE, buffers.slot_ranks, workspace_per_token(cfg.base_shape, rank)
+        8192, DEVICE, buffers.slot_ranks, workspace_per_token(cfg.base_shape, rank), max_rank=rank
     )
     apply_lora(model.model, buffers, ctx)
     return model, ctx, buffers

@@ -16,7 +16,13 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import build_meta, lora_expand, lora_shrink, lora_shrink_expand  # noqa: E402
+from kernels import (  # noqa: E402
+    SegmentMeta,
+    build_meta,
+    lora_expand,
+    lora_shrink,
+    lora_shrink_expand,
+)
 from kernels.testing import random_slots  # noqa: E402
 from kernels.triton.lora_fused import lora_shrink_expand_triton  # noqa: E402
 
@@ -101,9 +107,9 @@ class Pools:
         return self.pools[:count]
 
 
-def make_sets(layer, pools, tokens, n, nsets, ranks_of):
-    """One slot map and SegmentMeta (built once per step, as the engine does, so L2-warm);
-    nsets copies of weights, x and y, rotated between calls."""
+def make_sets(layer, pools, tokens, n, nsets, ranks_of, block_m=None):
+    """One slot map and SegmentMeta (built once per step, as the engine does, so L2-warm;
+    block_m None: the default for T); nsets copies of weights, x and y, rotated between calls."""
     hidden, sizes = LAYERS[layer]
     rank = pools.rank
     chosen = torch.randperm(POOL_SLOTS)[:n]
@@ -112,7 +118,8 @@ def make_sets(layer, pools, tokens, n, nsets, ranks_of):
         ranks[slot] = ranks_of(i)
     slots = chosen[random_slots(tokens, n, n, 0.0)].cuda()
     ranks = ranks.cuda()
-    meta = build_meta(slots, POOL_SLOTS, slot_ranks=ranks)
+    empty = SegmentMeta.empty(tokens, POOL_SLOTS, slots.device, block_m, max_rank=rank)
+    meta = build_meta(slots, POOL_SLOTS, slot_ranks=ranks, out=empty)
     sets = []
     for pool in pools.get(nsets):
         x = torch.randn(tokens, hidden, device="cuda").to(DT)

@@ -48,7 +48,7 @@ from benchmarks.lora_bench import (  # noqa: E402
     time_graph,
     workspaces,
 )
-from benchmarks.lora_tune import sweep, tune  # noqa: E402
+from benchmarks.lora_tune import sweep, tune, tune_block_m  # noqa: E402
 from kernels import SegmentMeta, build_meta, lora_shrink_expand  # noqa: E402
 from kernels.reference import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from kernels.testing import random_slots, rel_err  # noqa: E402
@@ -253,9 +253,14 @@ def main() -> None:
     ap.add_argument("--sweep-budget-s", type=float, default=240, help="time for --sweep")
     ap.add_argument("--no-grid", action="store_true", help="skip the full grid (sweep only)")
     ap.add_argument("--tune", action="store_true", help="time shrink/expand launch configs")
+    ap.add_argument("--tune-block-m", action="store_true", help="time tile heights at decode")
+    ap.add_argument(
+        "--tune-block-m-prefill", action="store_true", help="tile heights and wide-K shrinks, T>256"
+    )
     ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
     ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
     ap.add_argument("--tune-max-tokens", type=int, default=1 << 30, help="--tune shapes' T cap")
+    ap.add_argument("--tune-ranks", default="16,64", help="--tune shapes' ranks")
     ap.add_argument("--tune-min-tokens", type=int, default=0, help="--tune shapes' T floor")
     ap.add_argument("--no-fused", action="store_true", help="skip the opt-in fused kernel")
     ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
@@ -282,7 +287,14 @@ def main() -> None:
             tuple(args.tune_kinds.split(",")),
             args.tune_max_tokens,
             args.tune_min_tokens,
+            tuple(int(r) for r in args.tune_ranks.split(",")),
         )
+        write(args.out, doc)
+    if args.tune_block_m:
+        doc["tune_block_m"] = tune_block_m(bw)
+        write(args.out, doc)
+    if args.tune_block_m_prefill:
+        doc["tune_block_m_prefill"] = tune_block_m(bw, prefill=True)
         write(args.out, doc)
     if args.sweep:
         doc["sweep"] = sweep(bw, args.sweep_budget_s)

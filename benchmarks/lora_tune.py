@@ -98,19 +98,85 @@ TUNE_SHAPES = [
 ]  # fmt: skip
 
 
+BLOCK_M_SHAPES = [
+    ("o", 16, 64, 8), ("qkv", 16, 256, 32), ("qkv", 64, 256, 1), ("qkv", 64, 256, 8),
+    ("o", 64, 256, 8), ("down", 64, 256, 8), ("gate_up", 16, 256, 8), ("down", 16, 256, 32),
+]  # fmt: skip
+BLOCK_M_PREFILL_SHAPES = [
+    ("o", 16, 4096, 8), ("qkv", 16, 4096, 8), ("down", 16, 4096, 8), ("gate_up", 16, 4096, 32),
+    ("qkv", 64, 4096, 8), ("o", 16, 1024, 8),
+]  # fmt: skip
+
+
+def _wide_k_configs():
+    """Per-slice split-K shrinks with long contiguous row reads (BLOCK_K 256-512): with
+    short tiles, each x row is read in 0.5-1 KB runs instead of 256 B."""
+    from kernels.triton.lora_shrink import ShrinkConfig
+
+    return [ShrinkConfig(bk, p, False) for bk in (256, 512) for p in (4, 8)]
+
+
+def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
+    """Graph-replay us per tile height (rows per tile: how often a slot's A and B are
+    re-read from L2, and how long each x row read is): shrink+expand with the default
+    configs (PDL as the engine runs it) and, with prefill, the shrink and the expand
+    alone, and the shrink with _wide_k_configs."""
+    from kernels.triton import lora_shrink as sh
+
+    rows = []
+    for layer, rank, tokens, n in BLOCK_M_PREFILL_SHAPES if prefill else BLOCK_M_SHAPES:
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        shape = f"{layer} r{rank} T={tokens} n={n}"
+        pools = Pools(layer, rank)
+        for bm in (16, 32, 64):
+            sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r, bm)
+            memset, views = workspaces(sets, layer, rank)
+            pairs = list(zip(sets, views, strict=True))
+            trials = [("both", None, [functools.partial(call_both, st, v) for st, v in pairs])]
+            if prefill:
+                shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
+                trials += [("shrink", cfg, shrink) for cfg in [None, *_wide_k_configs()]]
+                trials += [("expand", None, [functools.partial(call_expand, st) for st in sets])]
+            for kind, cfg, fns in trials:
+                sh.CONFIG_OVERRIDE = cfg
+                try:
+                    us = time_graph(fns, 10, prologue=None if kind == "expand" else memset)
+                except Exception as e:  # an unlaunchable config is data too
+                    us = float("nan")
+                    print(f"  {cfg}: {e!r}"[:300], flush=True)
+                sh.CONFIG_OVERRIDE = None
+                rows.append({"shape": shape, "kind": kind, "block_m": bm, "config": repr(cfg),
+                             "graph_us": us, "floor_us": fb[kind] / bw * 1e6})  # fmt: skip
+                print(f"{shape:24s} {kind:6s} block_m={bm:3d} {us:7.1f} us "
+                      f"(floor {rows[-1]['floor_us']:.1f}) {cfg or 'default'}", flush=True)  # fmt: skip
+            del sets, views
+        del pools
+        torch.cuda.empty_cache()
+    return rows
+
+
 def _shrink_configs(prefill: bool):
+    """The split-K grid (what runs 1-5 of results/lora_kernels_tune_h200.json chose from:
+    finer K splits were slower at every prefill shape) against persistent stream-K
+    launches (ShrinkConfig.stream_k; 5 stages = 3 x / A buffers, 2 items in flight)."""
     from kernels.triton.lora_shrink import ShrinkConfig
 
     if not prefill:  # per-slice programs (fused slices lost at decode: --tune of 2026-12-02)
-        grid = [ShrinkConfig(bk, p, False) for bk, p in ((128, 16), (128, 32), (64, 32), (256, 16))]
-        return grid + [
-            ShrinkConfig(128, 32, False, num_stages=st, num_warps=w)
-            for st, w in ((1, 4), (2, 4), (3, 2), (1, 2))
-        ]
-    # prefill: up to 32 programs per SM (T=1024 shrinks ran at 3-5x their floor with 4/SM);
-    # run 5 of results/lora_kernels_tune_h200.json: finer splits were slower at every shape
-    grid = [ShrinkConfig(128, p, fuse) for p in (4, 8, 16, 32) for fuse in (False, True)]
-    return grid + [ShrinkConfig(64, p, True) for p in (8, 16)]
+        grid = [ShrinkConfig(128, 32, False), ShrinkConfig(128, 16, False)]
+        return grid + [ShrinkConfig(128, p, False, 5, stream_k=True) for p in (4, 8, 16)]
+    grid = [ShrinkConfig(bk, 4, fuse) for bk in (128, 256) for fuse in (False, True)]
+    grid += [ShrinkConfig(64, 4, True)]
+    stream = [
+        ShrinkConfig(bk, p, fuse, 5, stream_k=True)
+        for bk in (64, 128)
+        for p in (2, 3, 4)
+        for fuse in (False, True)
+    ]
+    wide = [
+        ShrinkConfig(256, 1, False, 5, stream_k=True),
+        ShrinkConfig(256, 2, False, 4, stream_k=True),
+    ]
+    return grid + stream + wide + [ShrinkConfig(128, 3, False, 4, stream_k=True)]
 
 
 def _expand_configs(prefill: bool):
@@ -132,6 +198,7 @@ def tune(
     kinds: tuple[str, ...] = ("both", "shrink", "expand"),
     max_tokens: int = 1 << 30,
     min_tokens: int = 0,
+    ranks: tuple[int, ...] = (16, 64),
 ) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
     TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
@@ -142,7 +209,7 @@ def tune(
 
     rows, t0 = [], time.monotonic()
     for layer, rank, tokens, n in TUNE_SHAPES:
-        if not min_tokens <= tokens <= max_tokens:
+        if not min_tokens <= tokens <= max_tokens or rank not in ranks:
             continue
         if time.monotonic() - t0 > budget_s:
             print(f"tune budget spent: skipping {layer} r{rank} T={tokens}", flush=True)

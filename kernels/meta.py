@@ -37,11 +37,18 @@ from kernels.backend import backend_for
 FULL_RANK = 2**30
 
 
-def default_block_m(num_tokens: int) -> int:
-    """Rows per tile: small tiles for decode-sized batches, larger ones for prefill."""
+def default_block_m(num_tokens: int, max_rank: int | None = None) -> int:
+    """Rows per tile: small tiles for decode-sized batches, larger ones for prefill.
+
+    max_rank: the pool's rank (slot width), if known. Pools of rank <= 16 keep 32-row
+    tiles above 1024 tokens: on the H200 (results/lora_kernels_tune_h200.json, run 11),
+    shrink+expand at T=4096 took 52.1 vs 56.6 us (qkv r16), 154.6 vs 173.5 (gate_up
+    r16), 37.0 vs 38.2 (o r16) with 32 against 64 rows; rank 64 wants 64 (75.7 vs 95.4
+    us, qkv r64). Tiles of 16 rows were slower at T=4096 for every layer.
+    """
     if num_tokens <= 256:
         return 16
-    if num_tokens <= 1024:
+    if num_tokens <= 1024 or (max_rank is not None and max_rank <= 16):
         return 32
     return 64
 
@@ -110,12 +117,18 @@ class SegmentMeta:
 
     @classmethod
     def empty(
-        cls, num_tokens: int, num_slots: int, device: torch.device, block_m: int | None = None
+        cls,
+        num_tokens: int,
+        num_slots: int,
+        device: torch.device,
+        block_m: int | None = None,
+        max_rank: int | None = None,
     ) -> SegmentMeta:
-        """Preallocated buffers for `build_meta(..., out=meta)` (contents undefined until built)."""
+        """Preallocated buffers for `build_meta(..., out=meta)` (contents undefined until
+        built); block_m None: default_block_m(num_tokens, max_rank)."""
         if num_tokens < 1 or num_slots < 1:
             raise ValueError(f"num_tokens={num_tokens}, num_slots={num_slots}; both must be >= 1")
-        bm = default_block_m(num_tokens) if block_m is None else block_m
+        bm = default_block_m(num_tokens, max_rank) if block_m is None else block_m
         if bm < 1 or bm & (bm - 1):
             raise ValueError(
                 f"block_m={bm}; allowed: a power of two (>= 16 for the Triton kernels)"
@@ -158,8 +171,12 @@ def build_meta(
     num_slots: int,
     slot_ranks: torch.Tensor | None = None,
     out: SegmentMeta | None = None,
+    max_rank: int | None = None,
 ) -> SegmentMeta:
     """token_slots: int [T] in [-1, L); slot_ranks: int [L] or None -> SegmentMeta.
+
+    max_rank: the rank of the pool the kernels will read (picks the tile height when
+    `out` is None: default_block_m).
 
     Device work only into fixed-shape buffers: no host sync, CUDA-graph capturable when
     `out` is preallocated. On the Triton backend it is one kernel (a radix sort in one
@@ -170,7 +187,7 @@ def build_meta(
     tokens = token_slots.shape[0]
     dev = token_slots.device
     if out is None:
-        out = SegmentMeta.empty(tokens, num_slots, dev)
+        out = SegmentMeta.empty(tokens, num_slots, dev, max_rank=max_rank)
     elif out.num_tokens != tokens or out.num_slots != num_slots or out.device != dev:
         raise ValueError(
             f"out: built for T={out.num_tokens}, L={out.num_slots} on {out.device}; "

@@ -28,6 +28,7 @@ class LoraBatchContext:
         slot_ranks: torch.Tensor | None = None,
         workspace_per_token: int = 0,
         workspace_tokens: int = 256,
+        max_rank: int | None = None,
     ):
         """slot_ranks: int32 [L] on device, the actual rank per slot (SlotBuffers.slot_ranks);
         with it, each step builds one `kernels.SegmentMeta` that every layer shares, so
@@ -36,7 +37,10 @@ class LoraBatchContext:
         workspace_per_token: float32 elements of shrink output one token needs across the
         whole model (sum over layers and groups of S * R); with it, steps of at most
         workspace_tokens tokens zero one workspace with one memset and hand each layer a
-        slice (`take`), instead of one memset per LoRA layer (decode's fixed cost)."""
+        slice (`take`), instead of one memset per LoRA layer (decode's fixed cost).
+
+        max_rank: the slot width R (SlotBuffers.max_rank); the kernels' tile height
+        follows it (kernels.meta.default_block_m)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -44,6 +48,7 @@ class LoraBatchContext:
         self.token_slots = self._buf[:0]
         self.any_lora = False
         self.slot_ranks = slot_ranks
+        self.max_rank = max_rank
         self.meta: kernels.SegmentMeta | None = None
         self._per_token = workspace_per_token
         self._ws_tokens = min(workspace_tokens, max_num_tokens) if workspace_per_token else 0
@@ -63,7 +68,10 @@ class LoraBatchContext:
         self.any_lora = any_lora
         if any_lora and self.slot_ranks is not None:
             self.meta = kernels.build_meta(
-                self.token_slots, self.slot_ranks.shape[0], self.slot_ranks
+                self.token_slots,
+                self.slot_ranks.shape[0],
+                self.slot_ranks,
+                max_rank=self.max_rank,
             )
         else:
             self.meta = None

@@ -88,6 +88,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         device,
         buffers.slot_ranks,
         workspace_per_token(cfg.base_shape, config.max_lora_rank),
+        max_rank=config.max_lora_rank,
     )
     apply_lora(model.model, buffers, ctx)
     adapters = AdapterManager(

@@ -98,8 +98,11 @@ def _derive(tensors, name: str) -> Slices:
     )
 
 
-def as_meta(token_slots_or_meta, tokens: int, num_slots: int, device: torch.device) -> SegmentMeta:
-    """A SegmentMeta for this call: the caller's (checked), or built now from token_slots."""
+def as_meta(
+    token_slots_or_meta, tokens: int, num_slots: int, device: torch.device, rank: int
+) -> SegmentMeta:
+    """A SegmentMeta for this call: the caller's (checked), or built now from token_slots
+    (tile height for a pool of this rank)."""
     if isinstance(token_slots_or_meta, SegmentMeta):
         meta = token_slots_or_meta
         if meta.num_tokens != tokens or meta.num_slots != num_slots or meta.device != device:
@@ -117,7 +120,7 @@ def as_meta(token_slots_or_meta, tokens: int, num_slots: int, device: torch.devi
             f"token_slots: shape {tuple(token_slots_or_meta.shape)} on {token_slots_or_meta.device}; "
             f"allowed: [{tokens}] on {device}"
         )
-    return build_meta(token_slots_or_meta, num_slots)
+    return build_meta(token_slots_or_meta, num_slots, max_rank=rank)
 
 
 def _offsets(tensors) -> tuple[int, int]:

@@ -219,7 +219,7 @@ def lora_expand_triton(
     sizes = [sh[1] for sh in sl.shapes]
     if y.shape[0] == 0:
         return y
-    meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device)
+    meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device, rank)
     br = block_r(rank)
     cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br, max(sizes))
     bn = cfg.block_n

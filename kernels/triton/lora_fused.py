@@ -330,7 +330,7 @@ def lora_shrink_expand_triton(
         )
     if tokens == 0:
         return y
-    meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
+    meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     sizes = tuple(sh[1] for sh in sb.shapes)
     tuning = TUNING_OVERRIDE or TUNING["decode" if meta.block_m <= 16 else "prefill"]
     p = plan(tokens, meta.block_m, rank, hidden, sizes, x.element_size(), x.device, tuning)

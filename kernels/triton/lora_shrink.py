@@ -48,6 +48,10 @@ class ShrinkConfig:
     """One program computes all slices (x tile read once) instead of one each."""
     num_stages: int = 3
     num_warps: int = 4
+    stream_k: bool = False
+    """Persistent stream-K launch (_shrink_stream_kernel): programs_per_sm programs per
+    SM in all, each walking an equal run of (tile, k-step) items in one pipelined loop,
+    instead of one program per (tile bound, k-split)."""
 
 
 CONFIG_OVERRIDE: ShrinkConfig | None = None
@@ -59,6 +63,17 @@ def _store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
     else:
         tl.store(out_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL: tl.constexpr,
+                  USE_ATOMIC: tl.constexpr):  # fmt: skip
+    """out[j] (+)= scale * acc_j at out_ptrs + j * stride_os, for the NSL slices j."""
+    _store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
+    if NSL > 1:
+        _store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
+    if NSL > 2:
+        _store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)
 
 
 @triton.jit
@@ -87,11 +102,7 @@ def _shrink_tile(
             out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
         )
         mask = m_mask[:, None] & r_mask[None, :]
-        _store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
-        if NSL > 1:
-            _store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
-        if NSL > 2:
-            _store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)
+        _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, USE_ATOMIC)
 
 
 @triton.jit
@@ -135,22 +146,103 @@ def _shrink_kernel(
             )  # fmt: skip
 
 
+@triton.jit
+def _shrink_stream_kernel(
+    x_ptr, a_ptr, out_ptr,
+    tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr,
+    a_off1, a_off2,
+    stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+    H, R, k_steps, scale,
+    NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Stream-K (one program = slice group g, a run of (tile, k-step) work items): the
+    items of the tiles with work, tile-major, k_steps per tile, are cut into equal runs,
+    one per program along grid axis 1. A program walks its run in ONE loop, which the
+    compiler pipelines across tile boundaries (the next tile's first x / A loads are in
+    flight while this tile's last ones are used), and adds its sums for each tile it
+    touched into out: a plain store where it covered the tile's whole K, else fp32
+    atomics (out is zeroed). Semantics as _shrink_kernel's.
+    """
+    if DEPENDENTS:
+        gdc_launch_dependents()
+    pid_g = tl.program_id(0)
+    total = tl.load(num_tiles_ptr) * k_steps
+    per = tl.cdiv(total, tl.num_programs(1))
+    start = tl.program_id(1) * per
+    end = tl.minimum(start + per, total)
+    a_g = a_ptr + pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
+    off1 = a_off1.to(tl.int64)
+    off2 = a_off2.to(tl.int64)
+    out_g = out_ptr + pid_g.to(tl.int64) * stride_os
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for i in range(start, end):
+        tile = i // k_steps
+        kk = i - tile * k_steps
+        slot, rank, tok, m_mask = load_tile(
+            tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
+        )
+        r_mask = offs_r < rank
+        k = kk * BLOCK_K + offs_k
+        x_mask = m_mask[:, None]
+        a_mask = r_mask[:, None]
+        if not EVEN_K:
+            x_mask = x_mask & (k < H)[None, :]
+            a_mask = a_mask & (k < H)[None, :]
+        x_ptrs = x_ptr + tok[:, None] * stride_xt + k[None, :] * stride_xh
+        xv = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        a0 = a_g + slot.to(tl.int64) * stride_al + offs_r[:, None] * stride_ar
+        a0 += k[None, :] * stride_ah
+        acc0 += tl.dot(xv, tl.trans(tl.load(a0, mask=a_mask, other=0.0)), input_precision=PRECISION)
+        if NSL > 1:
+            acc1 += tl.dot(xv, tl.trans(tl.load(a0 + off1, mask=a_mask, other=0.0)),
+                           input_precision=PRECISION)  # fmt: skip
+        if NSL > 2:
+            acc2 += tl.dot(xv, tl.trans(tl.load(a0 + off2, mask=a_mask, other=0.0)),
+                           input_precision=PRECISION)  # fmt: skip
+        if (kk == k_steps - 1) | (i == end - 1):  # this tile's last item in the run
+            out_ptrs = out_g + tok[:, None] * stride_ot + offs_r[None, :]
+            mask = m_mask[:, None] & r_mask[None, :]
+            if (kk == k_steps - 1) & (i - kk >= start):  # the whole K of the tile
+                _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, False)
+            else:
+                _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, True)
+            acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+
+
 MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
 
 
-def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkConfig:
+STREAM_SHARED_BYTES = 220_000
+"""Shared memory a stream-K launch plans for per SM: its programs must all be resident
+(a second wave of persistent programs is a tail)."""
+
+
+def default_config(
+    bm: int, br: int, elem: int, num_slices: int = 3, hidden: int = 4096
+) -> ShrinkConfig:
     """Decode (bm 16): per-slice programs, K split until ~32 per SM at rank 16 (~16 above:
-    a rank-64 program already streams 4x the A bytes). Prefill: fused slices (rank <= 64,
-    so the S accumulators fit in registers), ~4 per SM. BLOCK_K 128, halved until 3
-    pipeline stages of the x and A tiles fit in ~120 KB of shared memory.
+    a rank-64 program already streams 4x the A bytes). Prefill at rank <= 32: fused slices
+    (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
+    pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
+    >= 64: stream-K (stream_config).
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     on 7 decode shapes within 2% of each shape's best of 12 configs, except gate_up r16
     T=64 (6.4 vs 5.4 us) and down r16 T=256 (11.7 vs 11.0); the previous BLOCK_K 256 /
     8 per SM was 16% off on average (the shrink alone: shrink + expand in the grid moved
-    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best.
+    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best. Run 8:
+    stream-K at decode 5-70% slower, at rank-16 prefill within -3% / +8% (not used).
     """
     prefill = bm >= 32
+    if prefill and br >= 64 and (bm >= 64 or hidden <= 8192):
+        return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
     rows = bm + (num_slices if fuse else 1) * br
     bk = 128
@@ -158,6 +250,24 @@ def default_config(bm: int, br: int, elem: int, num_slices: int = 3) -> ShrinkCo
         bk //= 2
     per_sm = 4 if prefill else 32 if br <= 16 else 16
     return ShrinkConfig(block_k=bk, programs_per_sm=per_sm, fuse_slices=fuse)
+
+
+def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
+    """Stream-K for prefill at rank >= 64: per-slice programs (fused slices were 1.2-1.6x
+    slower: the fat programs that fit one per SM starve the pipeline), 5 stages (3 x / A
+    buffers: two items in flight), BLOCK_K 128 and 2 programs per SM, or 64 and 3 per
+    SM for long K (H > 8192), fewer where their shared memory does not fit.
+
+    Tune run 8 on the H200 against the split-K grid's best: qkv r64 T=4096 n=8 39.1 vs
+    46.0 us, gate_up r64 T=4096 n=8 33.8 vs 36.3, down r64 T=4096 n=32 69.5 vs 81.1,
+    qkv r64 T=1024 n=32 28.4 vs 30.3. Not used for long K in 32-row tiles (T <= 1024):
+    the grid of 2026-12-03 measured down r64 T=1024 n=1 and n=8 8-13% slower with it.
+    """
+    bk, per_sm = (64, 3) if hidden > 8192 else (128, 2)
+    while bk > 16 and 3 * (bm + br) * bk * elem > STREAM_SHARED_BYTES:
+        bk //= 2
+    fit = STREAM_SHARED_BYTES // (3 * (bm + br) * bk * elem)
+    return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
@@ -212,11 +322,15 @@ def lora_shrink_triton(
         out = torch.zeros(num_slices, tokens, rank, dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
-    meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device)
+    meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     br, bm = block_r(rank), meta.block_m
-    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices)
-    programs = tile_programs(tokens, num_slots, bm)
+    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices, hidden)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
+    dependents = dependents and pdl_enabled(x.device)
+    if cfg.stream_k:
+        _launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
+        return out
+    programs = tile_programs(tokens, num_slots, bm)
     bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
     off1, off2 = sl.offsets
     stride_l, stride_r, stride_h = sl.strides[0]
@@ -229,7 +343,31 @@ def lora_shrink_triton(
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
-        DEPENDENTS=dependents and pdl_enabled(x.device), PRECISION=dot_precision(x.dtype),
+        DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+def _launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, groups: int,
+                   nsl: int, br: int, scale: float, dependents: bool) -> None:  # fmt: skip
+    """_shrink_stream_kernel over (groups, programs): programs_per_sm per SM in all, at
+    most one per work item of the tile bound."""
+    tokens, hidden = x.shape
+    num_slots, rank = sl.shapes[0][0], sl.shapes[0][1]
+    bk = min(cfg.block_k, max(16, next_pow2(hidden)))
+    k_steps = cdiv(hidden, bk)
+    items = max_tiles(tokens, num_slots, meta.block_m) * k_steps
+    programs = min(items, max(1, cfg.programs_per_sm * num_sms(x.device) // groups))
+    off1, off2 = sl.offsets
+    stride_l, stride_r, stride_h = sl.strides[0]
+    _shrink_stream_kernel[(groups, programs)](
+        x, sl.base, out,
+        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles,
+        off1, off2,
+        x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
+        hidden, rank, k_steps, scale,
+        NSL=nsl, BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk, EVEN_K=hidden % bk == 0,
+        DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip

@@ -224,3 +224,47 @@ def test_layer_chain_in_one_graph_sees_each_layers_output(copy_x_last):
         for i in range(layers):
             want = _oracle(want, a[i], b[i], 0.5 * want, token_slots, 1.0)[1]
         assert rel_err(ys[-1], want) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,dtype,fuse,per_sm,block_k",
+    [
+        ("qkv4096", 4096, 64, 64, BF16, True, 2, 64),
+        ("qkv4096", 4096, 16, 8, BF16, False, 4, 128),
+        ("down14336", 1024, 64, 32, BF16, True, 3, 128),
+        ("o4096", 64, 16, 8, BF16, False, 8, 128),
+        ("gate_up4096", 300, 32, 16, F32, True, 1, 32),
+        ("o8192", 2048, 128, 4, F16, False, 2, 64),
+    ],
+)
+def test_stream_k_shrink_matches_reference(
+    monkeypatch, layer, tokens, rank, distinct, dtype, fuse, per_sm, block_k
+):
+    """ShrinkConfig.stream_k at real widths: per-slot ranks, slot -1 rows, and a CUDA
+    graph replayed on a new slot map (the run boundaries move with the tile count)."""
+    from kernels.triton import lora_shrink as sh
+
+    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=5, stream_k=True)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    token_slots, x, lora_a, _ = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
+    a64 = tuple(a.double() for a in lora_a)
+    ranks = torch.randint(1, rank + 1, (64,), dtype=torch.int32, device="cuda")
+    meta = SegmentMeta.empty(tokens, 64, x.device)
+    out = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        out.zero_()
+        lora_shrink(x, lora_a, meta, scale=0.5, out=out)
+
+    build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
+    step()
+    want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
+    assert rel_err(out, want) < TOLERANCE[dtype]
+    assert out[:, token_slots < 0].abs().sum().item() == 0
+    graph = captured(step)
+    token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
+    build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
+    graph.replay()
+    want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
+    assert rel_err(out, want) < TOLERANCE[dtype]
+    assert out[:, token_slots < 0].abs().sum().item() == 0

@@ -22,12 +22,12 @@ from kernels.meta import FULL_RANK
 from kernels.triton.build_meta import _build_meta_kernel
 from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
-from kernels.triton.lora_shrink import _shrink_kernel
+from kernels.triton.lora_shrink import _shrink_kernel, _shrink_stream_kernel
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "R", "nt1", "nt2", "NB", "T",
-             "L", "MT", "stride_t", "stride_r"}  # fmt: skip
+             "L", "MT", "stride_t", "stride_r", "k_steps"}  # fmt: skip
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks")
 
 
@@ -82,6 +82,12 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "shrink decode": (_shrink_kernel, dict(NSL=1, BLOCK_M=16, BLOCK_R=16, BLOCK_K=256,
                       EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True, DEPENDENTS=True,
                       PRECISION="tf32"), 4, 3),
+    "shrink stream-K r64 prefill": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=64,
+                      BLOCK_R=64, BLOCK_K=128, EVEN_K=True, DEPENDENTS=False,
+                      PRECISION="tf32"), 4, 5),
+    "shrink stream-K r128 T=1024 ragged K": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=32,
+                      BLOCK_R=128, BLOCK_K=64, EVEN_K=False, DEPENDENTS=False,
+                      PRECISION="tf32"), 4, 5),
     "expand decode r16 after shrink": (_expand_kernel, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_R=16,
                            N_ITERS=1, ADD_INPUTS=True, SINGLE_TILE=True, WAIT=True,
                            PRECISION="tf32"), 4, 1),

@@ -8,6 +8,7 @@ from kernels.meta import (
     MAX_TILE_PROGRAMS,
     SegmentMeta,
     build_meta,
+    default_block_m,
     max_tiles,
     tile_programs,
 )
@@ -108,3 +109,18 @@ def test_tile_programs_fit_a_grid_dimension():
     assert tile_programs(16 * (MAX_TILE_PROGRAMS - 64), 64, 16) == MAX_TILE_PROGRAMS
     with pytest.raises(ValueError, match="at most 65535"):
         tile_programs(16 * (MAX_TILE_PROGRAMS - 63), 64, 16)
+
+
+@pytest.mark.parametrize(
+    "tokens,max_rank,want",
+    [(1, None, 16), (256, 16, 16), (257, 64, 32), (1024, None, 32), (1025, None, 64),
+     (4096, 64, 64), (4096, 32, 64), (4096, 16, 32), (4096, 8, 32)],
+)  # fmt: skip
+def test_tile_height_follows_tokens_and_pool_rank(tokens, max_rank, want):
+    """Above 1024 tokens, pools of rank <= 16 keep 32-row tiles (measured faster on the
+    H200); build_meta and SegmentMeta.empty take the pool's rank to pick it."""
+    assert default_block_m(tokens, max_rank) == want
+    assert SegmentMeta.empty(tokens, 4, CPU, max_rank=max_rank).block_m == want
+    slots = torch.randint(-1, 4, (tokens,))
+    assert build_meta(slots, 4, max_rank=max_rank).block_m == want
+    assert SegmentMeta.empty(tokens, 4, CPU, block_m=16, max_rank=max_rank).block_m == 16

@@ -300,3 +300,35 @@ def test_expand_column_groups_span_several_blocks(triton_backend, monkeypatch, n
         lora_expand(y, buf, b, meta)
         assert rel_err(y, want) < TOLERANCE[torch.float32]
         assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "tokens,hidden,num_slices,fuse,per_sm,block_k",
+    [
+        (37, 200, 3, True, 1, 32),  # runs cross tiles; H not a multiple of BLOCK_K
+        (37, 200, 3, False, 1, 64),  # per-slice groups
+        (70, 128, 2, True, 3, 16),  # 32-row tiles, runs of ~2 items
+        (5, 64, 1, False, 64, 16),  # more programs than items: one item or none each
+        (50, 96, 1, True, 2, 32),  # runs that cover whole tiles (plain stores) and parts
+    ],
+)
+def test_stream_k_shrink_matches_oracle(
+    triton_backend, monkeypatch, dtype, tokens, hidden, num_slices, fuse, per_sm, block_k
+):
+    """ShrinkConfig.stream_k: equal runs of (tile, k-step) items per program, tile
+    boundaries inside a run, per-slot ranks, slot -1 rows left zero, scale applied."""
+    from kernels.triton import lora_shrink as sh
+
+    token_slots, x, lora_a, _ = _case(tokens, hidden, num_slices, 16, 4, 0.2, dtype)
+    ranks = torch.tensor([16, 5, 9, 1], dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks)
+    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=2, stream_k=True)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    out = torch.zeros(num_slices, tokens, 16)  # zeroed, as kernels.lora_shrink's out must be
+    buf = lora_shrink(x, lora_a, meta, scale=0.5, out=out)
+    want = oracle_shrink(x, lora_a, token_slots, 0.5, ranks)
+    assert rel_err(buf, want) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+    per_tok = ranks[token_slots.clamp_min(0)]
+    assert buf[:, torch.arange(16)[None, :] >= per_tok[:, None]].abs().sum() == 0

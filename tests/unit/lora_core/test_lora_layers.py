@@ -220,6 +220,18 @@ def test_context_limits() -> None:
         ctx.set_slots([0] * 5)
 
 
+def test_context_meta_tile_height_follows_the_pool_rank() -> None:
+    """The step's SegmentMeta is built for the slot width (kernels.meta.default_block_m)."""
+    ranks = torch.tensor([16, 8], dtype=torch.int32)
+    slots = torch.zeros(2048, dtype=torch.int32)
+    for max_rank, want in ((16, 32), (64, 64), (None, 64)):
+        ctx = LoraBatchContext(
+            max_num_tokens=2048, device="cpu", slot_ranks=ranks, max_rank=max_rank
+        )
+        ctx.set(slots, any_lora=True)
+        assert ctx.meta.block_m == want
+
+
 def test_context_workspace_hands_out_zeroed_disjoint_slices_per_step() -> None:
     from lora_core.context import LoraBatchContext
 
