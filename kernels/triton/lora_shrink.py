@@ -7,7 +7,9 @@ before those past the device-side tile count, which only read it and exit.
 Decode-sized batches put each slice in its own program and split K over H, so enough
 programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
 zeroed output); prefill-sized batches give one program all slices so each x tile is
-read once. Rows r >= rank of the slot are masked: a low-rank adapter reads only its
+read once. Rank >= 64 prefill runs _shrink_stream_kernel instead: a few persistent
+programs per SM, each walking an equal run of (tile, k-step) items in one pipelined loop
+(stream-K). Rows r >= rank of the slot are masked: a low-rank adapter reads only its
 rows of A.
 """
 
@@ -231,14 +233,16 @@ def default_config(
     a rank-64 program already streams 4x the A bytes). Prefill at rank <= 32: fused slices
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
-    >= 64: stream-K (stream_config).
+    >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
+    takes the fused split-K grid as at rank <= 32.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     on 7 decode shapes within 2% of each shape's best of 12 configs, except gate_up r16
     T=64 (6.4 vs 5.4 us) and down r16 T=256 (11.7 vs 11.0); the previous BLOCK_K 256 /
     8 per SM was 16% off on average (the shrink alone: shrink + expand in the grid moved
-    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best. Run 8:
-    stream-K at decode 5-70% slower, at rank-16 prefill within -3% / +8% (not used).
+    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best. Runs 8
+    and 10: the best stream-K config per shape 0.97-1.14x the best split-K one at decode,
+    0.96-1.09x at rank-16 prefill (not used there).
     """
     prefill = bm >= 32
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192):
