@@ -176,7 +176,8 @@ def _shrink_configs(prefill: bool):
         ShrinkConfig(256, 1, False, 5, stream_k=True),
         ShrinkConfig(256, 2, False, 4, stream_k=True),
     ]
-    return grid + stream + wide + [ShrinkConfig(128, 3, False, 4, stream_k=True)]
+    warps8 = [ShrinkConfig(bk, p, False, 5, 8, stream_k=True) for bk, p in ((128, 2), (64, 3))]
+    return grid + stream + wide + warps8 + [ShrinkConfig(128, 3, False, 4, stream_k=True)]
 
 
 def _expand_configs(prefill: bool):
