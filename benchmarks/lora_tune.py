@@ -1,13 +1,15 @@
 """Launch-config data for the LoRA kernels (GPU), run through benchmarks/lora_kernels.py:
 
     python3 benchmarks/lora_kernels.py --no-grid --tune [--tune-kinds shrink] [--tune-max-tokens 256]
-        [--tune-min-tokens 1024] --out FILE
+        [--tune-min-tokens 1024] [--tune-ranks 64] --out FILE
+    python3 benchmarks/lora_kernels.py --no-grid --tune-block-m [--tune-block-m-prefill] --out FILE
     python3 benchmarks/lora_kernels.py --no-grid --sweep
 
 `tune`: graph-replay us of the separate shrink and expand kernels per ShrinkConfig /
 ExpandConfig (what default_config in kernels/triton/lora_shrink.py and lora_expand.py is
 chosen from), shrink+expand with and without programmatic dependent launch, and (kind
-"layout") B rank-major against n-major. `sweep`: the opt-in fused kernel per FusedTuning.
+"layout") B rank-major against n-major. `tune_block_m`: tile heights (what
+kernels.meta.default_block_m is chosen from). `sweep`: the opt-in fused kernel per FusedTuning.
 """
 
 from __future__ import annotations
