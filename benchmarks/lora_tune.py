@@ -63,6 +63,20 @@ SWEEP_PREFILL = [
 ]  # fmt: skip
 
 
+def _time_config(mod, name: str, cfg, fns, prologue=None) -> float:
+    """Graph-replay us of fns with mod.<name> (a launch-config override) set to cfg; NaN,
+    printed, if the config cannot launch (an unlaunchable config is data too). The
+    override is reset to None afterwards."""
+    setattr(mod, name, cfg)
+    try:
+        return time_graph(fns, 10, prologue=prologue)
+    except Exception as e:
+        print(f"  {cfg}: {e!r}"[:300], flush=True)
+        return float("nan")
+    finally:
+        setattr(mod, name, None)
+
+
 def sweep(bw: float, budget_s: float) -> list[dict]:
     """Graph-replay us of the fused kernel per tuning on a few shapes (tuning data)."""
     from kernels.triton import lora_fused as fu
@@ -76,17 +90,13 @@ def sweep(bw: float, budget_s: float) -> list[dict]:
         fb = floor_bytes(layer, tokens, n, rank, rank)
         sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
         for knobs in SWEEP_DECODE if tokens <= 256 else SWEEP_PREFILL:
-            fu.TUNING_OVERRIDE = fu.FusedTuning(*knobs)
-            try:
-                us = time_graph([functools.partial(call_fused, st) for st in sets], 10)
-            except Exception as e:  # an unlaunchable config is data too
-                us = float("nan")
-                print(f"  {fu.TUNING_OVERRIDE}: {e!r}"[:300], flush=True)
-            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "tuning": repr(fu.TUNING_OVERRIDE),
+            tuning = fu.FusedTuning(*knobs)
+            fns = [functools.partial(call_fused, st) for st in sets]
+            us = _time_config(fu, "TUNING_OVERRIDE", tuning, fns)
+            rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "tuning": repr(tuning),
                          "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
             print(f"{rows[-1]['shape']:24s} {us:7.1f} us (floor {rows[-1]['floor_us']:.1f}) {knobs}",
                   flush=True)  # fmt: skip
-        fu.TUNING_OVERRIDE = None
         del sets, pools
     return rows
 
@@ -140,13 +150,8 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
                 trials += [("shrink", cfg, shrink) for cfg in [None, *_wide_k_configs()]]
                 trials += [("expand", None, [functools.partial(call_expand, st) for st in sets])]
             for kind, cfg, fns in trials:
-                sh.CONFIG_OVERRIDE = cfg
-                try:
-                    us = time_graph(fns, 10, prologue=None if kind == "expand" else memset)
-                except Exception as e:  # an unlaunchable config is data too
-                    us = float("nan")
-                    print(f"  {cfg}: {e!r}"[:300], flush=True)
-                sh.CONFIG_OVERRIDE = None
+                prologue = None if kind == "expand" else memset
+                us = _time_config(sh, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 rows.append({"shape": shape, "kind": kind, "block_m": bm, "config": repr(cfg),
                              "graph_us": us, "floor_us": fb[kind] / bw * 1e6})  # fmt: skip
                 print(f"{shape:24s} {kind:6s} block_m={bm:3d} {us:7.1f} us "
@@ -238,7 +243,6 @@ def tune(
                 trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
-                mod.CONFIG_OVERRIDE = cfg
                 if kind == "shrink":
                     fns = [
                         functools.partial(call_shrink, st, v)
@@ -246,12 +250,8 @@ def tune(
                     ]
                 else:
                     fns = [functools.partial(call_expand, st) for st in sets]
-                try:
-                    us = time_graph(fns, 10, prologue=memset if kind == "shrink" else None)
-                except Exception as e:  # an unlaunchable config is data too
-                    us = float("nan")
-                    print(f"  {cfg}: {e!r}"[:300], flush=True)
-                mod.CONFIG_OVERRIDE = None
+                prologue = memset if kind == "shrink" else None
+                us = _time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
                        "config": repr(cfg), "graph_us": us, "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
                 rows.append(row)
