@@ -274,9 +274,14 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
+def _block_k(cfg: ShrinkConfig, hidden: int) -> int:
+    """cfg.block_k, cut to H's next power of two (at least 16, tl.dot's minimum)."""
+    return min(cfg.block_k, max(16, next_pow2(hidden)))
+
+
 def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
     """(BLOCK_K, k_per_split, split)."""
-    bk = min(cfg.block_k, max(16, next_pow2(hidden)))
+    bk = _block_k(cfg, hidden)
     steps = cdiv(hidden, bk)
     want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
     split = min(max(want, cdiv(hidden, MAX_K_PER_SPLIT)), steps)
@@ -359,7 +364,7 @@ def _launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, gro
     most one per work item of the tile bound."""
     tokens, hidden = x.shape
     num_slots, rank = sl.shapes[0][0], sl.shapes[0][1]
-    bk = min(cfg.block_k, max(16, next_pow2(hidden)))
+    bk = _block_k(cfg, hidden)
     k_steps = cdiv(hidden, bk)
     items = max_tiles(tokens, num_slots, meta.block_m) * k_steps
     programs = min(items, max(1, cfg.programs_per_sm * num_sms(x.device) // groups))
