@@ -187,6 +187,21 @@ def _shrink_configs(prefill: bool):
     return grid + stream + wide + warps8 + [ShrinkConfig(128, 3, False, 4, stream_k=True)]
 
 
+def _lean_configs(st: dict, layer: str, rank: int):
+    """The shape's default shrink config with x read lean (ShrinkConfig.lean_x, the
+    default) and masked, and for stream-K also with A read without the rank mask."""
+    from dataclasses import replace
+
+    from benchmarks.lora_bench import LAYERS
+    from kernels.triton.common import block_r
+    from kernels.triton.lora_shrink import default_config
+
+    hidden, sizes = LAYERS[layer]
+    base = default_config(st["meta"].block_m, block_r(rank), 2, len(sizes), hidden)
+    lean = [replace(base, lean_x=True), replace(base, lean_x=False)]
+    return lean + [replace(base, mask_rank=False)] * base.stream_k
+
+
 def _expand_configs(prefill: bool):
     """(block_n, warps), then several blocks per program (n_iters, pipelined by
     num_stages) at the widths that fit the registers (lora_expand.ExpandConfig)."""
@@ -211,7 +226,8 @@ def tune(
     """Graph-replay us of the separate shrink and expand kernels per launch config on
     TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
-    "layout" (also B n-major, the layout before rank-major)."""
+    "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
+    config with ShrinkConfig.lean_x on and off, and mask_rank off for stream-K)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
@@ -241,19 +257,22 @@ def tune(
             trials = [("expand", ex, c) for c in _expand_configs(tokens > 256)]
             if rank_major:
                 trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
+            if "lean" in kinds:
+                trials += [("lean", sh, c) for c in _lean_configs(sets[0], layer, rank)]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
-                if kind == "shrink":
+                if kind in ("shrink", "lean"):
                     fns = [
                         functools.partial(call_shrink, st, v)
                         for st, v in zip(sets, views, strict=True)
                     ]
                 else:
                     fns = [functools.partial(call_expand, st) for st in sets]
-                prologue = memset if kind == "shrink" else None
+                prologue = None if kind == "expand" else memset
                 us = _time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
-                       "config": repr(cfg), "graph_us": us, "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
+                       "config": repr(cfg), "graph_us": us,
+                       "floor_us": fb["expand" if kind == "expand" else "shrink"] / bw * 1e6}  # fmt: skip
                 rows.append(row)
                 print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
                       f"(floor {row['floor_us']:.1f}) {cfg}", flush=True)  # fmt: skip

@@ -35,7 +35,7 @@ from kernels.triton.common import (
     pdl_enabled,
     slices_of,
 )
-from kernels.triton.tiles import load_tile, pick, shrink_acc
+from kernels.triton.tiles import load_k, load_tile, pick, shrink_acc, x_rows
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,13 @@ class ShrinkConfig:
     """Persistent stream-K launch (_shrink_stream_kernel): programs_per_sm programs per
     SM in all, each walking an equal run of (tile, k-step) items in one pipelined loop,
     instead of one program per (tile bound, k-split)."""
+    lean_x: bool = True
+    """Read x tiles without a row mask (rows past a tile's tokens read x's row 0; their
+    sums land only in rows the store masks) with 32-bit offsets, where every x offset
+    fits in int32: about half the address instructions per x element."""
+    mask_rank: bool = True
+    """Stream-K only. False reads all BLOCK_R rows of A whatever the slot's rank (the
+    slots keep rows past the rank zero); for measuring what the rank mask costs."""
 
 
 CONFIG_OVERRIDE: ShrinkConfig | None = None
@@ -86,6 +93,7 @@ def _shrink_tile(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    LEAN_X: tl.constexpr,
 ):  # fmt: skip
     """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL."""
     slot, rank, tok, m_mask = load_tile(
@@ -98,7 +106,7 @@ def _shrink_tile(
         acc0, acc1, acc2 = shrink_acc(
             x_ptr, a_slot, off1, off2, tok, m_mask, r_mask, k0, k_per_split,
             stride_xt, stride_xh, stride_ar, stride_ah, H,
-            NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, PRECISION,
+            NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, PRECISION, LEAN_X,
         )  # fmt: skip
         out_ptrs = (
             out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
@@ -116,7 +124,7 @@ def _shrink_kernel(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
-    DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr,
+    DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
@@ -137,6 +145,7 @@ def _shrink_kernel(
             pid_g, off_g, off1, off2, k0,
             stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
             H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
+            LEAN_X,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(2), tl.load(num_tiles_ptr), num_programs):
@@ -145,6 +154,7 @@ def _shrink_kernel(
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
+                LEAN_X,
             )  # fmt: skip
 
 
@@ -154,12 +164,13 @@ def _shrink_stream_kernel(
     tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr,
     a_off1, a_off2,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-    H, R, k_steps, scale,
+    H, R, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr,
+    K_STEPS: tl.constexpr, EVEN_K: tl.constexpr, DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr,
+    LEAN_X: tl.constexpr, MASK_RANK: tl.constexpr,
 ):  # fmt: skip
     """Stream-K (one program = slice group g, a run of (tile, k-step) work items): the
-    items of the tiles with work, tile-major, k_steps per tile, are cut into equal runs,
+    items of the tiles with work, tile-major, K_STEPS per tile, are cut into equal runs,
     one per program along grid axis 1. A program walks its run in ONE loop, which the
     compiler pipelines across tile boundaries (the next tile's first x / A loads are in
     flight while this tile's last ones are used), and adds its sums for each tile it
@@ -169,7 +180,7 @@ def _shrink_stream_kernel(
     if DEPENDENTS:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
-    total = tl.load(num_tiles_ptr) * k_steps
+    total = tl.load(num_tiles_ptr) * K_STEPS
     per = tl.cdiv(total, tl.num_programs(1))
     start = tl.program_id(1) * per
     end = tl.minimum(start + per, total)
@@ -183,20 +194,20 @@ def _shrink_stream_kernel(
     acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for i in range(start, end):
-        tile = i // k_steps
-        kk = i - tile * k_steps
+        tile = i // K_STEPS  # a constant divisor: a multiply and shift
+        kk = i - tile * K_STEPS
         slot, rank, tok, m_mask = load_tile(
             tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
         )
         r_mask = offs_r < rank
         k = kk * BLOCK_K + offs_k
-        x_mask = m_mask[:, None]
         a_mask = r_mask[:, None]
+        if not MASK_RANK:
+            a_mask = offs_r[:, None] < BLOCK_R
         if not EVEN_K:
-            x_mask = x_mask & (k < H)[None, :]
             a_mask = a_mask & (k < H)[None, :]
-        x_ptrs = x_ptr + tok[:, None] * stride_xt + k[None, :] * stride_xh
-        xv = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        x_ptrs = x_rows(x_ptr, tok, k, stride_xt, stride_xh, LEAN_X)
+        xv = load_k(x_ptrs, m_mask, 0, k, H, EVEN_K, not LEAN_X)
         a0 = a_g + slot.to(tl.int64) * stride_al + offs_r[:, None] * stride_ar
         a0 += k[None, :] * stride_ah
         acc0 += tl.dot(xv, tl.trans(tl.load(a0, mask=a_mask, other=0.0)), input_precision=PRECISION)
@@ -206,10 +217,10 @@ def _shrink_stream_kernel(
         if NSL > 2:
             acc2 += tl.dot(xv, tl.trans(tl.load(a0 + off2, mask=a_mask, other=0.0)),
                            input_precision=PRECISION)  # fmt: skip
-        if (kk == k_steps - 1) | (i == end - 1):  # this tile's last item in the run
+        if (kk == K_STEPS - 1) | (i == end - 1):  # this tile's last item in the run
             out_ptrs = out_g + tok[:, None] * stride_ot + offs_r[None, :]
             mask = m_mask[:, None] & r_mask[None, :]
-            if (kk == k_steps - 1) & (i - kk >= start):  # the whole K of the tile
+            if (kk == K_STEPS - 1) & (i - kk >= start):  # the whole K of the tile
                 _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, False)
             else:
                 _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, True)
@@ -272,6 +283,11 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
         bk //= 2
     fit = STREAM_SHARED_BYTES // (3 * (bm + br) * bk * elem)
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
+
+
+def offsets_fit_i32(x: torch.Tensor) -> bool:
+    """Every element offset into x (2-D, non-negative strides) fits in int32."""
+    return sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) < 2**31
 
 
 def _block_k(cfg: ShrinkConfig, hidden: int) -> int:
@@ -353,6 +369,7 @@ def lora_shrink_triton(
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
+        LEAN_X=cfg.lean_x and offsets_fit_i32(x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
@@ -375,8 +392,10 @@ def _launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, gro
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles,
         off1, off2,
         x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
-        hidden, rank, k_steps, scale,
-        NSL=nsl, BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk, EVEN_K=hidden % bk == 0,
+        hidden, rank, scale,
+        NSL=nsl, BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk, K_STEPS=k_steps,
+        EVEN_K=hidden % bk == 0,
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
+        LEAN_X=cfg.lean_x and offsets_fit_i32(x), MASK_RANK=cfg.mask_rank,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

@@ -32,10 +32,26 @@ def load_tile(tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M: tl.c
 
 
 @triton.jit
-def _load_k(ptrs, row_mask, k, offs_k, H, EVEN_K: tl.constexpr):
+def load_k(ptrs, row_mask, k, offs_k, H, EVEN_K: tl.constexpr, ROW_MASK: tl.constexpr = True):
+    """ptrs' [rows, BLOCK_K] block at column offset k: columns past H read as 0, and so do
+    rows off row_mask when ROW_MASK (else they are read: their addresses must be valid)."""
+    if ROW_MASK:
+        if EVEN_K:
+            return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
+        return tl.load(ptrs, mask=row_mask[:, None] & ((offs_k + k) < H)[None, :], other=0.0)
     if EVEN_K:
-        return tl.load(ptrs, mask=row_mask[:, None], other=0.0)
-    return tl.load(ptrs, mask=row_mask[:, None] & ((offs_k + k) < H)[None, :], other=0.0)
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=((offs_k + k) < H)[None, :], other=0.0)
+
+
+@triton.jit
+def x_rows(x_ptr, tok, offs_k, stride_xt, stride_xh, OFFS32: tl.constexpr):
+    """Pointers to x[tok, offs_k]; OFFS32: every offset into x fits in int32 (checked on
+    the host), so the offsets are 32-bit arithmetic (one multiply-add per element instead of
+    a 64-bit product and add)."""
+    if OFFS32:
+        return x_ptr + (tok.to(tl.int32)[:, None] * stride_xt + offs_k[None, :] * stride_xh)
+    return x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
 
 
 @triton.jit
@@ -43,15 +59,17 @@ def shrink_acc(
     x_ptr, a_ptr, off1, off2, tok, m_mask, r_mask, k0, k_len,
     stride_xt, stride_xh, stride_ar, stride_ah, H,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr = False,
 ):  # fmt: skip
     """Semantics: for j < NSL (slice j at a_ptr + (0, off1, off2)[j], rows of one slot):
         acc_j[m, r] = sum_{k0 <= k < k0 + k_len, k < H} x[tok_m, k] * A_j[r, k]   (r_mask rows)
     -> (acc0, acc1, acc2) float32 [BLOCK_M, BLOCK_R] (unused ones stay zero).
+    LEAN_X: x rows off m_mask are read too (tok is 0 there, load_tile) instead of masked:
+    their sums land only in acc rows the caller's store masks; x offsets fit in int32.
     """
     offs_r = tl.arange(0, BLOCK_R)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xh
+    x_ptrs = x_rows(x_ptr, tok, offs_k, stride_xt, stride_xh, LEAN_X)
     a0 = a_ptr + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ah
     a1 = a0 + off1
     a2 = a0 + off2
@@ -59,14 +77,14 @@ def shrink_acc(
     acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k in range(0, k_len, BLOCK_K):
-        xv = _load_k(x_ptrs, m_mask, k, offs_k, H, EVEN_K)
-        acc0 += tl.dot(xv, tl.trans(_load_k(a0, r_mask, k, offs_k, H, EVEN_K)),
+        xv = load_k(x_ptrs, m_mask, k, offs_k, H, EVEN_K, not LEAN_X)
+        acc0 += tl.dot(xv, tl.trans(load_k(a0, r_mask, k, offs_k, H, EVEN_K)),
                        input_precision=PRECISION)  # fmt: skip
         if NSL > 1:
-            acc1 += tl.dot(xv, tl.trans(_load_k(a1, r_mask, k, offs_k, H, EVEN_K)),
+            acc1 += tl.dot(xv, tl.trans(load_k(a1, r_mask, k, offs_k, H, EVEN_K)),
                            input_precision=PRECISION)  # fmt: skip
         if NSL > 2:
-            acc2 += tl.dot(xv, tl.trans(_load_k(a2, r_mask, k, offs_k, H, EVEN_K)),
+            acc2 += tl.dot(xv, tl.trans(load_k(a2, r_mask, k, offs_k, H, EVEN_K)),
                            input_precision=PRECISION)  # fmt: skip
         x_ptrs += BLOCK_K * stride_xh
         a0 += BLOCK_K * stride_ah

@@ -227,24 +227,26 @@ def test_layer_chain_in_one_graph_sees_each_layers_output(copy_x_last):
 
 
 @pytest.mark.parametrize(
-    "layer,tokens,rank,distinct,dtype,fuse,per_sm,block_k",
+    "layer,tokens,rank,distinct,dtype,fuse,per_sm,block_k,lean_x",
     [
-        ("qkv4096", 4096, 64, 64, BF16, True, 2, 64),
-        ("qkv4096", 4096, 16, 8, BF16, False, 4, 128),
-        ("down14336", 1024, 64, 32, BF16, True, 3, 128),
-        ("o4096", 64, 16, 8, BF16, False, 8, 128),
-        ("gate_up4096", 300, 32, 16, F32, True, 1, 32),
-        ("o8192", 2048, 128, 4, F16, False, 2, 64),
+        ("qkv4096", 4096, 64, 64, BF16, True, 2, 64, True),
+        ("qkv4096", 4096, 64, 8, BF16, False, 2, 128, False),
+        ("qkv4096", 4096, 16, 8, BF16, False, 4, 128, True),
+        ("down14336", 1024, 64, 32, BF16, True, 3, 128, True),
+        ("o4096", 64, 16, 8, BF16, False, 8, 128, True),
+        ("gate_up4096", 300, 32, 16, F32, True, 1, 32, True),
+        ("o8192", 2048, 128, 4, F16, False, 2, 64, False),
     ],
 )
 def test_stream_k_shrink_matches_reference(
-    monkeypatch, layer, tokens, rank, distinct, dtype, fuse, per_sm, block_k
+    monkeypatch, layer, tokens, rank, distinct, dtype, fuse, per_sm, block_k, lean_x
 ):
     """ShrinkConfig.stream_k at real widths: per-slot ranks, slot -1 rows, and a CUDA
-    graph replayed on a new slot map (the run boundaries move with the tile count)."""
+    graph replayed on a new slot map (the run boundaries move with the tile count); x
+    read with and without the row mask (lean_x)."""
     from kernels.triton import lora_shrink as sh
 
-    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=5, stream_k=True)
+    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=5, stream_k=True, lean_x=lean_x)
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     token_slots, x, lora_a, _ = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
     a64 = tuple(a.double() for a in lora_a)

@@ -27,7 +27,7 @@ from kernels.triton.lora_shrink import _shrink_kernel, _shrink_stream_kernel
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "R", "nt1", "nt2", "NB", "T",
-             "L", "MT", "stride_t", "stride_r", "k_steps"}  # fmt: skip
+             "L", "MT", "stride_t", "stride_r"}  # fmt: skip
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks")
 
 
@@ -39,13 +39,9 @@ def _signature(fn, dtype: str, consts: dict):
         elif name in ONE:
             sig[name], const[name] = "constexpr", 1
         elif name.endswith("_ptr"):
-            kind = (
-                "i32"
-                if name.startswith(INT_PTRS)
-                else "fp32"
-                if "buf" in name or "part" in name
-                else dtype
-            )
+            shrink_out = name == "out_ptr" and "shrink" in fn.__name__  # the fp32 [S, T, R]
+            fp32 = "buf" in name or "part" in name or shrink_out
+            kind = "i32" if name.startswith(INT_PTRS) else "fp32" if fp32 else dtype
             sig[name], attrs[(i,)] = f"*{kind}", [["tt.divisibility", 16]]
         elif name == "scale":
             sig[name] = "fp32"
@@ -81,13 +77,16 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "fused gate_up r16 prefill": (_fused_kernel, _fused(4, 2, 64, 16, 128, ns=2), 4, 3),
     "shrink decode": (_shrink_kernel, dict(NSL=1, BLOCK_M=16, BLOCK_R=16, BLOCK_K=256,
                       EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True, DEPENDENTS=True,
-                      PRECISION="tf32"), 4, 3),
+                      PRECISION="tf32", LEAN_X=True), 4, 3),
+    "shrink qkv r16 prefill, 64-bit x offsets": (_shrink_kernel, dict(NSL=3, BLOCK_M=32,
+                      BLOCK_R=16, BLOCK_K=128, EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=False,
+                      DEPENDENTS=False, PRECISION="tf32", LEAN_X=False), 4, 3),
     "shrink stream-K r64 prefill": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=64,
-                      BLOCK_R=64, BLOCK_K=128, EVEN_K=True, DEPENDENTS=False,
-                      PRECISION="tf32"), 4, 5),
+                      BLOCK_R=64, BLOCK_K=128, K_STEPS=32, EVEN_K=True, DEPENDENTS=False,
+                      PRECISION="tf32", LEAN_X=True, MASK_RANK=True), 4, 5),
     "shrink stream-K r128 T=1024 ragged K": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=32,
-                      BLOCK_R=128, BLOCK_K=64, EVEN_K=False, DEPENDENTS=False,
-                      PRECISION="tf32"), 4, 5),
+                      BLOCK_R=128, BLOCK_K=64, K_STEPS=71, EVEN_K=False, DEPENDENTS=False,
+                      PRECISION="tf32", LEAN_X=False, MASK_RANK=True), 4, 5),
     "expand decode r16 after shrink": (_expand_kernel, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_R=16,
                            N_ITERS=1, ADD_INPUTS=True, SINGLE_TILE=True, WAIT=True,
                            PRECISION="tf32"), 4, 1),

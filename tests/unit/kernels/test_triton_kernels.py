@@ -313,17 +313,19 @@ def test_expand_column_groups_span_several_blocks(triton_backend, monkeypatch, n
         (50, 96, 1, True, 2, 32),  # runs that cover whole tiles (plain stores) and parts
     ],
 )
+@pytest.mark.parametrize("lean_x", [True, False])
 def test_stream_k_shrink_matches_oracle(
-    triton_backend, monkeypatch, dtype, tokens, hidden, num_slices, fuse, per_sm, block_k
+    triton_backend, monkeypatch, dtype, tokens, hidden, num_slices, fuse, per_sm, block_k, lean_x
 ):
     """ShrinkConfig.stream_k: equal runs of (tile, k-step) items per program, tile
-    boundaries inside a run, per-slot ranks, slot -1 rows left zero, scale applied."""
+    boundaries inside a run, per-slot ranks, slot -1 rows left zero, scale applied; x
+    tiles read with and without the row mask (lean_x)."""
     from kernels.triton import lora_shrink as sh
 
     token_slots, x, lora_a, _ = _case(tokens, hidden, num_slices, 16, 4, 0.2, dtype)
     ranks = torch.tensor([16, 5, 9, 1], dtype=torch.int32)
     meta = build_meta(token_slots, 4, slot_ranks=ranks)
-    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=2, stream_k=True)
+    cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=2, stream_k=True, lean_x=lean_x)
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     out = torch.zeros(num_slices, tokens, 16)  # zeroed, as kernels.lora_shrink's out must be
     buf = lora_shrink(x, lora_a, meta, scale=0.5, out=out)
@@ -332,3 +334,36 @@ def test_stream_k_shrink_matches_oracle(
     assert buf[:, token_slots < 0].abs().sum() == 0
     per_tok = ranks[token_slots.clamp_min(0)]
     assert buf[:, torch.arange(16)[None, :] >= per_tok[:, None]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("stream_k", [False, True])
+@pytest.mark.parametrize("lean_x", [True, False])
+def test_shrink_rows_past_a_tile_do_not_leak(triton_backend, monkeypatch, stream_k, lean_x):
+    """With lean_x the rows past a tile's tokens read x's row 0 instead of being masked.
+    Here row 0 is a slot -1 token full of NaN: every other token's sums stay exact and
+    finite (the padded rows' sums are never stored), token 0's stay zero."""
+    from kernels.triton import lora_shrink as sh
+
+    cfg = sh.ShrinkConfig(32, 2, not stream_k, num_stages=2, stream_k=stream_k, lean_x=lean_x)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    token_slots, x, lora_a, _ = _case(45, 96, 3, 16, 3, 0.1, torch.float32)
+    token_slots[0] = -1
+    x[0] = float("nan")
+    buf = lora_shrink(x, lora_a, token_slots, scale=0.5)
+    clean = x.clone()
+    clean[0] = 0.0
+    assert torch.isfinite(buf).all() and buf[:, 0].abs().sum() == 0
+    assert rel_err(buf, oracle_shrink(clean, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
+
+
+def test_x_offsets_fit_int32_rule():
+    """The host's choice of 32-bit x offsets (LEAN_X): the largest element offset, by the
+    tensor's strides, must stay below 2**31."""
+    from kernels.triton.lora_shrink import offsets_fit_i32
+
+    assert offsets_fit_i32(torch.empty(4096, 14336, device="meta"))
+    assert offsets_fit_i32(torch.empty(2**31 // 4096, 4096, device="meta"))  # last offset 2**31-1
+    assert not offsets_fit_i32(torch.empty(2**31 // 4096 + 1, 4096, device="meta"))
+    wide = torch.empty(2049, 2**20, device="meta")[:, :4096]  # row stride 2**20, 2049 rows
+    assert not offsets_fit_i32(wide)
+    assert offsets_fit_i32(torch.empty(4096, 2048, device="meta").t())  # column-major
