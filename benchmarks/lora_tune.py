@@ -189,7 +189,7 @@ def _shrink_configs(prefill: bool):
 
 def _lean_configs(st: dict, layer: str, rank: int):
     """The shape's default shrink config with x read lean (ShrinkConfig.lean_x, the
-    default) and masked, and for stream-K also with A read without the rank mask."""
+    default) and with the row mask and 64-bit offsets."""
     from dataclasses import replace
 
     from benchmarks.lora_bench import LAYERS
@@ -198,8 +198,7 @@ def _lean_configs(st: dict, layer: str, rank: int):
 
     hidden, sizes = LAYERS[layer]
     base = default_config(st["meta"].block_m, block_r(rank), 2, len(sizes), hidden)
-    lean = [replace(base, lean_x=True), replace(base, lean_x=False)]
-    return lean + [replace(base, mask_rank=False)] * base.stream_k
+    return [replace(base, lean_x=True), replace(base, lean_x=False)]
 
 
 def _expand_configs(prefill: bool):
@@ -227,7 +226,7 @@ def tune(
     TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
-    config with ShrinkConfig.lean_x on and off, and mask_rank off for stream-K)."""
+    config with ShrinkConfig.lean_x on and off)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
