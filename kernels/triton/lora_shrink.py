@@ -287,6 +287,11 @@ def offsets_fit_i32(x: torch.Tensor) -> bool:
     return sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) < 2**31
 
 
+def _lean_x(cfg: ShrinkConfig, x: torch.Tensor) -> bool:
+    """The kernels' LEAN_X: cfg.lean_x where every x offset fits in int32."""
+    return cfg.lean_x and offsets_fit_i32(x)
+
+
 def _block_k(cfg: ShrinkConfig, hidden: int) -> int:
     """cfg.block_k, cut to H's next power of two (at least 16, tl.dot's minimum)."""
     return min(cfg.block_k, max(16, next_pow2(hidden)))
@@ -366,7 +371,7 @@ def lora_shrink_triton(
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
-        LEAN_X=cfg.lean_x and offsets_fit_i32(x),
+        LEAN_X=_lean_x(cfg, x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
@@ -393,6 +398,6 @@ def _launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, gro
         NSL=nsl, BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk, K_STEPS=k_steps,
         EVEN_K=hidden % bk == 0,
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
-        LEAN_X=cfg.lean_x and offsets_fit_i32(x),
+        LEAN_X=_lean_x(cfg, x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
