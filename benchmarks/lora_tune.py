@@ -197,7 +197,8 @@ def _lean_configs(st: dict, layer: str, rank: int):
     from kernels.triton.lora_shrink import default_config
 
     hidden, sizes = LAYERS[layer]
-    base = default_config(st["meta"].block_m, block_r(rank), 2, len(sizes), hidden)
+    elem = st["x"].element_size()
+    base = default_config(st["meta"].block_m, block_r(rank), elem, len(sizes), hidden)
     return [replace(base, lean_x=True), replace(base, lean_x=False)]
 
 
