@@ -20,6 +20,7 @@ import time
 import torch
 
 from benchmarks.lora_bench import (
+    LAYERS,
     Pools,
     call_both,
     call_expand,
@@ -105,7 +106,7 @@ TUNE_SHAPES = [
     ("o", 16, 64, 8), ("qkv", 16, 64, 8), ("gate_up", 16, 64, 8), ("qkv", 16, 256, 32),
     ("down", 16, 256, 32), ("qkv", 64, 256, 32), ("gate_up", 64, 256, 8),
     ("o", 16, 1024, 8), ("gate_up", 16, 1024, 8), ("down", 64, 1024, 32), ("qkv", 64, 1024, 32),
-    ("qkv", 16, 2048, 8), ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32), ("down", 64, 4096, 32),
+    ("qkv", 16, 2048, 8), ("qkv", 16, 4096, 8), ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32), ("down", 64, 4096, 32),
     ("qkv", 64, 4096, 8), ("gate_up", 64, 4096, 8),
 ]  # fmt: skip
 
@@ -120,19 +121,12 @@ BLOCK_M_PREFILL_SHAPES = [
 ]  # fmt: skip
 
 
-def _wide_k_configs():
-    """Per-slice split-K shrinks with long contiguous row reads (BLOCK_K 256-512): with
-    short tiles, each x row is read in 0.5-1 KB runs instead of 256 B."""
-    from kernels.triton.lora_shrink import ShrinkConfig
-
-    return [ShrinkConfig(bk, p, False) for bk in (256, 512) for p in (4, 8)]
-
-
 def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
     """Graph-replay us per tile height (rows per tile: how often a slot's A and B are
     re-read from L2, and how long each x row read is): shrink+expand with the default
-    configs (PDL as the engine runs it) and, with prefill, the shrink and the expand
-    alone, and the shrink with _wide_k_configs."""
+    configs (PDL as the engine runs it) and, with prefill (32 and 64 rows; 16 was slower
+    for every layer in run 11), the shrink and the expand alone. Run 11 also timed
+    per-slice shrinks with BLOCK_K 256-512 here: slower everywhere, since dropped."""
     from kernels.triton import lora_shrink as sh
 
     rows = []
@@ -140,14 +134,14 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
         fb = floor_bytes(layer, tokens, n, rank, rank)
         shape = f"{layer} r{rank} T={tokens} n={n}"
         pools = Pools(layer, rank)
-        for bm in (16, 32, 64):
+        for bm in (32, 64) if prefill else (16, 32, 64):
             sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r, bm)
             memset, views = workspaces(sets, layer, rank)
             pairs = list(zip(sets, views, strict=True))
             trials = [("both", None, [functools.partial(call_both, st, v) for st, v in pairs])]
             if prefill:
                 shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
-                trials += [("shrink", cfg, shrink) for cfg in [None, *_wide_k_configs()]]
+                trials += [("shrink", None, shrink)]
                 trials += [("expand", None, [functools.partial(call_expand, st) for st in sets])]
             for kind, cfg, fns in trials:
                 prologue = None if kind == "expand" else memset
@@ -192,14 +186,51 @@ def _lean_configs(st: dict, layer: str, rank: int):
     default) and with the row mask and 64-bit offsets."""
     from dataclasses import replace
 
-    from benchmarks.lora_bench import LAYERS
+    base = _default_shrink(st, layer, rank)
+    return [replace(base, lean_x=True), replace(base, lean_x=False)]
+
+
+def _stack_configs(st: dict, layer: str, rank: int):
+    """Fused-slices split-K shrinks (prefill, rank <= 32): the shape's default config with
+    the slices' A rows stacked into one dot (ShrinkConfig.stack_slices) and without, and
+    stacked with more or fewer K splits and a deeper pipeline."""
+    from dataclasses import replace
+
+    base = _default_shrink(st, layer, rank)
+    if base.stream_k or not base.fuse_slices:
+        return []
+    return [
+        replace(base, stack_slices=True),
+        replace(base, stack_slices=False),
+        replace(base, programs_per_sm=2),
+        replace(base, programs_per_sm=8),
+        replace(base, num_stages=4),
+    ]
+
+
+def _long_k_configs(st: dict, layer: str, rank: int):
+    """Prefill at rank >= 64: the default (stream-K) against per-slice split-K grids whose
+    programs walk all of K, or half, in one loop (ShrinkConfig.max_k_per_split = H)."""
+    from kernels.triton.lora_shrink import ShrinkConfig
+
+    base = _default_shrink(st, layer, rank)
+    if not base.stream_k:
+        return []
+    hidden = LAYERS[layer][0]
+    return [base] + [
+        ShrinkConfig(bk, per_sm, False, stages, max_k_per_split=hidden)
+        for bk, per_sm, stages in ((128, 1, 3), (128, 2, 3), (64, 2, 4), (64, 4, 3))
+    ]
+
+
+def _default_shrink(st: dict, layer: str, rank: int):
     from kernels.triton.common import block_r
     from kernels.triton.lora_shrink import default_config
 
     hidden, sizes = LAYERS[layer]
-    elem = st["x"].element_size()
-    base = default_config(st["meta"].block_m, block_r(rank), elem, len(sizes), hidden)
-    return [replace(base, lean_x=True), replace(base, lean_x=False)]
+    return default_config(
+        st["meta"].block_m, block_r(rank), st["x"].element_size(), len(sizes), hidden
+    )
 
 
 def _expand_configs(prefill: bool):
@@ -227,7 +258,8 @@ def tune(
     TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
-    config with ShrinkConfig.lean_x on and off)."""
+    config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
+    (_long_k_configs)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
@@ -257,11 +289,13 @@ def tune(
             trials = [("expand", ex, c) for c in _expand_configs(tokens > 256)]
             if rank_major:
                 trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
-            if "lean" in kinds:
-                trials += [("lean", sh, c) for c in _lean_configs(sets[0], layer, rank)]
+            for kind, configs in (("lean", _lean_configs), ("stack", _stack_configs),
+                                  ("longk", _long_k_configs)):  # fmt: skip
+                if kind in kinds:
+                    trials += [(kind, sh, c) for c in configs(sets[0], layer, rank)]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
-                if kind in ("shrink", "lean"):
+                if kind != "expand":
                     fns = [
                         functools.partial(call_shrink, st, v)
                         for st, v in zip(sets, views, strict=True)

@@ -11,6 +11,11 @@ read once. Rank >= 64 prefill runs _shrink_stream_kernel instead: a few persiste
 programs per SM, each walking an equal run of (tile, k-step) items in one pipelined loop
 (stream-K). Rows r >= rank of the slot are masked: a low-rank adapter reads only its
 rows of A.
+
+Stores mask columns by the pool's rank R, not the slot's: the columns between them hold
+exact zeros (their rows of A read as 0), and a mask that is constant over runs of 4
+columns lets the compiler issue 4-wide fp32 atomics (a split's partial sums) and stores.
+A mask on the loaded per-slot rank made every atomic scalar: 4x the atomic operations.
 """
 
 from __future__ import annotations
@@ -35,7 +40,17 @@ from kernels.triton.common import (
     pdl_enabled,
     slices_of,
 )
-from kernels.triton.tiles import load_k, load_tile, pick, shrink_acc, x_rows
+from kernels.triton.tiles import (
+    load_k,
+    load_tile,
+    pick,
+    shrink_acc,
+    shrink_acc_rows,
+    stacked_rows,
+    x_rows,
+)
+
+MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,16 @@ class ShrinkConfig:
     """Persistent stream-K launch (_shrink_stream_kernel): programs_per_sm programs per
     SM in all, each walking an equal run of (tile, k-step) items in one pipelined loop,
     instead of one program per (tile bound, k-split)."""
+    stack_slices: bool = True
+    """With fuse_slices and S > 1: the slices' A rows of the tile's slot are one stacked
+    operand (tiles.stacked_rows), so each k-step is ONE dot of the x tile with
+    next_pow2(S x BLOCK_R) rows instead of S dots of BLOCK_R rows each. H200
+    (results/shrink_probe_h200.json, --ab): qkv r16 T=4096 n=1 in 32-row tiles 17.2 vs
+    20.8 us; tune run 14 at n = 8-32: within +-5% either way."""
+    max_k_per_split: int = MAX_K_PER_SPLIT
+    """K columns one program's serial loop may cover (the split-K grid: more splits when
+    one program's share would be longer). A --tune knob (benchmarks/lora_tune.py
+    _long_k_configs); the defaults keep MAX_K_PER_SPLIT."""
     lean_x: bool = True
     """Read x tiles without a row mask (rows past a tile's tokens read x's row 0; their
     sums land only in rows the store masks) with 32-bit offsets, where every x offset
@@ -92,13 +117,26 @@ def _shrink_tile(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    LEAN_X: tl.constexpr,
+    LEAN_X: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL."""
+    """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL.
+    BLOCK_S > 0: the NSL slices' rows stacked into one [BLOCK_S]-row operand (s0 = 0)."""
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    if slot >= 0:
+    if slot >= 0 and BLOCK_S > 0:
+        a_rows, j_mask, j_s, j_r = stacked_rows(
+            a_ptr + slot.to(tl.int64) * stride_al, off1, off2, rank, stride_ar, NSL, BLOCK_R,
+            BLOCK_S,
+        )  # fmt: skip
+        acc = shrink_acc_rows(
+            x_ptr, a_rows, tok, m_mask, j_mask, k0, k_per_split, stride_xt, stride_xh,
+            stride_ah, H, BLOCK_M, BLOCK_S, BLOCK_K, EVEN_K, PRECISION, LEAN_X,
+        )  # fmt: skip
+        out_ptrs = out_ptr + j_s[None, :] * stride_os + tok[:, None] * stride_ot + j_r[None, :]
+        mask = m_mask[:, None] & ((j_s < NSL) & (j_r < R))[None, :]
+        _store(out_ptrs, acc * scale, mask, USE_ATOMIC)
+    if slot >= 0 and BLOCK_S == 0:
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < rank
         a_slot = a_ptr + slot.to(tl.int64) * stride_al + off_g
@@ -110,7 +148,7 @@ def _shrink_tile(
         out_ptrs = (
             out_ptr + s0.to(tl.int64) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
         )
-        mask = m_mask[:, None] & r_mask[None, :]
+        mask = m_mask[:, None] & (offs_r < R)[None, :]  # by R: see the module docstring
         _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, USE_ATOMIC)
 
 
@@ -124,11 +162,13 @@ def _shrink_kernel(
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
     DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
         out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
-    NSL == 1: group g is slice g. NSL == S: one group, all slices.
+    NSL == 1: group g is slice g. NSL == S: one group, all slices (BLOCK_S > 0: their
+    rows of A stacked into one operand, one dot per k-step; else one dot per slice).
     DEPENDENTS: let the next kernel (a programmatic dependent launch) start now.
     """
     if DEPENDENTS:
@@ -144,7 +184,7 @@ def _shrink_kernel(
             pid_g, off_g, off1, off2, k0,
             stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
             H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-            LEAN_X,
+            LEAN_X, BLOCK_S,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(2), tl.load(num_tiles_ptr), num_programs):
@@ -153,7 +193,7 @@ def _shrink_kernel(
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-                LEAN_X,
+                LEAN_X, BLOCK_S,
             )  # fmt: skip
 
 
@@ -216,7 +256,7 @@ def _shrink_stream_kernel(
                            input_precision=PRECISION)  # fmt: skip
         if (kk == K_STEPS - 1) | (i == end - 1):  # this tile's last item in the run
             out_ptrs = out_g + tok[:, None] * stride_ot + offs_r[None, :]
-            mask = m_mask[:, None] & r_mask[None, :]
+            mask = m_mask[:, None] & (offs_r < R)[None, :]  # by R: see the module docstring
             if (kk == K_STEPS - 1) & (i - kk >= start):  # the whole K of the tile
                 _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL, False)
             else:
@@ -224,9 +264,6 @@ def _shrink_stream_kernel(
             acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
             acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-
-
-MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
 
 
 STREAM_SHARED_BYTES = 220_000
@@ -256,7 +293,7 @@ def default_config(
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192):
         return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
-    rows = bm + (num_slices if fuse else 1) * br
+    rows = bm + (_stacked_rows(num_slices, br) if fuse else br)
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
@@ -282,6 +319,17 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
+def _stacked_rows(num_slices: int, br: int) -> int:
+    """Rows of A one fused-slices program reads per k-step: the stacked operand's
+    (ShrinkConfig.stack_slices), a power of two."""
+    return next_pow2(num_slices * br)
+
+
+def _block_s(cfg: ShrinkConfig, nsl: int, br: int) -> int:
+    """The kernel's BLOCK_S: the stacked operand's rows, or 0 (one dot per slice)."""
+    return _stacked_rows(nsl, br) if cfg.fuse_slices and cfg.stack_slices and nsl > 1 else 0
+
+
 def offsets_fit_i32(x: torch.Tensor) -> bool:
     """Every element offset into x (2-D, non-negative strides) fits in int32."""
     return sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) < 2**31
@@ -302,7 +350,7 @@ def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: t
     bk = _block_k(cfg, hidden)
     steps = cdiv(hidden, bk)
     want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
-    split = min(max(want, cdiv(hidden, MAX_K_PER_SPLIT)), steps)
+    split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     k_per_split = cdiv(steps, split) * bk
     return bk, k_per_split, cdiv(hidden, k_per_split)
 
@@ -371,7 +419,7 @@ def lora_shrink_triton(
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
-        LEAN_X=_lean_x(cfg, x),
+        LEAN_X=_lean_x(cfg, x), BLOCK_S=_block_s(cfg, nsl, br),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

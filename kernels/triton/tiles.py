@@ -94,6 +94,47 @@ def shrink_acc(
 
 
 @triton.jit
+def stacked_rows(a_slot, off1, off2, rank, stride_ar, NSL: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_S: tl.constexpr):  # fmt: skip
+    """The NSL slices' A rows of one slot stacked as one [BLOCK_S] operand (BLOCK_S: a power
+    of two >= NSL * BLOCK_R): row j is slice j // BLOCK_R's rank row j % BLOCK_R.
+    -> (row pointers at column 0, row mask (slice < NSL and rank row < rank), slice, rank row)."""
+    offs_j = tl.arange(0, BLOCK_S)
+    j_s = offs_j // BLOCK_R
+    j_r = offs_j % BLOCK_R
+    j_mask = (j_s < NSL) & (j_r < rank)
+    # the slice's offset by multiplies, not pick's tl.where: the compiler loses the rows'
+    # alignment through a select of tensors (2-byte loads, not pipelined, on sm_90)
+    off = (j_s == 1).to(tl.int64) * off1 + (j_s == 2).to(tl.int64) * off2
+    return a_slot + off + j_r * stride_ar, j_mask, j_s, j_r
+
+
+@triton.jit
+def shrink_acc_rows(
+    x_ptr, a_rows, tok, m_mask, j_mask, k0, k_len, stride_xt, stride_xh, stride_ah, H,
+    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
+):  # fmt: skip
+    """Semantics: acc[m, j] = sum_{k0 <= k < k0 + k_len, k < H} x[tok_m, k] * a_rows[j][k]
+    (j_mask rows; the others read as 0) -> float32 [BLOCK_M, BLOCK_J]: ONE dot per k-step
+    whatever the rows are (stacked_rows: every slice of a slot). LEAN_X as in shrink_acc.
+    """
+    # The 2-D pointer blocks are rebuilt from the row bases at each step rather than
+    # carried through the loop: carried, [64, 128] x and A blocks took every register
+    # and spilled (sm_90, BLOCK_S 64).
+    acc = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+    for i in range(0, tl.cdiv(k_len, BLOCK_K)):
+        # k0 + i * BLOCK_K, not a loop variable stepping by BLOCK_K: the compiler proves
+        # the alignment of this form (16-byte loads); of the other it saw 2-byte ones
+        offs_k = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        xv = load_k(x_rows(x_ptr, tok, offs_k, stride_xt, stride_xh, LEAN_X), m_mask, 0,
+                    offs_k, H, EVEN_K, not LEAN_X)  # fmt: skip
+        av = load_k(a_rows[:, None] + offs_k[None, :] * stride_ah, j_mask, 0, offs_k, H, EVEN_K)
+        acc += tl.dot(xv, tl.trans(av), input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def expand_operands(
     y_ptr, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
     stride_bn, stride_br, stride_yt, stride_yn,

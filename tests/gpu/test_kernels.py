@@ -13,7 +13,7 @@ from kernels.testing import (
     rank_major,
     rel_err,
 )
-from kernels.triton.common import pdl_enabled
+from kernels.triton.common import block_r, pdl_enabled
 
 pytestmark = [
     pytest.mark.gpu,
@@ -270,3 +270,51 @@ def test_stream_k_shrink_matches_reference(
     want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
     assert rel_err(out, want) < TOLERANCE[dtype]
     assert out[:, token_slots < 0].abs().sum().item() == 0
+
+
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,dtype,block_m,stack",
+    [
+        ("qkv4096", 4096, 16, 8, BF16, 64, True),  # 3 x 16 rows stacked into 64 (wgmma)
+        ("qkv4096", 1024, 16, 32, BF16, 32, True),
+        ("gate_up4096", 2048, 16, 8, F16, 64, True),  # 2 x 16 = 32 rows
+        ("qkv4096", 300, 32, 16, F32, 32, True),  # 3 x 32 into 128
+        ("qkv5120", 600, 8, 4, BF16, 32, False),  # one dot per slice
+    ],
+)
+def test_fused_slices_split_k_shrink_matches_reference(
+    monkeypatch, layer, tokens, rank, distinct, dtype, block_m, stack
+):
+    """The prefill split-K grid with fused slices (ShrinkConfig.stack_slices on and off) at
+    real widths: per-slot ranks, slot -1 rows, K splits through atomics, and a CUDA graph
+    replayed on a new slot map."""
+    from dataclasses import replace
+
+    from kernels.triton import lora_shrink as sh
+
+    token_slots, x, lora_a, _ = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
+    br = block_r(rank)
+    base = sh.default_config(block_m, br, x.element_size(), len(lora_a), x.shape[1])
+    assert base.fuse_slices and not base.stream_k
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", replace(base, stack_slices=stack))
+    a64 = tuple(a.double() for a in lora_a)
+    ranks = torch.randint(1, rank + 1, (64,), dtype=torch.int32, device="cuda")
+    meta = SegmentMeta.empty(tokens, 64, x.device, block_m=block_m)
+    out = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        out.zero_()
+        lora_shrink(x, lora_a, meta, scale=0.5, out=out)
+
+    for replay in (False, True):
+        if replay:
+            graph = captured(step)
+            token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
+        build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
+        if replay:
+            graph.replay()
+        else:
+            step()
+        want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
+        assert rel_err(out, want) < TOLERANCE[dtype]
+        assert out[:, token_slots < 0].abs().sum().item() == 0

@@ -26,7 +26,7 @@ from kernels.triton.lora_shrink import _shrink_kernel, _shrink_stream_kernel
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}
-NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "R", "nt1", "nt2", "NB", "T",
+NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "nt1", "nt2", "NB", "T",
              "L", "MT", "stride_t", "stride_r"}  # fmt: skip
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks")
 
@@ -63,7 +63,10 @@ def compile_case(fn, dtype: str, consts: dict, warps: int, stages: int) -> dict:
     usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
     os.unlink(f.name)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
-    return {"regs": int(m.group(1)), "stack": int(m.group(2)), "shared": k.metadata.shared}
+    ptx = k.asm["ptx"]
+    return {"regs": int(m.group(1)), "stack": int(m.group(2)), "shared": k.metadata.shared,
+            "scalar_fp32_atomics": len(re.findall(r"\bred\.global[.\w]*\.add\.f32\b", ptx)),
+            "vector_fp32_atomics": len(re.findall(r"\bred\.global[.\w]*\.add\.v[24]\.f32\b", ptx))}  # fmt: skip
 
 
 def _fused(split, nsl, bm, br, bk, bn=128, ns=3):
@@ -77,10 +80,16 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "fused gate_up r16 prefill": (_fused_kernel, _fused(4, 2, 64, 16, 128, ns=2), 4, 3),
     "shrink decode": (_shrink_kernel, dict(NSL=1, BLOCK_M=16, BLOCK_R=16, BLOCK_K=256,
                       EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True, DEPENDENTS=True,
-                      PRECISION="tf32", LEAN_X=True), 4, 3),
+                      PRECISION="tf32", LEAN_X=True, BLOCK_S=0), 4, 3),
     "shrink qkv r16 prefill, 64-bit x offsets": (_shrink_kernel, dict(NSL=3, BLOCK_M=32,
                       BLOCK_R=16, BLOCK_K=128, EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=False,
-                      DEPENDENTS=False, PRECISION="tf32", LEAN_X=False), 4, 3),
+                      DEPENDENTS=False, PRECISION="tf32", LEAN_X=False, BLOCK_S=0), 4, 3),
+    "shrink qkv r16 prefill, slices stacked": (_shrink_kernel, dict(NSL=3, BLOCK_M=64,
+                      BLOCK_R=16, BLOCK_K=128, EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=False,
+                      DEPENDENTS=False, PRECISION="tf32", LEAN_X=True, BLOCK_S=64), 4, 3),
+    "shrink qkv r32 T=1024, slices stacked": (_shrink_kernel, dict(NSL=3, BLOCK_M=32,
+                      BLOCK_R=32, BLOCK_K=64, EVEN_K=True, USE_ATOMIC=True, SINGLE_TILE=True,
+                      DEPENDENTS=False, PRECISION="tf32", LEAN_X=True, BLOCK_S=128), 4, 3),
     "shrink stream-K r64 prefill": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=64,
                       BLOCK_R=64, BLOCK_K=128, K_STEPS=32, EVEN_K=True, DEPENDENTS=False,
                       PRECISION="tf32", LEAN_X=True), 4, 5),

@@ -7,7 +7,7 @@ on raw bit patterns.
 import pytest
 import torch
 
-from kernels import build_meta, lora_expand, lora_shrink
+from kernels import SegmentMeta, build_meta, lora_expand, lora_shrink
 from kernels.testing import (
     TOLERANCE,
     oracle_expand,
@@ -334,6 +334,56 @@ def test_stream_k_shrink_matches_oracle(
     assert buf[:, token_slots < 0].abs().sum() == 0
     per_tok = ranks[token_slots.clamp_min(0)]
     assert buf[:, torch.arange(16)[None, :] >= per_tok[:, None]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "tokens,hidden,num_slices,rank,ranks,per_sm,block_k",
+    [
+        (37, 200, 3, 16, (16, 5, 9, 1), 1, 32),  # 3 x 16 rows stacked into 64; H % BLOCK_K
+        (70, 128, 2, 16, (16, 16, 3, 16), 3, 16),  # 2 x 16 = 32 rows: no padding slice
+        (45, 96, 3, 32, (32, 17, 2, 30), 2, 32),  # 3 x 32 into 128
+        (40, 64, 2, 8, (8, 8, 8, 8), 64, 16),  # rank 8 in 16-row blocks; more splits than steps
+    ],
+)
+@pytest.mark.parametrize("stack", [True, False])
+def test_split_k_fused_slices_match_oracle(
+    triton_backend, monkeypatch, dtype, tokens, hidden, num_slices, rank, ranks, per_sm, block_k,
+    stack,
+):  # fmt: skip
+    """The fused-slices split-K grid, its slices' A rows stacked into one operand
+    (ShrinkConfig.stack_slices) or one dot per slice: per-slot ranks below the rank block,
+    the padding slice of a stacked operand, K splits meeting through atomics, strided x."""
+    from kernels.triton import lora_shrink as sh
+
+    token_slots, x, lora_a, _ = _case(tokens, hidden, num_slices, rank, 4, 0.2, dtype)
+    x = torch.cat([x, torch.randn_like(x)], 1)[:, :hidden]  # row stride 2H
+    slot_ranks = torch.tensor(ranks, dtype=torch.int32)
+    empty = SegmentMeta.empty(tokens, 4, x.device, block_m=32)
+    meta = build_meta(token_slots, 4, slot_ranks=slot_ranks, out=empty)
+    cfg = sh.ShrinkConfig(block_k, per_sm, True, num_stages=2, stack_slices=stack)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    out = torch.zeros(num_slices, tokens, rank)  # zeroed, as kernels.lora_shrink's out must be
+    buf = lora_shrink(x, lora_a, meta, scale=0.5, out=out)
+    want = oracle_shrink(x, lora_a, token_slots, 0.5, slot_ranks)
+    assert rel_err(buf, want) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+    per_tok = slot_ranks[token_slots.clamp_min(0)]
+    assert buf[:, torch.arange(rank)[None, :] >= per_tok[:, None]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("max_k", [32, 256])
+def test_max_k_per_split_matches_oracle(triton_backend, monkeypatch, max_k):
+    """ShrinkConfig.max_k_per_split bounds one program's K: 32 over H = 200 makes 7 splits
+    meet through atomics; 256 lets one program take all of K (a plain store)."""
+    from kernels.triton import lora_shrink as sh
+
+    cfg = sh.ShrinkConfig(32, 1, False, num_stages=2, max_k_per_split=max_k)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    token_slots, x, lora_a, _ = _case(40, 200, 3, 16, 3, 0.2, torch.float32)
+    buf = lora_shrink(x, lora_a, token_slots, scale=0.5)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
+    assert buf[:, token_slots < 0].abs().sum() == 0
 
 
 @pytest.mark.parametrize("stream_k", [False, True])
