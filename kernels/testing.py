@@ -61,7 +61,8 @@ def oracle_expand(y, buf, lora_b, token_slots, add_inputs=True, slot_ranks=None)
     for s, b in enumerate(lora_b):
         n = b.shape[1]
         b_tok = b.double().cpu()[slots.clamp_min(0)]  # [T, N, R]
-        delta = torch.einsum("tnr,tr->tn", b_tok, buf[s].double().cpu() * mask)
+        h = torch.where(mask > 0, buf[s].double().cpu(), 0.0)  # garbage past a rank: ignored
+        delta = torch.einsum("tnr,tr->tn", b_tok, h)
         base = y64[:, off : off + n]
         new = base + delta if add_inputs else delta
         parts.append(torch.where(live, new, base))
