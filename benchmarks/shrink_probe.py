@@ -291,7 +291,8 @@ def _stream_kernel(a_ptr, out_ptr, per_program, BLOCK: tl.constexpr):
 
 
 def probe_decode(bw: float) -> list[dict]:
-    """Per decode shape (T, n): the shrink, an empty kernel, and a kernel streaming the shrink's A bytes."""
+    """Per decode shape (T, n): the shrink, an empty kernel, and a kernel streaming the
+    shrink's A bytes."""
     rows = []
     flag = torch.zeros(1, device="cuda")
     empty_us = time_graph([lambda: _empty_kernel[(1,)](flag)] * 16)
