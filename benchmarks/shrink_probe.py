@@ -138,15 +138,28 @@ def configs(n: int, hidden: int):
             yield (tma, bm, bn, bk, stages, split)
 
 
+def _gemm_inputs(hidden: int, n: int, bw: float):
+    """(x sets rotated past L2, A [n, H], zeroed fp32 outputs per set, byte floor in us)."""
+    nsets = max(1, round(ROTATE_BYTES / (TOKENS * hidden * 2)))
+    xs = [torch.randn(TOKENS, hidden, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+    a = (torch.randn(n, hidden, device="cuda") * hidden**-0.5).to(torch.bfloat16)
+    outs = [torch.zeros(TOKENS, n, device="cuda") for _ in range(nsets)]
+    floor_us = (TOKENS * hidden * 2 + n * hidden * 2 + TOKENS * n * 4) / bw * 1e6
+    return xs, a, outs, floor_us
+
+
+def _one_adapter_meta(rank: int, block_m: int | None = None) -> SegmentMeta:
+    """SegmentMeta of TOKENS tokens all on slot 0 (one adapter: one run of consecutive rows)."""
+    slots = torch.zeros(TOKENS, dtype=torch.int64, device="cuda")
+    empty = SegmentMeta.empty(TOKENS, POOL_SLOTS, slots.device, block_m, max_rank=rank)
+    return build_meta(slots, POOL_SLOTS, out=empty)
+
+
 def probe_prefill(bw: float, budget_s: float) -> list[dict]:
     rows = []
     for name, hidden, n in PREFILL:
-        nsets = max(1, round(ROTATE_BYTES / (TOKENS * hidden * 2)))
-        xs = [torch.randn(TOKENS, hidden, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-        a = (torch.randn(n, hidden, device="cuda") * hidden**-0.5).to(torch.bfloat16)
-        outs = [torch.zeros(TOKENS, n, device="cuda") for _ in range(nsets)]
+        xs, a, outs, floor_us = _gemm_inputs(hidden, n, bw)
         want = xs[0].double() @ a.double().t()
-        floor_us = (TOKENS * hidden * 2 + n * hidden * 2 + TOKENS * n * 4) / bw * 1e6
         row = {"shape": name, "T": TOKENS, "H": hidden, "N": n, "floor_us": floor_us}
         row["cublas_us"] = time_graph([partial(torch.mm, x, a.t()) for x in xs])
         row["lorafleet_us"] = _lorafleet(name, hidden, n, xs)
@@ -191,9 +204,7 @@ def _lorafleet(name: str, hidden: int, n: int, xs) -> float:
     layer, rank = name.split()[0], int(name.split()[1][1:])
     assert LAYERS[layer][0] == hidden and len(LAYERS[layer][1]) * rank == n
     pool = Pools(layer, rank).get(1)[0]
-    slots = torch.zeros(TOKENS, dtype=torch.int64, device="cuda")
-    empty = SegmentMeta.empty(TOKENS, POOL_SLOTS, slots.device, max_rank=rank)
-    meta = build_meta(slots, POOL_SLOTS, out=empty)
+    meta = _one_adapter_meta(rank)
     outs = [torch.zeros(len(LAYERS[layer][1]), TOKENS, rank, device="cuda") for _ in xs]
     return time_graph(
         [
@@ -218,16 +229,15 @@ def probe_ab(bw: float) -> list[dict]:
     from kernels.triton import lora_shrink as sh
 
     hidden, n = 4096, 48  # qkv r16: 3 x 16 rows of A
-    nsets = max(1, round(ROTATE_BYTES / (TOKENS * hidden * 2)))
-    xs = [torch.randn(TOKENS, hidden, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-    a = (torch.randn(n, hidden, device="cuda") * hidden**-0.5).to(torch.bfloat16)
-    outs = [torch.zeros(TOKENS, n, device="cuda") for _ in range(nsets)]
-    floor_us = (TOKENS * hidden * 2 + n * hidden * 2 + TOKENS * n * 4) / bw * 1e6
-    ident = torch.arange(TOKENS, dtype=torch.int32, device="cuda")
-    shuffled = torch.randperm(TOKENS, device="cuda").to(torch.int32)
+    xs, a, outs, floor_us = _gemm_inputs(hidden, n, bw)
+    row_orders = (
+        ("rows", None),
+        ("index", torch.arange(TOKENS, dtype=torch.int32, device="cuda")),
+        ("shuffled", torch.randperm(TOKENS, device="cuda").to(torch.int32)),
+    )
     rows = []
     for cfg in [(False, 64, 64, 128, 3, 4)]:
-        for gather, split_fast in itertools.product((None, ident, shuffled), (False, True)):
+        for (label, gather), split_fast in itertools.product(row_orders, (False, True)):
             us = time_graph(
                 [
                     partial(gemm, x, a, o, cfg, gather, split_fast)
@@ -235,17 +245,11 @@ def probe_ab(bw: float) -> list[dict]:
                 ],
                 prologue=partial(_zero, outs),
             )
-            label = {None: "rows", 0: "index", 1: "shuffled"}[
-                None if gather is None else int(gather is shuffled)
-            ]
             rows.append({"what": f"gemm {cfg[1:]} {label} split_fast={split_fast}", "us": us})
             print(f"{rows[-1]['what']}: {us:.1f} us (floor {floor_us:.1f})", flush=True)
     pool = Pools("qkv", 16).get(1)[0]
-    slots = torch.zeros(TOKENS, dtype=torch.int64, device="cuda")
     for bm in (32, 64):
-        meta = build_meta(
-            slots, POOL_SLOTS, out=SegmentMeta.empty(TOKENS, POOL_SLOTS, slots.device, bm)
-        )
+        meta = _one_adapter_meta(16, bm)
         base = sh.default_config(bm, 16, 2, 3, hidden)
         bufs = [torch.zeros(3, TOKENS, 16, device="cuda") for _ in xs]
         trials = [

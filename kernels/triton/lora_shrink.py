@@ -326,8 +326,9 @@ def _stacked_rows(num_slices: int, br: int) -> int:
 
 
 def _block_s(cfg: ShrinkConfig, nsl: int, br: int) -> int:
-    """The kernel's BLOCK_S: the stacked operand's rows, or 0 (one dot per slice)."""
-    return _stacked_rows(nsl, br) if cfg.fuse_slices and cfg.stack_slices and nsl > 1 else 0
+    """The kernel's BLOCK_S: the stacked operand's rows, or 0 (one dot per slice). nsl > 1
+    only where cfg.fuse_slices (one program, all slices)."""
+    return _stacked_rows(nsl, br) if cfg.stack_slices and nsl > 1 else 0
 
 
 def offsets_fit_i32(x: torch.Tensor) -> bool:
