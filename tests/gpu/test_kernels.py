@@ -318,3 +318,60 @@ def test_fused_slices_split_k_shrink_matches_reference(
         want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
         assert rel_err(out, want) < TOLERANCE[dtype]
         assert out[:, token_slots < 0].abs().sum().item() == 0
+
+
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,dtype,run,rank_step,block_n,warps",
+    [
+        ("gate_up4096", 256, 64, 1, BF16, 4, 0, 256, 4),  # 16-row tiles, one slot: runs of 4
+        ("qkv4096", 256, 16, 8, BF16, 8, 0, 128, 4),  # runs ending where the slot changes
+        ("o4096", 4096, 64, 2, BF16, 2, 0, 256, 8),  # 64-row tiles
+        ("qkv4096", 1000, 16, 3, F16, 4, 0, 128, 4),  # 32-row tiles
+        ("down14336", 300, 32, 5, F32, 4, 16, 128, 4),
+        ("gate_up4096", 64, 64, 32, BF16, 1, 16, 256, 4),  # rank steps at decode
+        ("qkv4096", 4096, 64, 8, BF16, 1, 16, 128, 8),
+        ("o4096", 256, 128, 16, F16, 2, 32, 128, 4),
+    ],
+)
+def test_expand_runs_and_rank_steps_match_reference(
+    monkeypatch, layer, tokens, rank, distinct, dtype, run, rank_step, block_n, warps
+):
+    """ExpandConfig.run_tiles and rank_step at real widths: a run's lead tile writes the
+    slot's later tiles with one B block; blocks that loop over the slot's rank; per-slot
+    ranks, slot -1 rows untouched, the PDL launch after the shrink, and a CUDA graph
+    replayed on a new slot map."""
+    from kernels.triton import lora_expand as ex
+
+    token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
+    lora_b = rank_major(lora_b)
+    cfg = ex.ExpandConfig(
+        block_n, num_warps=warps, num_stages=2, run_tiles=run, rank_step=rank_step
+    )
+    monkeypatch.setattr(ex, "CONFIG_OVERRIDE", cfg)
+    ranks = torch.randint(1, rank + 1, (64,), dtype=torch.int32, device="cuda")
+    meta = SegmentMeta.empty(tokens, 64, x.device, max_rank=rank)
+    y0 = torch.randn(tokens, sum(b.shape[1] for b in lora_b), device="cuda").to(dtype)
+    y = y0.clone()
+    ws = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        ws.zero_()
+        y.copy_(y0)
+        lora_shrink_expand(y, x, lora_a, lora_b, meta, scale=0.5, workspace=ws)
+
+    for replay in (False, True):
+        if replay:
+            graph = captured(step)
+            token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
+        build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
+        if replay:
+            graph.replay()
+        else:
+            step()
+        torch.cuda.synchronize()
+        buf = lora_shrink_ref(x.double(), tuple(a.double() for a in lora_a), token_slots,
+                              scale=0.5, slot_ranks=ranks)  # fmt: skip
+        want = lora_expand_ref(y0.double(), buf, tuple(b.double() for b in lora_b),
+                               token_slots, slot_ranks=ranks)  # fmt: skip
+        assert rel_err(y, want) < TOLERANCE[dtype]
+        assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
