@@ -111,15 +111,6 @@ TUNE_SHAPES = [
 ]  # fmt: skip
 
 
-RUN_SHAPES = [
-    ("gate_up", 64, 256, 1), ("qkv", 64, 256, 8), ("gate_up", 16, 256, 8), ("qkv", 16, 256, 32),
-    ("o", 16, 64, 8), ("gate_up", 64, 64, 8), ("gate_up", 64, 1024, 1), ("qkv", 64, 1024, 32),
-    ("o", 64, 4096, 1), ("qkv", 64, 4096, 8), ("down", 64, 4096, 32), ("gate_up", 64, 4096, 8),
-    ("o", 16, 4096, 8), ("gate_up", 16, 4096, 32),
-]  # fmt: skip
-"""Kind "run" (ExpandConfig.run_tiles): shapes where a slot has many tiles (n small for T)
-and where it has about one (the engine's decode), so a loss shows as well as a gain."""
-
 BLOCK_M_SHAPES = [
     ("o", 16, 64, 8), ("qkv", 16, 256, 32), ("qkv", 64, 256, 1), ("qkv", 64, 256, 8),
     ("o", 64, 256, 8), ("down", 64, 256, 8), ("gate_up", 16, 256, 8), ("down", 16, 256, 32),
@@ -255,24 +246,6 @@ def _expand_configs(prefill: bool):
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
-def _run_configs(st: dict, layer: str, rank: int):
-    """The default expand config, then each block a loop over the slot's rank
-    (ExpandConfig.rank_step 16 / 32, few registers), and runs of 2 / 4 tiles per B block
-    (run_tiles; n_iters 1), at the default's width and at 256 columns / 8 warps."""
-    from dataclasses import replace
-
-    from kernels.triton.common import block_r
-    from kernels.triton.lora_expand import default_config
-
-    d = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
-    plain = replace(d, n_iters=1, num_stages=max(d.num_stages, 2))
-    wide = replace(plain, block_n=256, num_warps=8)
-    steps = [replace(c, rank_step=r) for c in (d, plain) for r in (16, 32)]
-    steps += [replace(plain, rank_step=16, num_stages=3), replace(wide, rank_step=16)]
-    runs = [replace(c, run_tiles=r) for c in (plain, wide) for r in (2, 4)]
-    return [d] + steps + runs + [replace(plain, rank_step=16, run_tiles=4)]
-
-
 def tune(
     bw: float,
     budget_s: float,
@@ -286,13 +259,12 @@ def tune(
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
-    (_long_k_configs), "run" (_run_configs; alone, it times RUN_SHAPES instead)."""
+    (_long_k_configs)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = [], time.monotonic()
-    shapes = RUN_SHAPES if kinds == ("run",) else TUNE_SHAPES
-    for layer, rank, tokens, n in shapes:
+    for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:
             continue
         if time.monotonic() - t0 > budget_s:
@@ -317,24 +289,24 @@ def tune(
             trials = [("expand", ex, c) for c in _expand_configs(tokens > 256)]
             if rank_major:
                 trials += [("shrink", sh, c) for c in _shrink_configs(tokens > 256)]
-            for kind, mod, configs in (("lean", sh, _lean_configs), ("stack", sh, _stack_configs),
-                                       ("longk", sh, _long_k_configs), ("run", ex, _run_configs)):  # fmt: skip
+            for kind, configs in (("lean", _lean_configs), ("stack", _stack_configs),
+                                  ("longk", _long_k_configs)):  # fmt: skip
                 if kind in kinds:
-                    trials += [(kind, mod, c) for c in configs(sets[0], layer, rank)]
+                    trials += [(kind, sh, c) for c in configs(sets[0], layer, rank)]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
-                if mod is sh:
+                if kind != "expand":
                     fns = [
                         functools.partial(call_shrink, st, v)
                         for st, v in zip(sets, views, strict=True)
                     ]
                 else:
                     fns = [functools.partial(call_expand, st) for st in sets]
-                prologue = None if mod is ex else memset
+                prologue = None if kind == "expand" else memset
                 us = _time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
                        "config": repr(cfg), "graph_us": us,
-                       "floor_us": fb["expand" if mod is ex else "shrink"] / bw * 1e6}  # fmt: skip
+                       "floor_us": fb["expand" if kind == "expand" else "shrink"] / bw * 1e6}  # fmt: skip
                 rows.append(row)
                 print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
                       f"(floor {row['floor_us']:.1f}) {cfg}", flush=True)  # fmt: skip

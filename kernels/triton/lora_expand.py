@@ -31,27 +31,17 @@ from kernels.triton.common import (
     pdl_enabled,
     slices_of,
 )
-from kernels.triton.tiles import (
-    expand_operands,
-    expand_rank_steps,
-    expand_store,
-    load_h,
-    load_tile,
-    pick,
-    slot_run,
-    tile_rows,
-    y_operands,
-)
+from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 
 
 @triton.jit
 def _expand_tile(
-    y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, max_tiles,
+    y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
     s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    N_ITERS: tl.constexpr, RUN: tl.constexpr, R_STEP: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    WAIT: tl.constexpr, PRECISION: tl.constexpr,
+    N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """y[tile tokens, col0 + n] (+)= buf[s, tok, :rank] @ B_s[slot, n, :rank]^T for the
     N_ITERS column blocks of BLOCK_N from offs_n on (columns < n_s).
@@ -60,36 +50,13 @@ def _expand_tile(
     shrink that writes buf) its tile, B and old y, which the shrink does not write, are
     loaded before waiting for it. buf is read once for all blocks; the later blocks form
     a loop the compiler can pipeline (num_stages > 1).
-
-    RUN > 1 (N_ITERS 1): the lead tile of a run of its slot's tiles (tiles.slot_run) also
-    writes the run's later tiles with the B block already loaded, and the other tiles of
-    the run are skipped, so B is read once per run instead of once per tile.
-
-    R_STEP > 0: every (tile, block) is tiles.expand_rank_steps, a loop over the slot's
-    own rank (no B block held in registers; with WAIT, old y is loaded before the wait).
     """
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    lead = True
-    run = 1
-    if RUN > 1:
-        lead, run = slot_run(tile, slot, tile_slot_ptr, max_tiles, RUN)
-    if R_STEP > 0:
-        if (slot >= 0) & lead:
-            b_slot = b_slice + slot.to(tl.int64) * stride_bl
-            for g in range(0, run):
-                if g > 0:
-                    tok, m_mask = tile_rows(tile + g, tile_tok_ptr, BLOCK_M)
-                for j in range(0, N_ITERS):
-                    offs_j = offs_n + j * BLOCK_N
-                    expand_rank_steps(
-                        y_ptr, buf_ptr, b_slot, s, tok, m_mask, rank, col0, offs_j, offs_j < n_s,
-                        stride_bn, stride_br, stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
-                        BLOCK_M, BLOCK_N, R_STEP, ADD_INPUTS, WAIT, PRECISION,
-                    )  # fmt: skip
-    elif (slot >= 0) & lead:
-        r_mask = tl.arange(0, BLOCK_R) < rank
+    if slot >= 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        r_mask = offs_r < rank
         b_slot = b_slice + slot.to(tl.int64) * stride_bl
         y_ptrs, mask, y_old, b = expand_operands(
             y_ptr, b_slot, tok, m_mask, r_mask, col0, offs_n, offs_n < n_s,
@@ -97,8 +64,13 @@ def _expand_tile(
         )  # fmt: skip
         if WAIT:
             gdc_wait()
-        h = load_h(buf_ptr, s, tok, m_mask, r_mask, stride_bs, stride_bt, stride_bk,
-                   BLOCK_R, b.dtype)  # fmt: skip
+        buf_ptrs = (
+            buf_ptr
+            + s.to(tl.int64) * stride_bs
+            + tok[:, None] * stride_bt
+            + offs_r[None, :] * stride_bk
+        )
+        h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0).to(b.dtype)
         expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
         for j in range(1, N_ITERS):
             offs_j = offs_n + j * BLOCK_N
@@ -107,27 +79,20 @@ def _expand_tile(
                 stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
             )  # fmt: skip
             expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
-        for g in range(1, run):
-            tok, m_mask = tile_rows(tile + g, tile_tok_ptr, BLOCK_M)
-            y_ptrs, mask, y_old = y_operands(y_ptr, tok, m_mask, col0, offs_n, offs_n < n_s,
-                                             stride_yt, stride_yn, ADD_INPUTS)  # fmt: skip
-            h = load_h(buf_ptr, s, tok, m_mask, r_mask, stride_bs, stride_bt, stride_bk,
-                       BLOCK_R, b.dtype)  # fmt: skip
-            expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
 
 
 @triton.jit
 def _expand_kernel(
     y_ptr, buf_ptr, b_ptr,
-    tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, num_programs, max_tiles,
+    tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, num_tiles_ptr, num_programs,
     b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2, stride_bn0, stride_bn1, stride_bn2,
     stride_br0, stride_br1, stride_br2,
     n0, n1, n2, nt1, nt2,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    N_ITERS: tl.constexpr, RUN: tl.constexpr, R_STEP: tl.constexpr, ADD_INPUTS: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, WAIT: tl.constexpr, PRECISION: tl.constexpr,
+    N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    WAIT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = column group j of slice s, its tiles; a group is N_ITERS
     blocks of BLOCK_N columns of one slice, groups of slices 1 and 2 start at nt1, nt2):
@@ -146,17 +111,17 @@ def _expand_kernel(
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _expand_tile(
             y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-            max_tiles, s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
+            s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, RUN, R_STEP, ADD_INPUTS, WAIT, PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                max_tiles, s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
+                s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, RUN, R_STEP, ADD_INPUTS, WAIT, PRECISION,
+                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
             )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
         gdc_wait()
@@ -174,27 +139,6 @@ class ExpandConfig:
     once for all of them, and blocks after the first are a loop that num_stages > 1
     pipelines."""
     num_stages: int = 1
-    run_tiles: int = 1
-    """Tiles per aligned group in which a slot's consecutive tiles are one program's run
-    (tiles.slot_run): its B block is read once for up to run_tiles tiles of rows instead
-    of once per tile. A power of two; > 1 needs n_iters 1 (the run reuses one B block)."""
-
-    rank_step: int = 0
-    """0: each block is one dot over the pool's rank block (B's [BLOCK_R, block_n] block
-    loaded whole, in registers). 16 / 32: a pipelined loop over the slot's own rank in
-    steps of this many (tiles.expand_rank_steps): few registers, and a rank-16 adapter in
-    a rank-64 pool does a quarter of the steps. With rank_step, a run (run_tiles) and
-    blocks after the first (n_iters) re-read B and buf from L2."""
-
-    def __post_init__(self):
-        if self.run_tiles < 1 or self.run_tiles & (self.run_tiles - 1):
-            raise ValueError(f"run_tiles={self.run_tiles}; allowed: a power of two")
-        if self.rank_step not in (0, 16, 32, 64):
-            raise ValueError(f"rank_step={self.rank_step}; allowed: 0, 16, 32, 64")
-        if self.run_tiles > 1 and self.n_iters != 1:
-            raise ValueError(
-                f"run_tiles={self.run_tiles} with n_iters={self.n_iters}; allowed: n_iters 1"
-            )
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
@@ -290,13 +234,12 @@ def lora_expand_triton(
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
     _expand_kernel[(total, programs)](
         y, buf, sl.base,
-        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs, meta.max_tiles,
+        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2, *stride_l, *stride_n, *stride_r,
         ns[0], ns[1], ns[2], nt1, nt2,
         y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
         rank,
-        BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters, RUN=cfg.run_tiles,
-        R_STEP=cfg.rank_step,
+        BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
         ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
         WAIT=pdl, PRECISION=dot_precision(y.dtype),

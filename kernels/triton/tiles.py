@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -24,32 +23,12 @@ def load_tile(tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M: tl.c
 
     Rows past the tile's tokens have tok = 0 and m_mask False (loads of them are masked).
     """
+    offs_m = tl.arange(0, BLOCK_M)
     slot = tl.load(tile_slot_ptr + tile)
     rank = tl.minimum(tl.load(tile_rank_ptr + tile), R)
-    tok, m_mask = tile_rows(tile, tile_tok_ptr, BLOCK_M)
-    return slot, rank, tok, m_mask
-
-
-@triton.jit
-def tile_rows(tile, tile_tok_ptr, BLOCK_M: tl.constexpr):
-    """(tok int64 [BLOCK_M], m_mask [BLOCK_M]) of one tile, as load_tile gives them."""
-    tok = tl.load(tile_tok_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))
+    tok = tl.load(tile_tok_ptr + tile * BLOCK_M + offs_m)
     m_mask = tok >= 0
-    return tl.where(m_mask, tok, 0).to(tl.int64), m_mask
-
-
-@triton.jit
-def slot_run(tile, slot, tile_slot_ptr, max_tiles, RUN: tl.constexpr):
-    """Runs of one slot's tiles within aligned groups of RUN tiles (a slot's tiles are
-    consecutive in SegmentMeta): -> (lead, run). lead: `tile` is the first tile of its
-    slot in its group, so its program does the run; run: tiles of the slot from `tile`
-    to the group's end (tile, tile + 1, ..., tile + run - 1). One vector load of the
-    group's slots; a tile that is not a lead is done by its lead's program."""
-    base = (tile // RUN) * RUN
-    idx = base + tl.arange(0, RUN)
-    same = tl.load(tile_slot_ptr + idx, mask=idx < max_tiles, other=-1) == slot
-    lead = tl.sum((same & (idx < tile)).to(tl.int32), axis=0) == 0
-    return lead, tl.sum((same & (idx >= tile)).to(tl.int32), axis=0)
+    return slot, rank, tl.where(m_mask, tok, 0).to(tl.int64), m_mask
 
 
 @triton.jit
@@ -156,58 +135,6 @@ def shrink_acc_rows(
 
 
 @triton.jit
-def y_operands(y_ptr, tok, m_mask, col0, offs_n, n_mask, stride_yt, stride_yn,
-               ADD_INPUTS: tl.constexpr):  # fmt: skip
-    """-> (y_ptrs, mask, y_old (0.0 unless ADD_INPUTS)) of one expand block's rows."""
-    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
-    mask = m_mask[:, None] & n_mask[None, :]
-    y_old = 0.0
-    if ADD_INPUTS:
-        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-    return y_ptrs, mask, y_old
-
-
-@triton.jit
-def load_h(buf_ptr, s, tok, m_mask, r_mask, stride_bs, stride_bt, stride_bk,
-           BLOCK_R: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
-    """The expand's left operand: buf[s, tok, :BLOCK_R] (columns off r_mask read as 0) in dtype."""
-    ptrs = (buf_ptr + s.to(tl.int64) * stride_bs + tok[:, None] * stride_bt
-            + tl.arange(0, BLOCK_R)[None, :] * stride_bk)  # fmt: skip
-    return tl.load(ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0).to(dtype)
-
-
-@triton.jit
-def expand_rank_steps(
-    y_ptr, buf_ptr, b_ptr, s, tok, m_mask, rank, col0, offs_n, n_mask,
-    stride_bn, stride_br, stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, R_STEP: tl.constexpr,
-    ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """Semantics as expand_block with h = buf[s, tok, :rank], the rank walked in steps of
-    R_STEP: a loop (pipelined by num_stages > 1) of [BLOCK_M, R_STEP] x [R_STEP, BLOCK_N]
-    dots over the slot's own rank only. No [BLOCK_R, BLOCK_N] block of B is held in
-    registers (at rank 64 that block took most of them: two programs per SM). WAIT: old y
-    is loaded before waiting for the shrink that writes buf, B and buf after."""
-    y_ptrs, mask, y_old = y_operands(y_ptr, tok, m_mask, col0, offs_n, n_mask, stride_yt,
-                                     stride_yn, ADD_INPUTS)  # fmt: skip
-    if WAIT:
-        gdc_wait()
-    h_rows = buf_ptr + s.to(tl.int64) * stride_bs + tok * stride_bt
-    offs_r = tl.arange(0, R_STEP)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range(0, rank, R_STEP):
-        r_mask = (r0 + offs_r) < rank
-        b = tl.load(b_ptr + offs_n[None, :] * stride_bn + (r0 + offs_r)[:, None] * stride_br,
-                    mask=r_mask[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
-        h = tl.load(h_rows[:, None] + (r0 + offs_r)[None, :] * stride_bk,
-                    mask=m_mask[:, None] & r_mask[None, :], other=0.0)  # fmt: skip
-        acc = tl.dot(h.to(b.dtype), b, acc, input_precision=PRECISION)
-    if ADD_INPUTS:
-        acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def expand_operands(
     y_ptr, b_ptr, tok, m_mask, r_mask, col0, offs_n, n_mask,
     stride_bn, stride_br, stride_yt, stride_yn,
@@ -218,9 +145,11 @@ def expand_operands(
     b_ptr: one slot of one slice [N, R]; only the r_mask rows of b are read.
     """
     offs_r = tl.arange(0, BLOCK_R)
-    # y issued first: the y read overlaps the B read
-    y_ptrs, mask, y_old = y_operands(y_ptr, tok, m_mask, col0, offs_n, n_mask, stride_yt,
-                                     stride_yn, ADD_INPUTS)  # fmt: skip
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + (col0 + offs_n)[None, :] * stride_yn
+    mask = m_mask[:, None] & n_mask[None, :]
+    y_old = 0.0
+    if ADD_INPUTS:  # issued first: the y read overlaps the B read
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
     b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
     b = tl.load(b_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
     return y_ptrs, mask, y_old, b

@@ -302,61 +302,6 @@ def test_expand_column_groups_span_several_blocks(triton_backend, monkeypatch, n
         assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
 
 
-@pytest.mark.parametrize(
-    "tokens,distinct,none_frac,run,rank_step,n_iters",
-    [
-        (70, 1, 0.0, 4, 0, 1),  # one slot: runs of 4 tiles, a short last run
-        (70, 3, 0.2, 2, 0, 1),  # runs that end mid-group where the slot changes
-        (100, 2, 0.3, 8, 0, 1),  # two slots' runs in one group, then slot -1 tiles
-        (9, 4, 0.0, 4, 0, 1),  # one tile per slot: every tile leads a run of 1
-        (37, 3, 0.2, 1, 16, 1),  # the rank in steps of 16: 1 to 3 steps per slot
-        (37, 3, 0.2, 1, 32, 2),  # steps of 32 (a last step past the rank), 2 blocks
-        (70, 2, 0.1, 4, 16, 1),  # runs with rank steps
-    ],
-)
-def test_expand_runs_and_rank_steps(
-    triton_backend, monkeypatch, tokens, distinct, none_frac, run, rank_step, n_iters
-):
-    """ExpandConfig.run_tiles: a run's lead tile writes the slot's later tiles of its
-    group with one B block; the others are skipped. ExpandConfig.rank_step: each block a
-    loop over the slot's own rank. Every row is written once (old y added once), slot -1
-    rows are left alone, per-slot ranks are honoured (B and buf past them are NaN), with
-    one program per tile and with programs striding over the tiles."""
-    from kernels.triton import lora_expand as ex
-
-    rank = 40
-    token_slots = random_slots(tokens, 4, distinct, none_frac)
-    lora_b = random_slices(4, [(n, rank) for n in SLICES[3]], torch.float32, "cpu", 1.0)
-    ranks = torch.tensor([40, 3, 17, 33], dtype=torch.int32)
-    meta = build_meta(token_slots, 4, slot_ranks=ranks)  # 16-row tiles (T <= 256)
-    buf = torch.randn(3, tokens, rank)
-    y0 = torch.randn(tokens, sum(SLICES[3]))
-    want = oracle_expand(y0, buf, lora_b, token_slots, True, ranks)
-    cut = torch.arange(rank)[None, :] >= ranks[:, None]  # [slot, r] past the slot's rank
-    lora_b = tuple(b.masked_fill(cut[:, None, :], float("nan")) for b in lora_b)
-    buf = buf.masked_fill(cut[token_slots.clamp_min(0)][None], float("nan"))
-    cfg = ex.ExpandConfig(16, n_iters=n_iters, num_stages=2, run_tiles=run, rank_step=rank_step)
-    monkeypatch.setattr(ex, "CONFIG_OVERRIDE", cfg)
-    for programs in (None, 2):  # one program per tile; two programs striding over the tiles
-        if programs is not None:
-            monkeypatch.setattr(ex, "tile_programs", lambda *_, p=programs: p)
-        y = y0.clone()
-        lora_expand(y, buf, lora_b, meta)
-        assert rel_err(y, want) < TOLERANCE[torch.float32]
-        assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
-
-
-def test_expand_config_refuses_bad_runs():
-    from kernels.triton.lora_expand import ExpandConfig
-
-    with pytest.raises(ValueError, match="power of two"):
-        ExpandConfig(64, run_tiles=3)
-    with pytest.raises(ValueError, match="n_iters 1"):
-        ExpandConfig(64, n_iters=2, run_tiles=2)
-    with pytest.raises(ValueError, match="rank_step"):
-        ExpandConfig(64, rank_step=8)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "tokens,hidden,num_slices,fuse,per_sm,block_k",
