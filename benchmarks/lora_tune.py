@@ -117,7 +117,8 @@ BLOCK_M_SHAPES = [
 ]  # fmt: skip
 BLOCK_M_PREFILL_SHAPES = [
     ("o", 16, 4096, 8), ("qkv", 16, 4096, 8), ("down", 16, 4096, 8), ("gate_up", 16, 4096, 32),
-    ("qkv", 64, 4096, 8), ("o", 16, 1024, 8),
+    ("qkv", 64, 4096, 8), ("o", 16, 1024, 8), ("gate_up", 64, 1024, 1), ("gate_up", 64, 1024, 8),
+    ("qkv", 64, 1024, 32), ("down", 64, 1024, 32), ("o", 64, 1024, 8), ("qkv", 64, 512, 8),
 ]  # fmt: skip
 
 
@@ -125,7 +126,7 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
     """Graph-replay us per tile height (rows per tile: how often a slot's A and B are
     re-read from L2, and how long each x row read is): shrink+expand with the default
     configs (PDL as the engine runs it) and, with prefill (32 and 64 rows; 16 was slower
-    for every layer in run 11), the shrink and the expand alone. Run 11 also timed
+    for every layer in run 11, 128 in run 17), the shrink and the expand alone. Run 11 also timed
     per-slice shrinks with BLOCK_K 256-512 here: slower everywhere, since dropped."""
     from kernels.triton import lora_shrink as sh
 

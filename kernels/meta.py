@@ -44,7 +44,13 @@ def default_block_m(num_tokens: int, max_rank: int | None = None) -> int:
     tiles above 1024 tokens: on the H200 (results/lora_kernels_tune_h200.json, run 11),
     shrink+expand at T=4096 took 52.1 vs 56.6 us (qkv r16), 154.6 vs 173.5 (gate_up
     r16), 37.0 vs 38.2 (o r16) with 32 against 64 rows; rank 64 wants 64 (75.7 vs 95.4
-    us, qkv r64). Tiles of 16 rows were slower at T=4096 for every layer.
+    us, qkv r64). Tiles of 16 rows were slower at T=4096 for every layer, and so were
+    tiles of 128 rows at T = 1024-4096 for every layer and rank (run 17: qkv r64 T=4096
+    n=8 90.1 vs 73.0 us; the expand reads B half as often but loses more to occupancy).
+    Rank-64 pools keep 32 rows up to 1024 tokens (run 18, the whole grid with 64 rows
+    there: faster with few adapters, gate_up r64 T=1024 n=1 53.6 vs 64.3 us, but 1.12-1.31x
+    slower at n = 64, where a slot's 16 tokens fill a quarter of a 64-row tile; geometric
+    mean of the 20 rows 1.008).
     """
     if num_tokens <= 256:
         return 16

@@ -161,6 +161,8 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
     """
     if br > 64:
         return ExpandConfig(block_n=64)
+    if bm >= 128:  # 128-row tiles (kernels.meta.default_block_m): 4 warps spill on sm_90
+        return ExpandConfig(block_n=128, num_warps=8, n_iters=2, num_stages=2)
     if bm <= 16:
         return ExpandConfig(block_n=256 if max_n >= 8192 else 128)
     if br <= 32 and bm >= 64:

@@ -249,27 +249,35 @@ def test_stream_k_shrink_matches_reference(
     cfg = sh.ShrinkConfig(block_k, per_sm, fuse, num_stages=5, stream_k=True, lean_x=lean_x)
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     token_slots, x, lora_a, _ = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
+    _shrink_eager_then_replayed(x, lora_a, token_slots, distinct, rank, dtype)
+
+
+def _shrink_eager_then_replayed(x, lora_a, token_slots, distinct, rank, dtype, block_m=None):
+    """lora_shrink with the config under test against the float64 reference, per-slot
+    ranks, slot -1 rows left zero: eagerly, then in a CUDA graph replayed after build_meta
+    refilled the same SegmentMeta from a new slot map (fewer adapters, more slot -1)."""
+    tokens = x.shape[0]
     a64 = tuple(a.double() for a in lora_a)
     ranks = torch.randint(1, rank + 1, (64,), dtype=torch.int32, device="cuda")
-    meta = SegmentMeta.empty(tokens, 64, x.device)
+    meta = SegmentMeta.empty(tokens, 64, x.device, block_m=block_m)
     out = torch.zeros(len(lora_a), tokens, rank, device="cuda")
 
     def step():
         out.zero_()
         lora_shrink(x, lora_a, meta, scale=0.5, out=out)
 
-    build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
-    step()
-    want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
-    assert rel_err(out, want) < TOLERANCE[dtype]
-    assert out[:, token_slots < 0].abs().sum().item() == 0
-    graph = captured(step)
-    token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
-    build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
-    graph.replay()
-    want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
-    assert rel_err(out, want) < TOLERANCE[dtype]
-    assert out[:, token_slots < 0].abs().sum().item() == 0
+    for replay in (False, True):
+        if replay:
+            graph = captured(step)
+            token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
+        build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
+        if replay:
+            graph.replay()
+        else:
+            step()
+        want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
+        assert rel_err(out, want) < TOLERANCE[dtype]
+        assert out[:, token_slots < 0].abs().sum().item() == 0
 
 
 @pytest.mark.parametrize(
@@ -297,24 +305,31 @@ def test_fused_slices_split_k_shrink_matches_reference(
     base = sh.default_config(block_m, br, x.element_size(), len(lora_a), x.shape[1])
     assert base.fuse_slices and not base.stream_k
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", replace(base, stack_slices=stack))
-    a64 = tuple(a.double() for a in lora_a)
+    _shrink_eager_then_replayed(x, lora_a, token_slots, distinct, rank, dtype, block_m)
+
+
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,dtype",
+    [
+        ("qkv4096", 4096, 64, 8, BF16),  # stream-K shrink, 8-warp expand
+        ("gate_up4096", 2048, 16, 3, BF16),  # fused-slices split-K shrink
+        ("down14336", 1000, 64, 5, F16),  # long K, a partial last tile per slot
+    ],
+)
+def test_128_row_tiles_match_reference(layer, tokens, rank, distinct, dtype):
+    """Tiles of 128 rows (never kernels.meta.default_block_m's choice, but SegmentMeta
+    takes any power of two) through the default configs, B rank-major, per-slot ranks
+    and slot -1 rows."""
+    token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, 64, 0.1, dtype)
+    lora_b = rank_major(lora_b)
     ranks = torch.randint(1, rank + 1, (64,), dtype=torch.int32, device="cuda")
-    meta = SegmentMeta.empty(tokens, 64, x.device, block_m=block_m)
-    out = torch.zeros(len(lora_a), tokens, rank, device="cuda")
-
-    def step():
-        out.zero_()
-        lora_shrink(x, lora_a, meta, scale=0.5, out=out)
-
-    for replay in (False, True):
-        if replay:
-            graph = captured(step)
-            token_slots = random_slots(tokens, 64, max(1, distinct // 2), 0.3).cuda()
-        build_meta(token_slots, 64, slot_ranks=ranks, out=meta)
-        if replay:
-            graph.replay()
-        else:
-            step()
-        want = lora_shrink_ref(x.double(), a64, token_slots, scale=0.5, slot_ranks=ranks)
-        assert rel_err(out, want) < TOLERANCE[dtype]
-        assert out[:, token_slots < 0].abs().sum().item() == 0
+    meta = build_meta(token_slots, 64, slot_ranks=ranks,
+                      out=SegmentMeta.empty(tokens, 64, x.device, block_m=128))  # fmt: skip
+    y0 = torch.randn(tokens, sum(LAYERS[layer][1]), device="cuda").to(dtype)
+    want_buf, want_y = _oracle(x, lora_a, lora_b, y0, token_slots, 0.5, ranks)
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
+    assert rel_err(buf, want_buf) < TOLERANCE[dtype]
+    y = y0.clone()
+    lora_expand(y, buf, lora_b, meta)
+    assert rel_err(y, want_y) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
