@@ -126,8 +126,9 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
     """Graph-replay us per tile height (rows per tile: how often a slot's A and B are
     re-read from L2, and how long each x row read is): shrink+expand with the default
     configs (PDL as the engine runs it) and, with prefill (32 and 64 rows; 16 was slower
-    for every layer in run 11, 128 in run 17), the shrink and the expand alone. Run 11 also timed
-    per-slice shrinks with BLOCK_K 256-512 here: slower everywhere, since dropped."""
+    for every layer in run 11, 128 in run 17), the shrink and the expand alone. Run 11
+    also timed per-slice shrinks with BLOCK_K 256-512 here: slower everywhere, since
+    dropped."""
     from kernels.triton import lora_shrink as sh
 
     rows = []

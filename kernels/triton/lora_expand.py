@@ -161,7 +161,7 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
     """
     if br > 64:
         return ExpandConfig(block_n=64)
-    if bm >= 128:  # 128-row tiles (kernels.meta.default_block_m): 4 warps spill on sm_90
+    if bm >= 128:  # a caller's 128-row tiles (default_block_m never picks them): 4 warps spill
         return ExpandConfig(block_n=128, num_warps=8, n_iters=2, num_stages=2)
     if bm <= 16:
         return ExpandConfig(block_n=256 if max_n >= 8192 else 128)
