@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_bench import (  # noqa: E402
     Pools,
     call_expand,
-    copy_bandwidth,
     floor_bytes,
     make_sets,
     num_sets,
+    probe_header,
     time_graph,
 )
 
@@ -214,16 +214,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    result = {
-        "command": "python3 " + " ".join(sys.argv),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "copy_bw_TBps": bw / 1e12,
-        "rows": probe(bw),
-    }
+    bw, result = probe_header()
+    result["rows"] = probe(bw)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,6 +46,20 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     ms = do_bench(lambda: b.copy_(a), warmup=20, rep=100, return_mode="median")
     return 2 * a.numel() / (ms * 1e-3)
+
+
+def probe_header() -> tuple[float, dict]:
+    """Copy bandwidth (measured and printed) and the fields every probe's results file
+    starts with: (bytes/s, {command, device, torch, triton, copy_bw_TBps})."""
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    return bw, {
+        "command": "python3 " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bw_TBps": bw / 1e12,
+    }
 
 
 def floor_bytes(layer: str, tokens: int, n: int, mean_rank: float, rank: int) -> dict[str, float]:

@@ -40,9 +40,9 @@ from lora_bench import (  # noqa: E402
     POOL_SLOTS,
     Pools,
     call_shrink,
-    copy_bandwidth,
     floor_bytes,
     make_sets,
+    probe_header,
     time_graph,
     workspaces,
 )
@@ -353,18 +353,10 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--ab", action="store_true", help="the segmented kernel's habits, one by one")
     args = ap.parse_args()
-    bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    result = {
-        "command": "python3 " + " ".join(sys.argv),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "copy_bw_TBps": bw / 1e12,
-        "prefill": [] if args.no_prefill else probe_prefill(bw, args.budget_s),
-        "decode": probe_decode(bw) if args.decode else [],
-        "ab": probe_ab(bw) if args.ab else [],
-    }
+    bw, result = probe_header()
+    result["prefill"] = [] if args.no_prefill else probe_prefill(bw, args.budget_s)
+    result["decode"] = probe_decode(bw) if args.decode else []
+    result["ab"] = probe_ab(bw) if args.ab else []
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
