@@ -78,6 +78,23 @@ def _time_config(mod, name: str, cfg, fns, prologue=None) -> float:
         setattr(mod, name, None)
 
 
+def _expand_err(mod, cfg, st: dict) -> float:
+    """Max |y - y_default| / max |y_default| of one expand call with launch config cfg
+    against the default config's, from the same y (restored afterwards)."""
+    y0 = st["y"].clone()
+    call_expand(st)
+    want = st["y"].float()
+    st["y"].copy_(y0)
+    mod.CONFIG_OVERRIDE = cfg
+    try:
+        call_expand(st)
+    finally:
+        mod.CONFIG_OVERRIDE = None
+    err = ((st["y"].float() - want).abs().max() / want.abs().max()).item()
+    st["y"].copy_(y0)
+    return err
+
+
 def sweep(bw: float, budget_s: float) -> list[dict]:
     """Graph-replay us of the fused kernel per tuning on a few shapes (tuning data)."""
     from kernels.triton import lora_fused as fu
@@ -225,6 +242,32 @@ def _long_k_configs(st: dict, layer: str, rank: int):
     ]
 
 
+def _gluon_configs(st: dict, layer: str, rank: int):
+    """The Gluon expand (ExpandConfig.gluon) at several widths and warp counts, beside the
+    shape's default config; 64-row tiles on sm_90 run wgmma (num_warps does not apply)."""
+    from dataclasses import replace
+
+    from kernels.triton.common import block_r
+    from kernels.triton.lora_expand import ExpandConfig, default_config
+
+    base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
+    widths = ((128, 4), (256, 4), (256, 8), (128, 4, 2))
+    return [replace(base, gluon=False), replace(base, gluon=True)] + [
+        ExpandConfig(*c, gluon=True) for c in widths
+    ]
+
+
+def _late_configs(st: dict, layer: str, rank: int):
+    """The shape's default expand config with ExpandConfig.late_add on and off."""
+    from dataclasses import replace
+
+    from kernels.triton.common import block_r
+    from kernels.triton.lora_expand import default_config
+
+    base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
+    return [replace(base, late_add=True), replace(base, late_add=False)]
+
+
 def _default_shrink(st: dict, layer: str, rank: int):
     from kernels.triton.common import block_r
     from kernels.triton.lora_shrink import default_config
@@ -248,6 +291,11 @@ def _expand_configs(prefill: bool):
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
+FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both", "gluon": "expand",
+            "gluonboth": "both"}  # fmt: skip
+"""The byte floor a tune kind is held against (the shrink's where not named)."""
+
+
 def tune(
     bw: float,
     budget_s: float,
@@ -261,7 +309,10 @@ def tune(
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
-    (_long_k_configs)."""
+    (_long_k_configs), "late" / "lateboth" (the default expand config with
+    ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
+    runs them), "gluon" (_gluon_configs, the expand alone), "gluonboth" (the default
+    config with ExpandConfig.gluon on and off, shrink + expand)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
@@ -295,23 +346,36 @@ def tune(
                                   ("longk", _long_k_configs)):  # fmt: skip
                 if kind in kinds:
                     trials += [(kind, sh, c) for c in configs(sets[0], layer, rank)]
+            for kind in ("late", "lateboth"):  # the expand alone / as the engine runs it
+                if kind in kinds:
+                    trials += [(kind, ex, c) for c in _late_configs(sets[0], layer, rank)]
+            if "gluon" in kinds:
+                trials += [("gluon", ex, c) for c in _gluon_configs(sets[0], layer, rank)]
+            if "gluonboth" in kinds:
+                trials += [("gluonboth", ex, c) for c in _gluon_configs(sets[0], layer, rank)[:2]]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
-                if kind != "expand":
+                floor = FLOOR_OF.get(kind, "shrink")
+                if floor == "both":
+                    fns = ws_fns
+                elif floor == "expand":
+                    fns = [functools.partial(call_expand, st) for st in sets]
+                else:
                     fns = [
                         functools.partial(call_shrink, st, v)
                         for st, v in zip(sets, views, strict=True)
                     ]
-                else:
-                    fns = [functools.partial(call_expand, st) for st in sets]
-                prologue = None if kind == "expand" else memset
+                prologue = None if floor == "expand" else memset
                 us = _time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
                        "config": repr(cfg), "graph_us": us,
-                       "floor_us": fb["expand" if kind == "expand" else "shrink"] / bw * 1e6}  # fmt: skip
+                       "floor_us": fb[floor] / bw * 1e6}  # fmt: skip
+                if floor == "expand" and kind != "expand":
+                    row["err_vs_default"] = _expand_err(mod, cfg, sets[0])
                 rows.append(row)
+                err = f" err={row['err_vs_default']:.1e}" if "err_vs_default" in row else ""
                 print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
-                      f"(floor {row['floor_us']:.1f}) {cfg}", flush=True)  # fmt: skip
+                      f"(floor {row['floor_us']:.1f}) {cfg}{err}", flush=True)  # fmt: skip
             del sets, views, pools
         torch.cuda.empty_cache()
     return rows

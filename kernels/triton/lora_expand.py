@@ -11,6 +11,7 @@ touched. Columns r >= rank of the slot are masked, so only the slot's own rank i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
+from kernels.triton import lora_expand_gluon
 from kernels.triton.common import (
     MAX_SLICES,
     Slices,
@@ -41,7 +43,7 @@ def _expand_tile(
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, LATE_ADD: tl.constexpr,
 ):  # fmt: skip
     """y[tile tokens, col0 + n] (+)= buf[s, tok, :rank] @ B_s[slot, n, :rank]^T for the
     N_ITERS column blocks of BLOCK_N from offs_n on (columns < n_s).
@@ -71,14 +73,14 @@ def _expand_tile(
             + offs_r[None, :] * stride_bk
         )
         h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0).to(b.dtype)
-        expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
+        expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION, LATE_ADD)
         for j in range(1, N_ITERS):
             offs_j = offs_n + j * BLOCK_N
             y_ptrs, mask, y_old, b = expand_operands(
                 y_ptr, b_slot, tok, m_mask, r_mask, col0, offs_j, offs_j < n_s,
                 stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
             )  # fmt: skip
-            expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
+            expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION, LATE_ADD)
 
 
 @triton.jit
@@ -92,7 +94,7 @@ def _expand_kernel(
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
-    WAIT: tl.constexpr, PRECISION: tl.constexpr,
+    WAIT: tl.constexpr, PRECISION: tl.constexpr, LATE_ADD: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = column group j of slice s, its tiles; a group is N_ITERS
     blocks of BLOCK_N columns of one slice, groups of slices 1 and 2 start at nt1, nt2):
@@ -113,7 +115,7 @@ def _expand_kernel(
             y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
             s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
@@ -121,7 +123,7 @@ def _expand_kernel(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION,
+                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
             )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
         gdc_wait()
@@ -139,6 +141,15 @@ class ExpandConfig:
     once for all of them, and blocks after the first are a loop that num_stages > 1
     pipelines."""
     num_stages: int = 1
+    late_add: bool = True
+    """Round h @ B to y's dtype and add old y in the layout y was loaded in
+    (tiles.expand_store LATE_ADD): one shared-memory layout change per block instead of
+    two (sm_90: 164 vs 182 registers for 32-row rank-64 tiles, 20 vs 34 barriers)."""
+    gluon: bool = os.environ.get("LORAFLEET_GLUON_EXPAND", "0") == "1"
+    """16-bit y on CUDA: the Gluon kernel (lora_expand_gluon: old y, the sum and the
+    shrink rows in the tensor-core layouts, no shared-memory round trips for them);
+    num_warps as here except 64-row tiles on sm_90 (wgmma: one warpgroup). Its
+    num_stages and late_add do not apply."""
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
@@ -234,6 +245,21 @@ def lora_expand_triton(
     off1, off2 = sl.offsets
     pdl = after_shrink and pdl_enabled(y.device)
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
+    if cfg.gluon and sl.base.dtype == y.dtype and lora_expand_gluon.available(y.device, y.dtype):
+        wgmma = lora_expand_gluon.use_wgmma(y.device, meta.block_m)
+        mma, b_shared = lora_expand_gluon.layouts(meta.block_m, bn, cfg.num_warps, wgmma)
+        lora_expand_gluon._expand_gluon_kernel[(total, programs)](
+            y, buf, sl.base,
+            meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
+            off1, off2, *stride_l, *stride_n, *stride_r,
+            ns[0], ns[1], ns[2], nt1, nt2,
+            y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
+            rank,
+            BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
+            ADD_INPUTS=bool(add_inputs), WAIT=pdl, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma,
+            num_warps=4 if wgmma else cfg.num_warps, **launch_pdl(pdl),
+        )  # fmt: skip
+        return y
     _expand_kernel[(total, programs)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
@@ -244,7 +270,7 @@ def lora_expand_triton(
         BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
         ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
-        WAIT=pdl, PRECISION=dot_precision(y.dtype),
+        WAIT=pdl, PRECISION=dot_precision(y.dtype), LATE_ADD=cfg.late_add,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl),
     )  # fmt: skip
     return y

@@ -156,12 +156,21 @@ def expand_operands(
 
 
 @triton.jit
-def expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr):
-    """y[rows, cols] = (y_old if ADD_INPUTS else 0) + h @ b (h: [BLOCK_M, BLOCK_R], b's dtype)."""
+def expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS: tl.constexpr, PRECISION: tl.constexpr,
+                 LATE_ADD: tl.constexpr = False):  # fmt: skip
+    """y[rows, cols] = (y_old if ADD_INPUTS else 0) + h @ b (h: [BLOCK_M, BLOCK_R], b's dtype).
+
+    LATE_ADD: the product is rounded to y's dtype first and y_old added to it where y_old
+    was loaded (one layout change of the product instead of one of y_old into the dot's
+    layout and one of the sum back out: each a round trip through shared memory)."""
     acc = tl.dot(h, b, input_precision=PRECISION)
-    if ADD_INPUTS:
-        acc += y_old.to(tl.float32)
-    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+    if ADD_INPUTS and LATE_ADD:
+        delta = acc.to(y_ptrs.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_ptrs.dtype.element_ty), mask=mask)
+    else:
+        if ADD_INPUTS:
+            acc += y_old.to(tl.float32)
+        tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit

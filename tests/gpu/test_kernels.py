@@ -333,3 +333,67 @@ def test_128_row_tiles_match_reference(layer, tokens, rank, distinct, dtype):
     lora_expand(y, buf, lora_b, meta)
     assert rel_err(y, want_y) < TOLERANCE[dtype]
     assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
+
+
+@pytest.mark.parametrize("gluon", [False, True])
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,slots,dtype",
+    [
+        ("qkv4096", 1, 16, 1, 8, BF16),
+        ("qkv4096", 200, 64, 16, 16, BF16),
+        ("gate_up4096", 64, 64, 8, 8, F16),
+        ("o4096", 1000, 64, 5, 8, BF16),
+        ("qkv4096", 4096, 64, 8, 8, BF16),
+        ("down14336", 3000, 16, 64, 64, F16),
+        ("qkv5120", 33, 128, 5, 16, BF16),
+    ],
+)
+def test_expand_paths_match_reference(
+    monkeypatch, gluon, layer, tokens, rank, distinct, slots, dtype
+):
+    """The Triton and the Gluon expand (ExpandConfig.gluon) on the engine's layout (B
+    rank-major), per-slot ranks, slot -1 rows, NaN in the shrink output past each slot's
+    rank (never read into y), with and without add_inputs, eagerly and in graph replay
+    after the shrink (a programmatic dependent on an H200 for T <= 256)."""
+    from dataclasses import replace
+
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_expand_gluon
+
+    if gluon and not lora_expand_gluon.available(torch.device("cuda"), dtype):
+        pytest.skip("no Gluon here")
+    base = ex.default_config
+    monkeypatch.setattr(ex, "default_config", lambda *a: replace(base(*a), gluon=gluon))
+    token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, slots, 0.2, dtype)
+    lora_b = rank_major(lora_b)
+    ranks = torch.randint(1, rank + 1, (slots,), dtype=torch.int32, device="cuda")
+    meta = build_meta(token_slots, slots, slot_ranks=ranks)
+    y0 = torch.randn(tokens, sum(LAYERS[layer][1]), device="cuda").to(dtype)
+    want_buf, want = _oracle(x, lora_a, lora_b, y0, token_slots, 0.5, ranks)
+    buf = want_buf.float()
+    per_tok = torch.where(token_slots >= 0, ranks.long()[token_slots.clamp_min(0)], 0)
+    beyond = torch.arange(rank, device="cuda")[None, :] >= per_tok[:, None]
+    buf[:, beyond] = float("nan")
+    y = y0.clone()
+    lora_expand(y, buf, lora_b, meta)
+    assert rel_err(y, want) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
+    y.fill_(float("nan"))
+    lora_expand(y, buf, lora_b, meta, add_inputs=False)
+    live = token_slots >= 0
+    delta = _oracle(x, lora_a, lora_b, torch.zeros_like(y0), token_slots, 0.5, ranks)[1]
+    assert rel_err(y[live], delta[live]) < TOLERANCE[dtype]
+    assert torch.isnan(y[~live]).all()
+
+    ws = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        ws.zero_()
+        y.copy_(y0)
+        lora_shrink_expand(y, x, lora_a, lora_b, meta, scale=0.5, workspace=ws)
+
+    graph = captured(step)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, want) < TOLERANCE[dtype]
