@@ -252,8 +252,9 @@ def _gluon_configs(st: dict, layer: str, rank: int):
 
     base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
     widths = ((128, 4), (256, 4), (256, 8), (128, 4, 2))
-    return [replace(base, gluon=False), replace(base, gluon=True)] + [
-        ExpandConfig(*c, gluon=True) for c in widths
+    on = replace(base, gluon=True)
+    return [replace(base, gluon=False), on, replace(on, async_b=True)] + [
+        ExpandConfig(*c, gluon=True, async_b=True) for c in widths
     ]
 
 

@@ -150,6 +150,9 @@ class ExpandConfig:
     shrink rows in the tensor-core layouts, no shared-memory round trips for them);
     num_warps as here except 64-row tiles on sm_90 (wgmma: one warpgroup). Its
     num_stages and late_add do not apply."""
+    async_b: bool = False
+    """Gluon only: B copied into shared memory by cp.async (all n_iters blocks issued up
+    front, no registers) instead of through registers block by block."""
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
@@ -257,6 +260,7 @@ def lora_expand_triton(
             rank,
             BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
             ADD_INPUTS=bool(add_inputs), WAIT=pdl, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma,
+            ASYNC_B=cfg.async_b,
             num_warps=4 if wgmma else cfg.num_warps, **launch_pdl(pdl),
         )  # fmt: skip
         return y

@@ -25,7 +25,7 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         warpgroup_mma,
@@ -57,8 +57,12 @@ def use_wgmma(device: torch.device, block_m: int) -> bool:
 
 
 if GLUON:
-    # a CTA-wide barrier: Triton 3.6 names it thread_barrier, 3.9 barrier
+    # Triton 3.6 names (3.9's): a CTA-wide barrier thread_barrier (barrier), a cp.async
+    # copy into shared memory async_copy_global_to_shared (async_load)
     cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    copy_to_shared = (
+        getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    )
 
     @gluon.jit
     def _pick(s, v0, v1, v2):
@@ -81,14 +85,17 @@ if GLUON:
         R,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_R: gl.constexpr,
         N_ITERS: gl.constexpr, ADD_INPUTS: gl.constexpr, WAIT: gl.constexpr,
-        MMA: gl.constexpr, B_SHARED: gl.constexpr, WGMMA: gl.constexpr,
+        MMA: gl.constexpr, B_SHARED: gl.constexpr, WGMMA: gl.constexpr, ASYNC_B: gl.constexpr,
     ):  # fmt: skip
         """lora_expand._expand_kernel's semantics: for the tiles of this tile program and
         the N_ITERS column blocks of this column group (slice s),
             y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
                               + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r].
         MMA: the accumulator layout (mma_v2, or wgmma with WGMMA); B_SHARED: B's shared
-        layout. WAIT: a programmatic dependent of the shrink that writes buf."""
+        layout. WAIT: a programmatic dependent of the shrink that writes buf. ASYNC_B: B's
+        N_ITERS blocks are copied into shared memory asynchronously (cp.async, no
+        registers), all issued before the first block's dot; else loaded through registers
+        into one shared buffer, block by block."""
         H_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         B_LD: gl.constexpr = gl.BlockedLayout(
@@ -110,7 +117,8 @@ if GLUON:
         offs_mh = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, H_OP))
         offs_rh = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, H_OP))
         offs_rb = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, B_LD))
-        b_smem = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [BLOCK_R, BLOCK_N], B_SHARED)
+        NB: gl.constexpr = N_ITERS if ASYNC_B else 1
+        b_smem = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [NB, BLOCK_R, BLOCK_N], B_SHARED)
         for tile in range(gl.program_id(1), gl.load(num_tiles_ptr), num_programs):
             slot = gl.load(tile_slot_ptr + tile)
             rank = gl.minimum(gl.load(tile_rank_ptr + tile), R)
@@ -121,6 +129,21 @@ if GLUON:
                 tok_h = gl.load(tile_tok_ptr + tile * BLOCK_M + offs_mh)
                 h_rows = buf_s + gl.where(tok_h >= 0, tok_h, 0).to(gl.int64) * stride_bt
                 b_slot = b_slice + slot.to(gl.int64) * stride_bl
+                b_mask_r = (offs_rb < rank)[:, None]
+                if ASYNC_B:
+                    cta_barrier()  # every warp is done reading the previous tile's B
+                    for j in gl.static_range(N_ITERS):
+                        offs_nb = (
+                            first
+                            + j * BLOCK_N
+                            + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, B_LD))
+                        )
+                        copy_to_shared(
+                            b_smem.index(j),
+                            b_slot + offs_rb[:, None] * stride_br + offs_nb[None, :] * stride_bn,
+                            mask=b_mask_r & (offs_nb < n_s)[None, :],
+                        )
+                        async_copy.commit_group()
                 for j in gl.static_range(N_ITERS):
                     offs_n = (
                         first + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA))
@@ -134,9 +157,11 @@ if GLUON:
                         acc = gl.load(y_ptrs, mask=mask, other=0.0).to(gl.float32)
                     else:
                         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
-                    b_ptrs = b_slot + offs_rb[:, None] * stride_br + offs_nb[None, :] * stride_bn
-                    b = gl.load(b_ptrs, mask=(offs_rb < rank)[:, None] & (offs_nb < n_s)[None, :],
-                                other=0.0)  # fmt: skip
+                    if not ASYNC_B:
+                        b_ptrs = (
+                            b_slot + offs_rb[:, None] * stride_br + offs_nb[None, :] * stride_bn
+                        )
+                        b = gl.load(b_ptrs, mask=b_mask_r & (offs_nb < n_s)[None, :], other=0.0)
                     if j == 0:
                         if WAIT:  # the shrink's output is read from here on
                             _gdc_wait()
@@ -146,15 +171,20 @@ if GLUON:
                                     mask=(tok_h >= 0)[:, None] & (offs_rh < R)[None, :],
                                     other=0.0)  # fmt: skip
                         h = gl.where((offs_rh < rank)[None, :], h, 0.0).to(y_ptr.dtype.element_ty)
-                    cta_barrier()  # every warp is done reading the previous B block
-                    b_smem.store(b)
+                    if ASYNC_B:
+                        async_copy.wait_group(N_ITERS - 1 - j)  # this thread's copies of block j
+                        b_j = b_smem.index(j)
+                    else:
+                        cta_barrier()  # every warp is done reading the previous B block
+                        b_j = b_smem.index(0)
+                        b_j.store(b)
                     if WGMMA:
                         fence_async_shared()
                         cta_barrier()
-                        acc = warpgroup_mma(h, b_smem, acc)
+                        acc = warpgroup_mma(h, b_j, acc)
                     else:
                         cta_barrier()
-                        acc = mma_v2(h, b_smem.load(B_OP), acc)
+                        acc = mma_v2(h, b_j.load(B_OP), acc)
                     gl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         if WAIT:  # also programs without work: this kernel ends only after the shrink has
             _gdc_wait()

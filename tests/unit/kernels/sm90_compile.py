@@ -72,11 +72,11 @@ def compile_case(fn, dtype: str, consts: dict, warps: int, stages: int) -> dict:
             "vector_fp32_atomics": len(re.findall(r"\bred\.global[.\w]*\.add\.v[24]\.f32\b", ptx))}  # fmt: skip
 
 
-def _gluon(bm, bn, br, n_iters=1, warps=4, wait=False):
+def _gluon(bm, bn, br, n_iters=1, warps=4, wait=False, async_b=False):
     wgmma = bm == 64
     mma, b_shared = eg.layouts(bm, bn, warps, wgmma)
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=br, N_ITERS=n_iters, ADD_INPUTS=True,
-                WAIT=wait, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma)  # fmt: skip
+                WAIT=wait, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma, ASYNC_B=async_b)  # fmt: skip
 
 
 def _fused(split, nsl, bm, br, bk, bn=128, ns=3):
@@ -120,8 +120,11 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
                            PRECISION="tf32"), 4, 2),
     "gluon expand decode r64 after shrink": (eg._expand_gluon_kernel,
                            _gluon(16, 256, 64, wait=True), 4, 1),
-    "gluon expand T=1024 r64 2 blocks": (eg._expand_gluon_kernel, _gluon(32, 128, 64, 2), 4, 1),
+    "gluon expand T=1024 r64 2 blocks": (eg._expand_gluon_kernel,
+                           _gluon(32, 128, 64, 2, async_b=True), 4, 1),
     "gluon expand prefill r64 wgmma": (eg._expand_gluon_kernel, _gluon(64, 128, 64), 4, 1),
+    "gluon expand prefill r64 wgmma async B": (eg._expand_gluon_kernel,
+                           _gluon(64, 128, 64, 2, async_b=True), 4, 1),
     "build_meta T<=4096": (_build_meta_kernel, dict(FULL=FULL_RANK, HAS_RANKS=True, BM=16,
                            PASSES=4, LOG_TP=12, CT=4096, ONE_CHUNK=True, FB=1024), 16, 1),
 }  # fmt: skip
