@@ -242,22 +242,6 @@ def _long_k_configs(st: dict, layer: str, rank: int):
     ]
 
 
-def _gluon_configs(st: dict, layer: str, rank: int):
-    """The Gluon expand (ExpandConfig.gluon) at several widths and warp counts, beside the
-    shape's default config; 64-row tiles on sm_90 run wgmma (num_warps does not apply)."""
-    from dataclasses import replace
-
-    from kernels.triton.common import block_r
-    from kernels.triton.lora_expand import ExpandConfig, default_config
-
-    base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
-    widths = ((128, 4), (256, 4), (256, 8), (128, 4, 2))
-    on = replace(base, gluon=True)
-    return [replace(base, gluon=False), on, replace(on, async_b=True)] + [
-        ExpandConfig(*c, gluon=True, async_b=True) for c in widths
-    ]
-
-
 def _late_configs(st: dict, layer: str, rank: int):
     """The shape's default expand config with ExpandConfig.late_add on and off."""
     from dataclasses import replace
@@ -292,8 +276,7 @@ def _expand_configs(prefill: bool):
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
-FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both", "gluon": "expand",
-            "gluonboth": "both"}  # fmt: skip
+FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both"}
 """The byte floor a tune kind is held against (the shrink's where not named)."""
 
 
@@ -312,8 +295,7 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "gluon" (_gluon_configs, the expand alone), "gluonboth" (the default
-    config with ExpandConfig.gluon on and off, shrink + expand)."""
+    runs them)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
@@ -350,10 +332,6 @@ def tune(
             for kind in ("late", "lateboth"):  # the expand alone / as the engine runs it
                 if kind in kinds:
                     trials += [(kind, ex, c) for c in _late_configs(sets[0], layer, rank)]
-            if "gluon" in kinds:
-                trials += [("gluon", ex, c) for c in _gluon_configs(sets[0], layer, rank)]
-            if "gluonboth" in kinds:
-                trials += [("gluonboth", ex, c) for c in _gluon_configs(sets[0], layer, rank)[:2]]
             trials = [t for t in trials if t[0] in kinds]
             for kind, mod, cfg in trials:
                 floor = FLOOR_OF.get(kind, "shrink")

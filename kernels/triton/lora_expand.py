@@ -11,7 +11,6 @@ touched. Columns r >= rank of the slot are masked, so only the slot's own rank i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from kernels.meta import SegmentMeta, max_tiles, tile_programs
-from kernels.triton import lora_expand_gluon
 from kernels.triton.common import (
     MAX_SLICES,
     Slices,
@@ -141,18 +139,10 @@ class ExpandConfig:
     once for all of them, and blocks after the first are a loop that num_stages > 1
     pipelines."""
     num_stages: int = 1
-    late_add: bool = True
+    late_add: bool = False
     """Round h @ B to y's dtype and add old y in the layout y was loaded in
     (tiles.expand_store LATE_ADD): one shared-memory layout change per block instead of
     two (sm_90: 164 vs 182 registers for 32-row rank-64 tiles, 20 vs 34 barriers)."""
-    gluon: bool = os.environ.get("LORAFLEET_GLUON_EXPAND", "0") == "1"
-    """16-bit y on CUDA: the Gluon kernel (lora_expand_gluon: old y, the sum and the
-    shrink rows in the tensor-core layouts, no shared-memory round trips for them);
-    num_warps as here except 64-row tiles on sm_90 (wgmma: one warpgroup). Its
-    num_stages and late_add do not apply."""
-    async_b: bool = False
-    """Gluon only: B copied into shared memory by cp.async (all n_iters blocks issued up
-    front, no registers) instead of through registers block by block."""
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
@@ -172,16 +162,25 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
         block's loads overlap the first's: expand 8% (rank 64, T=1024) and 5% (rank 64,
         T >= 2048; gate_up r64 T=4096 160 vs 172 us) and 6% (rank 16, T=1024) faster,
         geometric means over the grid.
+    late_add (tune run 19, same session, on against off): decode tiles except rank-16
+    wide slices, and 32-row tiles at rank 32-64. There the expand alone took 0.94-0.98x
+    (qkv r64 T=256 n=32 14.4 vs 15.0 us, down r16 T=256 n=32 5.6 vs 5.9) and shrink +
+    expand 0.97-1.0x. Left off where it was slower or even:
+      - 64-row tiles (Hopper's wgmma): 1.13-1.15x (gate_up r64 T=4096 n=8 188.5 vs 163.6 us);
+      - gate_up r16 at decode: 1.02x alone, 1.12x with the shrink;
+      - rank-16 prefill: 0.89-1.035x, even in geometric mean;
+      - rank 128: not measured.
     """
+    late = br <= 64 and ((bm == 16 and (br >= 32 or max_n < 8192)) or (bm == 32 and br >= 32))
     if br > 64:
         return ExpandConfig(block_n=64)
     if bm >= 128:  # a caller's 128-row tiles (default_block_m never picks them): 4 warps spill
         return ExpandConfig(block_n=128, num_warps=8, n_iters=2, num_stages=2)
     if bm <= 16:
-        return ExpandConfig(block_n=256 if max_n >= 8192 else 128)
+        return ExpandConfig(block_n=256 if max_n >= 8192 else 128, late_add=late)
     if br <= 32 and bm >= 64:
         return ExpandConfig(block_n=128, num_warps=8)
-    return ExpandConfig(block_n=128, n_iters=2, num_stages=2)
+    return ExpandConfig(block_n=128, n_iters=2, num_stages=2, late_add=late)
 
 
 def check_y_b(y: torch.Tensor, lora_b) -> Slices:
@@ -248,22 +247,6 @@ def lora_expand_triton(
     off1, off2 = sl.offsets
     pdl = after_shrink and pdl_enabled(y.device)
     programs = tile_programs(y.shape[0], num_slots, meta.block_m)
-    if cfg.gluon and sl.base.dtype == y.dtype and lora_expand_gluon.available(y.device, y.dtype):
-        wgmma = lora_expand_gluon.use_wgmma(y.device, meta.block_m)
-        mma, b_shared = lora_expand_gluon.layouts(meta.block_m, bn, cfg.num_warps, wgmma)
-        lora_expand_gluon._expand_gluon_kernel[(total, programs)](
-            y, buf, sl.base,
-            meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
-            off1, off2, *stride_l, *stride_n, *stride_r,
-            ns[0], ns[1], ns[2], nt1, nt2,
-            y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
-            rank,
-            BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
-            ADD_INPUTS=bool(add_inputs), WAIT=pdl, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma,
-            ASYNC_B=cfg.async_b,
-            num_warps=4 if wgmma else cfg.num_warps, **launch_pdl(pdl),
-        )  # fmt: skip
-        return y
     _expand_kernel[(total, programs)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,

@@ -335,7 +335,7 @@ def test_128_row_tiles_match_reference(layer, tokens, rank, distinct, dtype):
     assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
 
 
-@pytest.mark.parametrize("gluon", [False, True])
+@pytest.mark.parametrize("late_add", [False, True])
 @pytest.mark.parametrize(
     "layer,tokens,rank,distinct,slots,dtype",
     [
@@ -348,22 +348,20 @@ def test_128_row_tiles_match_reference(layer, tokens, rank, distinct, dtype):
         ("qkv5120", 33, 128, 5, 16, BF16),
     ],
 )
-def test_expand_paths_match_reference(
-    monkeypatch, gluon, layer, tokens, rank, distinct, slots, dtype
+def test_expand_adds_old_y_early_or_late_matching_reference(
+    monkeypatch, late_add, layer, tokens, rank, distinct, slots, dtype
 ):
-    """The Triton and the Gluon expand (ExpandConfig.gluon) on the engine's layout (B
-    rank-major), per-slot ranks, slot -1 rows, NaN in the shrink output past each slot's
-    rank (never read into y), with and without add_inputs, eagerly and in graph replay
-    after the shrink (a programmatic dependent on an H200 for T <= 256)."""
+    """The expand with old y added in the dot's layout or after it (ExpandConfig.late_add,
+    which default_config picks by tile shape) on the engine's layout (B rank-major),
+    per-slot ranks, slot -1 rows, NaN in the shrink output past each slot's rank (never
+    read into y), with and without add_inputs, eagerly and in graph replay after the
+    shrink (a programmatic dependent on an H200 for T <= 256)."""
     from dataclasses import replace
 
     from kernels.triton import lora_expand as ex
-    from kernels.triton import lora_expand_gluon
 
-    if gluon and not lora_expand_gluon.available(torch.device("cuda"), dtype):
-        pytest.skip("no Gluon here")
     base = ex.default_config
-    monkeypatch.setattr(ex, "default_config", lambda *a: replace(base(*a), gluon=gluon))
+    monkeypatch.setattr(ex, "default_config", lambda *a: replace(base(*a), late_add=late_add))
     token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, slots, 0.2, dtype)
     lora_b = rank_major(lora_b)
     ranks = torch.randint(1, rank + 1, (slots,), dtype=torch.int32, device="cuda")

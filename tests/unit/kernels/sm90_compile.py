@@ -17,10 +17,8 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
 
 from kernels.meta import FULL_RANK
-from kernels.triton import lora_expand_gluon as eg
 from kernels.triton.build_meta import _build_meta_kernel
 from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
@@ -56,8 +54,7 @@ def _signature(fn, dtype: str, consts: dict):
 
 def compile_case(fn, dtype: str, consts: dict, warps: int, stages: int) -> dict:
     sig, const, attrs = _signature(fn, dtype, consts)
-    source = GluonASTSource if fn.is_gluon() else triton.compiler.ASTSource
-    src = source(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": stages})  # fmt: skip
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -70,13 +67,6 @@ def compile_case(fn, dtype: str, consts: dict, warps: int, stages: int) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2)), "shared": k.metadata.shared,
             "scalar_fp32_atomics": len(re.findall(r"\bred\.global[.\w]*\.add\.f32\b", ptx)),
             "vector_fp32_atomics": len(re.findall(r"\bred\.global[.\w]*\.add\.v[24]\.f32\b", ptx))}  # fmt: skip
-
-
-def _gluon(bm, bn, br, n_iters=1, warps=4, wait=False, async_b=False):
-    wgmma = bm == 64
-    mma, b_shared = eg.layouts(bm, bn, warps, wgmma)
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=br, N_ITERS=n_iters, ADD_INPUTS=True,
-                WAIT=wait, MMA=mma, B_SHARED=b_shared, WGMMA=wgmma, ASYNC_B=async_b)  # fmt: skip
 
 
 def _fused(split, nsl, bm, br, bk, bn=128, ns=3):
@@ -110,21 +100,14 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
                            N_ITERS=1, ADD_INPUTS=True, SINGLE_TILE=True, WAIT=True, LATE_ADD=True,
                            PRECISION="tf32"), 4, 1),
     "expand prefill r64": (_expand_kernel, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_R=64,
-                           N_ITERS=1, ADD_INPUTS=True, SINGLE_TILE=False, WAIT=False, LATE_ADD=True,
+                           N_ITERS=1, ADD_INPUTS=True, SINGLE_TILE=False, WAIT=False, LATE_ADD=False,
                            PRECISION="tf32"), 4, 1),
     "expand prefill r64 2 blocks": (_expand_kernel, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_R=64,
-                           N_ITERS=2, ADD_INPUTS=True, SINGLE_TILE=False, WAIT=False, LATE_ADD=True,
+                           N_ITERS=2, ADD_INPUTS=True, SINGLE_TILE=False, WAIT=False, LATE_ADD=False,
                            PRECISION="tf32"), 4, 2),
     "expand T=1024 r16 2 blocks": (_expand_kernel, dict(BLOCK_M=32, BLOCK_N=128, BLOCK_R=16,
-                           N_ITERS=2, ADD_INPUTS=True, SINGLE_TILE=True, WAIT=False, LATE_ADD=True,
+                           N_ITERS=2, ADD_INPUTS=True, SINGLE_TILE=True, WAIT=False, LATE_ADD=False,
                            PRECISION="tf32"), 4, 2),
-    "gluon expand decode r64 after shrink": (eg._expand_gluon_kernel,
-                           _gluon(16, 256, 64, wait=True), 4, 1),
-    "gluon expand T=1024 r64 2 blocks": (eg._expand_gluon_kernel,
-                           _gluon(32, 128, 64, 2, async_b=True), 4, 1),
-    "gluon expand prefill r64 wgmma": (eg._expand_gluon_kernel, _gluon(64, 128, 64), 4, 1),
-    "gluon expand prefill r64 wgmma async B": (eg._expand_gluon_kernel,
-                           _gluon(64, 128, 64, 2, async_b=True), 4, 1),
     "build_meta T<=4096": (_build_meta_kernel, dict(FULL=FULL_RANK, HAS_RANKS=True, BM=16,
                            PASSES=4, LOG_TP=12, CT=4096, ONE_CHUNK=True, FB=1024), 16, 1),
 }  # fmt: skip
