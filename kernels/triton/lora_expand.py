@@ -162,16 +162,19 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
         block's loads overlap the first's: expand 8% (rank 64, T=1024) and 5% (rank 64,
         T >= 2048; gate_up r64 T=4096 160 vs 172 us) and 6% (rank 16, T=1024) faster,
         geometric means over the grid.
-    late_add (tune run 19, same session, on against off): decode tiles except rank-16
-    wide slices, and 32-row tiles at rank 32-64. There the expand alone took 0.94-0.98x
-    (qkv r64 T=256 n=32 14.4 vs 15.0 us, down r16 T=256 n=32 5.6 vs 5.9) and shrink +
-    expand 0.97-1.0x. Left off where it was slower or even:
-      - 64-row tiles (Hopper's wgmma): 1.13-1.15x (gate_up r64 T=4096 n=8 188.5 vs 163.6 us);
-      - gate_up r16 at decode: 1.02x alone, 1.12x with the shrink;
-      - rank-16 prefill: 0.89-1.035x, even in geometric mean;
-      - rank 128: not measured.
+    late_add at decode (16-row tiles) except rank-16 wide slices (gate_up): the grid of
+    2026-12-03 (eighth sitting) against the seventh's, whose code differed only there:
+    shrink + expand 0.983x and the expand alone 0.954x in geometric mean over those 85
+    rows (0.94-1.003x; o r16 T=64 n=64 12.5 -> 11.8 us), rows left as they were
+    0.998-1.001x. Left off where it was slower or even:
+      - 32-row tiles at rank 64 (T = 257-1024): 1.009x in the same grid (0.95-1.10x;
+        gate_up r64 T=1024 n=32 96.2 -> 99.1 us), though tune run 19 had 0.97-0.98x;
+      - 64-row tiles (Hopper's wgmma): 1.13-1.15x in tune run 19 (gate_up r64 T=4096
+        n=8 188.5 vs 163.6 us);
+      - gate_up r16 at decode (run 19: 1.02x alone, 1.12x with the shrink), rank-16
+        prefill (0.89-1.035x, even in geometric mean), rank 128 (not measured).
     """
-    late = br <= 64 and ((bm == 16 and (br >= 32 or max_n < 8192)) or (bm == 32 and br >= 32))
+    late = bm <= 16 and (32 <= br <= 64 or (br <= 16 and max_n < 8192))
     if br > 64:
         return ExpandConfig(block_n=64)
     if bm >= 128:  # a caller's 128-row tiles (default_block_m never picks them): 4 warps spill
@@ -180,7 +183,7 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
         return ExpandConfig(block_n=256 if max_n >= 8192 else 128, late_add=late)
     if br <= 32 and bm >= 64:
         return ExpandConfig(block_n=128, num_warps=8)
-    return ExpandConfig(block_n=128, n_iters=2, num_stages=2, late_add=late)
+    return ExpandConfig(block_n=128, n_iters=2, num_stages=2)
 
 
 def check_y_b(y: torch.Tensor, lora_b) -> Slices:
