@@ -165,7 +165,7 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
     late_add at decode (16-row tiles) except rank-16 wide slices (gate_up): the grid of
     2026-12-03 (eighth sitting) against the seventh's, whose code differed only there:
     shrink + expand 0.983x and the expand alone 0.954x in geometric mean over those 85
-    rows (0.94-1.003x; o r16 T=64 n=64 12.5 -> 11.8 us), rows left as they were
+    rows (0.94-1.003x; o r16 T=64 n=64 12.5 -> 11.9 us), rows left as they were
     0.998-1.001x. Left off where it was slower or even:
       - 32-row tiles at rank 64 (T = 257-1024): 1.009x in the same grid (0.95-1.10x;
         gate_up r64 T=1024 n=32 96.2 -> 99.1 us), though tune run 19 had 0.97-0.98x;
