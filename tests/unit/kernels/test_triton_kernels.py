@@ -122,6 +122,19 @@ def test_many_slots_programs_loop_over_tiles(triton_backend):
     assert rel_err(y, want) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize(
+    "bm,br,max_n,late",
+    [(16, 16, 4096, True), (16, 64, 4096, True), (16, 64, 14336, True), (16, 16, 14336, False),
+     (16, 128, 4096, False), (32, 64, 4096, False), (32, 16, 4096, False), (64, 64, 4096, False)],
+)  # fmt: skip
+def test_expand_adds_old_y_late_only_on_decode_tiles(bm, br, max_n, late):
+    """ExpandConfig.late_add where the H200 grid found it faster: decode tiles, not rank-16
+    wide slices (benchmarks/results/lora_kernels_tune_h200.json run 19)."""
+    from kernels.triton.lora_expand import default_config
+
+    assert default_config(bm, br, max_n).late_add is late
+
+
 @pytest.mark.parametrize("num_slices", [2, 3])
 def test_prefill_tiles_fuse_slices(triton_backend, num_slices):
     """block_m 32 (prefill) makes one shrink program compute all slices from one x tile."""
