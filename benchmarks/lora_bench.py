@@ -208,6 +208,20 @@ def call_expand(st):
     lora_expand(st["y"], st["buf"], st["pool"].b, st["meta"])
 
 
+def expand_err(st, run) -> float:
+    """Max |y - y_default| / max |y_default| after run() (an expand variant on set st)
+    against kernels.lora_expand's default config, both from the same y (restored
+    afterwards)."""
+    y0 = st["y"].clone()
+    call_expand(st)
+    want = st["y"].float()
+    st["y"].copy_(y0)
+    run()
+    err = ((st["y"].float() - want).abs().max() / want.abs().max()).item()
+    st["y"].copy_(y0)
+    return err
+
+
 def call_both(st, workspace=None):
     lora_shrink_expand(
         st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"], workspace=workspace

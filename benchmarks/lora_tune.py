@@ -26,6 +26,7 @@ from benchmarks.lora_bench import (
     call_expand,
     call_fused,
     call_shrink,
+    expand_err,
     floor_bytes,
     make_sets,
     num_sets,
@@ -79,20 +80,16 @@ def _time_config(mod, name: str, cfg, fns, prologue=None) -> float:
 
 
 def _expand_err(mod, cfg, st: dict) -> float:
-    """Max |y - y_default| / max |y_default| of one expand call with launch config cfg
-    against the default config's, from the same y (restored afterwards)."""
-    y0 = st["y"].clone()
-    call_expand(st)
-    want = st["y"].float()
-    st["y"].copy_(y0)
-    mod.CONFIG_OVERRIDE = cfg
-    try:
-        call_expand(st)
-    finally:
-        mod.CONFIG_OVERRIDE = None
-    err = ((st["y"].float() - want).abs().max() / want.abs().max()).item()
-    st["y"].copy_(y0)
-    return err
+    """lora_bench.expand_err of one expand call with launch config cfg."""
+
+    def run():
+        mod.CONFIG_OVERRIDE = cfg
+        try:
+            call_expand(st)
+        finally:
+            mod.CONFIG_OVERRIDE = None
+
+    return expand_err(st, run)
 
 
 def sweep(bw: float, budget_s: float) -> list[dict]:

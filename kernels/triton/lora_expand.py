@@ -175,13 +175,14 @@ def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
       - gate_up r16 at decode (run 19: 1.02x alone, 1.12x with the shrink), rank-16
         prefill (0.89-1.035x, even in geometric mean), rank 128 (not measured).
     """
-    late = bm <= 16 and (32 <= br <= 64 or (br <= 16 and max_n < 8192))
     if br > 64:
         return ExpandConfig(block_n=64)
     if bm >= 128:  # a caller's 128-row tiles (default_block_m never picks them): 4 warps spill
         return ExpandConfig(block_n=128, num_warps=8, n_iters=2, num_stages=2)
-    if bm <= 16:
-        return ExpandConfig(block_n=256 if max_n >= 8192 else 128, late_add=late)
+    if bm <= 16:  # late_add: br is 16, 32 or 64 here
+        return ExpandConfig(
+            block_n=256 if max_n >= 8192 else 128, late_add=br >= 32 or max_n < 8192
+        )
     if br <= 32 and bm >= 64:
         return ExpandConfig(block_n=128, num_warps=8)
     return ExpandConfig(block_n=128, n_iters=2, num_stages=2)

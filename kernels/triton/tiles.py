@@ -165,12 +165,10 @@ def expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS: tl.constexpr, PRECISION:
     layout and one of the sum back out: each a round trip through shared memory)."""
     acc = tl.dot(h, b, input_precision=PRECISION)
     if ADD_INPUTS and LATE_ADD:
-        delta = acc.to(y_ptrs.dtype.element_ty).to(tl.float32)
-        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_ptrs.dtype.element_ty), mask=mask)
-    else:
-        if ADD_INPUTS:
-            acc += y_old.to(tl.float32)
-        tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+        acc = y_old.to(tl.float32) + acc.to(y_ptrs.dtype.element_ty).to(tl.float32)
+    elif ADD_INPUTS:
+        acc += y_old.to(tl.float32)
+    tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
