@@ -395,3 +395,58 @@ def test_expand_adds_old_y_early_or_late_matching_reference(
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(y, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("balance", [0, 1, 2])
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,slots,dtype",
+    [
+        ("qkv4096", 64, 64, 32, 64, BF16),
+        ("gate_up4096", 256, 64, 32, 64, BF16),
+        ("down14336", 37, 64, 8, 16, F16),
+        ("o4096", 1024, 32, 16, 16, BF16),
+        ("qkv5120", 200, 128, 16, 16, F32),
+    ],
+)
+def test_rank_balanced_programs_match_reference(
+    monkeypatch, balance, layer, tokens, rank, distinct, slots, dtype
+):
+    """ShrinkConfig.balance / ExpandConfig.balance forced on every shape (default_config
+    picks them by tile shape): half the slots at rank 16 or below in a higher-rank pool
+    take several k-splits / column groups per program; shrink + expand as the engine runs
+    it (graph replay, the expand a programmatic dependent on an H200 for T <= 256), the
+    shrink output past each slot's rank zero, slot -1 rows untouched."""
+    from dataclasses import replace
+
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    base_sh, base_ex = sh.default_config, ex.default_config
+    monkeypatch.setattr(sh, "default_config", lambda *a: replace(base_sh(*a), balance=balance))
+    monkeypatch.setattr(ex, "default_config", lambda *a: replace(base_ex(*a), balance=balance))
+    token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, slots, 0.2, dtype)
+    lora_b = rank_major(lora_b)
+    ranks = torch.randint(rank // 2 + 1, rank + 1, (slots,), dtype=torch.int32, device="cuda")
+    ranks[::2] = torch.randint(1, 17, (len(ranks[::2]),), dtype=torch.int32, device="cuda")
+    meta = build_meta(token_slots, slots, slot_ranks=ranks)
+    y0 = torch.randn(tokens, sum(LAYERS[layer][1]), device="cuda").to(dtype)
+    want_buf, want = _oracle(x, lora_a, lora_b, y0, token_slots, 0.5, ranks)
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
+    assert rel_err(buf, want_buf) < TOLERANCE[dtype]
+    per_tok = torch.where(token_slots >= 0, ranks.long()[token_slots.clamp_min(0)], 0)
+    beyond = torch.arange(rank, device="cuda")[None, :] >= per_tok[:, None]
+    assert buf[:, beyond].abs().sum() == 0
+    y = torch.empty_like(y0)
+    ws = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        ws.zero_()
+        y.copy_(y0)
+        lora_shrink_expand(y, x, lora_a, lora_b, meta, scale=0.5, workspace=ws)
+
+    graph = captured(step)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, want) < TOLERANCE[dtype]
+    assert torch.equal(y[token_slots < 0], y0[token_slots < 0])

@@ -430,3 +430,51 @@ def test_x_offsets_fit_int32_rule():
     wide = torch.empty(2049, 2**20, device="meta")[:, :4096]  # row stride 2**20, 2049 rows
     assert not offsets_fit_i32(wide)
     assert offsets_fit_i32(torch.empty(4096, 2048, device="meta").t())  # column-major
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "hidden,pool_rank,ranks,fuse",
+    [
+        (200, 64, (64, 16, 8, 40), False),  # f = 1, 4, 4, 1 (d 1); H % BLOCK_K != 0
+        (256, 64, (16, 64, 3, 33), False),  # f = 4, 1, 4, 1; every split covers whole steps
+        (160, 32, (32, 16, 1, 17), True),  # rank-32 pool: f = 1, 2, 2, 1; fused slices
+    ],
+)
+@pytest.mark.parametrize("balance", [1, 2])
+def test_rank_balanced_split_k_matches_oracle(
+    triton_backend, monkeypatch, dtype, hidden, pool_rank, ranks, fuse, balance
+):
+    """ShrinkConfig.balance / ExpandConfig.balance: a low-rank slot's tile takes several
+    k-splits (shrink) or column groups (expand) per program and its other programs exit.
+    Every split and column is still covered exactly once: the last group of a slice and
+    the last split of H run past the end and are masked; slot -1 rows stay untouched;
+    the shrink output past each slot's rank stays zero."""
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    tokens = 29
+    token_slots, x, lora_a, lora_b = _case(tokens, hidden, 3, pool_rank, 4, 0.2, dtype)
+    slot_ranks = torch.tensor(ranks, dtype=torch.int32)
+    meta = build_meta(token_slots, 4, slot_ranks=slot_ranks)
+    cfg = sh.ShrinkConfig(32, 64, fuse, num_stages=2, balance=balance)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    out = torch.zeros(3, tokens, pool_rank)  # zeroed, as kernels.lora_shrink's out must be
+    buf = lora_shrink(x, lora_a, meta, scale=0.5, out=out)
+    want = oracle_shrink(x, lora_a, token_slots, 0.5, slot_ranks)
+    assert rel_err(buf, want) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+    per_tok = slot_ranks[token_slots.clamp_min(0)]
+    assert buf[:, torch.arange(pool_rank)[None, :] >= per_tok[:, None]].abs().sum() == 0
+    buf = want.float()
+    y0 = torch.randn(tokens, sum(SLICES[3])).to(dtype)
+    for add, n_iters in ((True, 1), (False, 2)):
+        monkeypatch.setattr(
+            ex, "CONFIG_OVERRIDE", ex.ExpandConfig(16, n_iters=n_iters, balance=balance)
+        )
+        y = y0.clone()
+        lora_expand(y, buf, rank_major(lora_b), meta, add_inputs=add)
+        want_y = oracle_expand(y0, buf, lora_b, token_slots, add, slot_ranks)
+        live = token_slots >= 0
+        assert rel_err(y[live], want_y[live]) < TOLERANCE[dtype]
+        assert torch.equal(y[~live], y0[~live])
