@@ -332,6 +332,52 @@ def tune_balance(bw: float) -> list[dict]:
     return rows
 
 
+PROGRAMS_SHAPES = [  # decode shapes, few to many adapters: layer, rank, T, n
+    ("qkv", 16, 64, 1), ("qkv", 16, 64, 8), ("qkv", 16, 64, 32), ("o", 16, 64, 8),
+    ("gate_up", 64, 64, 1), ("gate_up", 64, 64, 8), ("qkv", 64, 256, 1), ("qkv", 64, 256, 8),
+    ("qkv", 16, 256, 32), ("down", 64, 256, 1), ("o", 16, 256, 64),
+]  # fmt: skip
+
+
+def tune_programs(bw: float) -> list[dict]:
+    """Graph-replay us of shrink + expand (as the engine runs them) per tile-program count:
+    kernels.meta.tile_programs launches ceil(T / BLOCK_M) + min(L, T, 64) programs along
+    the tiles for a pool of L = 64 slots, most of them past the device-side tile count
+    when few adapters are in the batch (they read it and exit, but each takes a slot on
+    an SM). Here the extra term is capped at c in (64, 32, 16, 8, 0); where that is below
+    the bound, programs loop over tiles."""
+    from kernels import meta as meta_mod
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    rows = []
+    for layer, rank, tokens, n in PROGRAMS_SHAPES:
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        pools = Pools(layer, rank)
+        sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
+        memset, views = workspaces(sets, layer, rank)
+        fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
+        shape = f"{layer} r{rank} T={tokens} n={n}"
+        for cap in (64, 32, 16, 8, 0):
+
+            def programs(t, slots, bm, c=cap):
+                return min(meta_mod.max_tiles(t, slots, bm), -(-t // bm) + c)
+
+            sh.tile_programs = ex.tile_programs = programs
+            try:
+                us = time_graph(fns, 10, prologue=memset)
+            finally:
+                sh.tile_programs = ex.tile_programs = meta_mod.tile_programs
+            tiles = int(sets[0]["meta"].num_tiles.item())
+            rows.append({"shape": shape, "kind": "programs", "extra_cap": cap, "tiles": tiles,
+                         "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
+            print(f"{shape:24s} programs: tiles {tiles:3d}, extra cap {cap:2d} {us:7.1f} us "
+                  f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
+        del sets, views, pools
+        torch.cuda.empty_cache()
+    return rows
+
+
 FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both"}
 """The byte floor a tune kind is held against (the shrink's where not named)."""
 
@@ -351,12 +397,14 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "balance" (tune_balance, its own shapes)."""
+    runs them), "balance" (tune_balance) and "programs" (tune_programs), each on its own
+    shapes."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = tune_balance(bw) if "balance" in kinds else [], time.monotonic()
-    if set(kinds) <= {"balance"}:
+    rows += tune_programs(bw) if "programs" in kinds else []
+    if set(kinds) <= {"balance", "programs"}:
         return rows
     for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:
