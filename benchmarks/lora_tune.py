@@ -273,65 +273,6 @@ def _expand_configs(prefill: bool):
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
-BALANCE_SHAPES = [  # layer, pool rank, T, n, mixed (half the adapters at rank 16)
-    ("qkv", 64, 64, 32, True), ("o", 64, 64, 32, True), ("gate_up", 64, 64, 32, True),
-    ("down", 64, 64, 32, True), ("qkv", 64, 256, 32, True), ("o", 64, 256, 32, True),
-    ("gate_up", 64, 256, 32, True), ("down", 64, 256, 32, True), ("qkv", 64, 1024, 32, True),
-    ("down", 64, 1024, 32, True), ("qkv", 64, 256, 32, False), ("gate_up", 64, 64, 32, False),
-]  # fmt: skip
-
-
-def tune_balance(bw: float) -> list[dict]:
-    """Graph-replay us of the default launch configs with ShrinkConfig.balance /
-    ExpandConfig.balance d in (0, 1, 2) on mixed-rank batches (half the adapters at rank
-    16 in a rank-64 pool, as the grid's mixed rows) and two uniform rank-64 controls
-    (where every tile takes one unit: the cost of the extra instructions): the shrink
-    alone, the expand alone and shrink + expand as the engine runs it, per (d_shrink, d_expand)."""
-    from dataclasses import replace
-
-    from kernels.triton import lora_expand as ex
-    from kernels.triton import lora_shrink as sh
-    from kernels.triton.common import block_r
-
-    rows = []
-    for layer, rank, tokens, n, mixed in BALANCE_SHAPES:
-        mean_rank = (16 + rank) / 2 if mixed else rank
-        fb = floor_bytes(layer, tokens, n, mean_rank, rank)
-        ranks_of = (lambda i, r=rank: 16 if i % 2 == 0 else r) if mixed else (lambda i, r=rank: r)
-        pools = Pools(layer, rank)
-        sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), ranks_of)
-        memset, views = workspaces(sets, layer, rank)
-        hidden, sizes = LAYERS[layer]
-        bm, br = sets[0]["meta"].block_m, block_r(rank)
-        base_sh = sh.default_config(bm, br, sets[0]["x"].element_size(), len(sizes), hidden)
-        base_ex = ex.default_config(bm, br, max(sizes))
-        fns = {
-            "shrink": [functools.partial(call_shrink, st, v) for st, v in zip(sets, views, strict=True)],
-            "expand": [functools.partial(call_expand, st) for st in sets],
-            "both": [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)],
-        }  # fmt: skip
-        trials = [("shrink", d, 0) for d in (0, 1, 2)] + [("expand", 0, d) for d in (0, 1, 2)]
-        trials += [("both", ds, de) for ds in (0, 1, 2) for de in (0, 1, 2)]
-        shape = f"{layer} r{'16/' if mixed else ''}{rank} T={tokens} n={n}"
-        for kind, ds, de in trials:
-            sh.CONFIG_OVERRIDE = replace(base_sh, balance=ds)
-            ex.CONFIG_OVERRIDE = replace(base_ex, balance=de)
-            try:
-                us = time_graph(fns[kind], 10, prologue=None if kind == "expand" else memset)
-            finally:
-                sh.CONFIG_OVERRIDE = ex.CONFIG_OVERRIDE = None
-            row = {"shape": shape, "kind": f"balance {kind}", "shrink_balance": ds,
-                   "expand_balance": de, "graph_us": us, "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
-            if kind == "expand" and de:
-                row["err_vs_default"] = _expand_err(ex, replace(base_ex, balance=de), sets[0])
-            rows.append(row)
-            print(f"{shape:26s} {kind:6s} shrink d={ds} expand d={de} {us:7.1f} us "
-                  f"(floor {row['floor_us']:.1f})", flush=True)  # fmt: skip
-        del sets, views, pools
-        torch.cuda.empty_cache()
-    return rows
-
-
 PROGRAMS_SHAPES = [  # decode shapes, few to many adapters: layer, rank, T, n
     ("qkv", 16, 64, 1), ("qkv", 16, 64, 8), ("qkv", 16, 64, 32), ("o", 16, 64, 8),
     ("gate_up", 64, 64, 1), ("gate_up", 64, 64, 8), ("qkv", 64, 256, 1), ("qkv", 64, 256, 8),
@@ -397,14 +338,12 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "balance" (tune_balance) and "programs" (tune_programs), each on its own
-    shapes."""
+    runs them), "programs" (tune_programs, its own shapes)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
-    rows, t0 = tune_balance(bw) if "balance" in kinds else [], time.monotonic()
-    rows += tune_programs(bw) if "programs" in kinds else []
-    if set(kinds) <= {"balance", "programs"}:
+    rows, t0 = tune_programs(bw) if "programs" in kinds else [], time.monotonic()
+    if set(kinds) <= {"programs"}:
         return rows
     for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:

@@ -31,17 +31,17 @@ from kernels.triton.common import (
     pdl_enabled,
     slices_of,
 )
-from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick, rank_splits
+from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 
 
 @triton.jit
 def _expand_tile(
     y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-    s, col0, grp, offs_n, n_s, stride_bl, stride_bn, stride_br,
+    s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
     stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr,
-    PRECISION: tl.constexpr, LATE_ADD: tl.constexpr, BALANCE: tl.constexpr,
+    PRECISION: tl.constexpr, LATE_ADD: tl.constexpr,
 ):  # fmt: skip
     """y[tile tokens, col0 + n] (+)= buf[s, tok, :rank] @ B_s[slot, n, :rank]^T for the
     N_ITERS column blocks of BLOCK_N from offs_n on (columns < n_s).
@@ -50,19 +50,10 @@ def _expand_tile(
     shrink that writes buf) its tile, B and old y, which the shrink does not write, are
     loaded before waiting for it. buf is read once for all blocks; the later blocks form
     a loop the compiler can pipeline (num_stages > 1).
-
-    BALANCE > 0: a tile of a low-rank slot takes f = rank_splits(...) column groups per
-    program (column group grp of its slice works where f divides grp), so its programs
-    move about as many bytes as a full-rank tile's.
     """
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    n_iters = N_ITERS
-    if BALANCE > 0:
-        f = rank_splits(rank, R, BALANCE)
-        slot = tl.where(grp % f == 0, slot, -1)
-        n_iters = f * N_ITERS
     if slot >= 0:
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < rank
@@ -81,7 +72,7 @@ def _expand_tile(
         )
         h = tl.load(buf_ptrs, mask=m_mask[:, None] & r_mask[None, :], other=0.0).to(b.dtype)
         expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION, LATE_ADD)
-        for j in range(1, n_iters):
+        for j in range(1, N_ITERS):
             offs_j = offs_n + j * BLOCK_N
             y_ptrs, mask, y_old, b = expand_operands(
                 y_ptr, b_slot, tok, m_mask, r_mask, col0, offs_j, offs_j < n_s,
@@ -102,7 +93,6 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, SINGLE_TILE: tl.constexpr,
     WAIT: tl.constexpr, PRECISION: tl.constexpr, LATE_ADD: tl.constexpr,
-    BALANCE: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = column group j of slice s, its tiles; a group is N_ITERS
     blocks of BLOCK_N columns of one slice, groups of slices 1 and 2 start at nt1, nt2):
@@ -113,8 +103,7 @@ def _expand_kernel(
     s = (pid_n >= nt1).to(tl.int32) + (pid_n >= nt2).to(tl.int32)
     n_s = pick(s, n0, n1, n2)
     col0 = pick(s, 0, n0, n0 + n1).to(tl.int64)
-    grp = pid_n - pick(s, 0, nt1, nt2)
-    offs_n = grp * (N_ITERS * BLOCK_N) + tl.arange(0, BLOCK_N)
+    offs_n = (pid_n - pick(s, 0, nt1, nt2)) * (N_ITERS * BLOCK_N) + tl.arange(0, BLOCK_N)
     b_slice = b_ptr + pick(s, 0, b_off1, b_off2).to(tl.int64)
     stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
     stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
@@ -122,18 +111,17 @@ def _expand_kernel(
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _expand_tile(
             y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-            s, col0, grp, offs_n, n_s, stride_bl, stride_bn, stride_br,
+            s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
             stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD, BALANCE,
+            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                s, col0, grp, offs_n, n_s, stride_bl, stride_bn, stride_br,
+                s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
                 stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
                 BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
-                BALANCE,
             )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
         gdc_wait()
@@ -156,11 +144,6 @@ class ExpandConfig:
     (tiles.expand_store LATE_ADD): one shared-memory layout change per block instead of
     two (Triton 3.9's sm_90 build of a 16 x 256 rank-64 decode tile: 131 vs 138 registers,
     7 vs 11 barriers). default_config picks it by tile shape."""
-    balance: int = 0
-    """Pools of rank > 16: 0 = every program covers one column group; d > 0 = a tile whose
-    slot has a lower rank than the pool's takes tiles.rank_splits(rank, R, d) column
-    groups of its slice per program (the later ones after the wait for the shrink, where
-    launched as its dependent), the others of its programs exit."""
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
@@ -280,7 +263,6 @@ def lora_expand_triton(
         ADD_INPUTS=bool(add_inputs),
         SINGLE_TILE=programs == max_tiles(y.shape[0], num_slots, meta.block_m),
         WAIT=pdl, PRECISION=dot_precision(y.dtype), LATE_ADD=cfg.late_add,
-        BALANCE=cfg.balance if rank > 16 else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl),
     )  # fmt: skip
     return y

@@ -44,7 +44,6 @@ from kernels.triton.tiles import (
     load_k,
     load_tile,
     pick,
-    rank_splits,
     shrink_acc,
     shrink_acc_rows,
     stacked_rows,
@@ -86,11 +85,6 @@ class ShrinkConfig:
     fits in int32: about half the address instructions per x element. Tune run 13 on
     the H200: shrinks 0-5% faster (qkv r64 T=4096 n=8 37.7 vs 39.9 us), none slower
     beyond 0.1 us; the kernel grid moved by under 1% (geometric means)."""
-    balance: int = 0
-    """Split-K grids in pools of rank > 16: 0 = every program covers one k-split; d > 0 =
-    a tile whose slot has a lower rank than the pool's takes tiles.rank_splits(rank, R, d)
-    k-splits per program (d 1: as many bytes of A as a full-rank program), the others of
-    its k-split programs exit. Mixed-rank pools then run fewer, fuller programs."""
 
 
 CONFIG_OVERRIDE: ShrinkConfig | None = None
@@ -118,34 +112,25 @@ def _store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL: tl.co
 @triton.jit
 def _shrink_tile(
     x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-    s0, off_g, off1, off2, pid_k,
+    s0, off_g, off1, off2, k0,
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    LEAN_X: tl.constexpr, BLOCK_S: tl.constexpr, BALANCE: tl.constexpr,
+    LEAN_X: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL.
-    BLOCK_S > 0: the NSL slices' rows stacked into one [BLOCK_S]-row operand (s0 = 0).
-    BALANCE > 0: a tile of a low-rank slot takes f = rank_splits(...) k-splits per program
-    (program pid_k works where f divides it), so its programs read as many bytes of A as
-    a full-rank tile's."""
+    BLOCK_S > 0: the NSL slices' rows stacked into one [BLOCK_S]-row operand (s0 = 0)."""
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
-    k0 = pid_k.to(tl.int64) * k_per_split
-    k_len = k_per_split
-    if BALANCE > 0:
-        f = rank_splits(rank, R, BALANCE)
-        slot = tl.where(pid_k % f == 0, slot, -1)
-        k_len = tl.minimum(f * k_per_split, H - k0)
     if slot >= 0 and BLOCK_S > 0:
         a_rows, j_mask, j_s, j_r = stacked_rows(
             a_ptr + slot.to(tl.int64) * stride_al, off1, off2, rank, stride_ar, NSL, BLOCK_R,
             BLOCK_S,
         )  # fmt: skip
         acc = shrink_acc_rows(
-            x_ptr, a_rows, tok, m_mask, j_mask, k0, k_len, stride_xt, stride_xh,
+            x_ptr, a_rows, tok, m_mask, j_mask, k0, k_per_split, stride_xt, stride_xh,
             stride_ah, H, BLOCK_M, BLOCK_S, BLOCK_K, EVEN_K, PRECISION, LEAN_X,
         )  # fmt: skip
         out_ptrs = out_ptr + j_s[None, :] * stride_os + tok[:, None] * stride_ot + j_r[None, :]
@@ -156,7 +141,7 @@ def _shrink_tile(
         r_mask = offs_r < rank
         a_slot = a_ptr + slot.to(tl.int64) * stride_al + off_g
         acc0, acc1, acc2 = shrink_acc(
-            x_ptr, a_slot, off1, off2, tok, m_mask, r_mask, k0, k_len,
+            x_ptr, a_slot, off1, off2, tok, m_mask, r_mask, k0, k_per_split,
             stride_xt, stride_xh, stride_ar, stride_ah, H,
             NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, PRECISION, LEAN_X,
         )  # fmt: skip
@@ -177,7 +162,7 @@ def _shrink_kernel(
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
     DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
-    BLOCK_S: tl.constexpr, BALANCE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
@@ -189,26 +174,26 @@ def _shrink_kernel(
     if DEPENDENTS:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    k0 = tl.program_id(1).to(tl.int64) * k_per_split
     off_g = pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
     off1 = a_off1.to(tl.int64)
     off2 = a_off2.to(tl.int64)
     if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
         _shrink_tile(
             x_ptr, a_ptr, out_ptr, tl.program_id(2), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-            pid_g, off_g, off1, off2, pid_k,
+            pid_g, off_g, off1, off2, k0,
             stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
             H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-            LEAN_X, BLOCK_S, BALANCE,
+            LEAN_X, BLOCK_S,
         )  # fmt: skip
     else:
         for tile in range(tl.program_id(2), tl.load(num_tiles_ptr), num_programs):
             _shrink_tile(
                 x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                pid_g, off_g, off1, off2, pid_k,
+                pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-                LEAN_X, BLOCK_S, BALANCE,
+                LEAN_X, BLOCK_S,
             )  # fmt: skip
 
 
@@ -436,7 +421,6 @@ def lora_shrink_triton(
         SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
         LEAN_X=_lean_x(cfg, x), BLOCK_S=_block_s(cfg, nsl, br),
-        BALANCE=cfg.balance if split > 1 and rank > 16 else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -32,15 +32,6 @@ def load_tile(tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M: tl.c
 
 
 @triton.jit
-def rank_splits(rank, R, DIV: tl.constexpr):
-    """Units of work (the shrink's k-splits, the expand's column groups) one program takes
-    for a tile of a slot of this rank in a pool of rank R: R // (DIV x the rank rounded up
-    to 16), at least 1. A rank-16 tile in a rank-64 pool (DIV 1) takes 4, so each of its
-    programs reads as many bytes of A as a rank-64 tile's; the grid stays sized for R."""
-    return tl.maximum(R // (DIV * tl.maximum(tl.cdiv(rank, 16) * 16, 16)), 1)
-
-
-@triton.jit
 def load_k(ptrs, row_mask, k, offs_k, H, EVEN_K: tl.constexpr, ROW_MASK: tl.constexpr = True):
     """ptrs' [rows, BLOCK_K] block at column offset k: columns past H read as 0, and so do
     rows off row_mask when ROW_MASK (else they are read: their addresses must be valid)."""
