@@ -122,9 +122,10 @@ class Pools:
         return self.pools[:count]
 
 
-def make_sets(layer, pools, tokens, n, nsets, ranks_of, block_m=None):
+def make_sets(layer, pools, tokens, n, nsets, ranks_of, block_m=None, expected_slots=None):
     """One slot map and SegmentMeta (built once per step, as the engine does, so L2-warm;
-    block_m None: the default for T); nsets copies of weights, x and y, rotated between calls."""
+    block_m None: the default for T; expected_slots: SegmentMeta.expected_slots); nsets
+    copies of weights, x and y, rotated between calls."""
     hidden, sizes = LAYERS[layer]
     rank = pools.rank
     chosen = torch.randperm(POOL_SLOTS)[:n]
@@ -133,7 +134,9 @@ def make_sets(layer, pools, tokens, n, nsets, ranks_of, block_m=None):
         ranks[slot] = ranks_of(i)
     slots = chosen[random_slots(tokens, n, n, 0.0)].cuda()
     ranks = ranks.cuda()
-    empty = SegmentMeta.empty(tokens, POOL_SLOTS, slots.device, block_m, max_rank=rank)
+    empty = SegmentMeta.empty(
+        tokens, POOL_SLOTS, slots.device, block_m, max_rank=rank, expected_slots=expected_slots
+    )
     meta = build_meta(slots, POOL_SLOTS, slot_ranks=ranks, out=empty)
     sets = []
     for pool in pools.get(nsets):

@@ -17,6 +17,7 @@ through memory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -93,13 +94,19 @@ def check(st, ranks, fused: bool) -> float:
     return max(rel_err(y, want), rel_err(y_fused, want))
 
 
-def run_case(layer, pools, rank, tokens, n, bw, mixed=False, fused=True) -> dict:
+def run_case(layer, pools, rank, tokens, n, bw, mixed=False, fused=True, hint=True) -> dict:
+    """hint: the step's SegmentMeta expects its n distinct slots (expected_slots = n, as
+    the engine sets it from the batch it formed), and `both_full_grid` times the same
+    with the tile grids sized for all 64 slots; else every call sizes them for 64."""
     mean_rank = (16 + rank) / 2 if mixed else rank
     fb = floor_bytes(layer, tokens, n, mean_rank, rank)
     nsets = num_sets(fb)
     ranks_of = (lambda i: 16 if i % 2 == 0 else rank) if mixed else (lambda i: rank)
-    sets, ranks = make_sets(layer, pools, tokens, n, nsets, ranks_of)
+    sets, ranks = make_sets(
+        layer, pools, tokens, n, nsets, ranks_of, expected_slots=n if hint else None
+    )
     res = {"layer": layer, "rank": rank, "mixed_16_64": mixed, "T": tokens, "n": n, "sets": nsets}
+    res["expected_slots"] = n if hint else None
     res["rel_err"] = check(sets[0], ranks, fused)
     res["floor_us"] = {k: fb[k] / bw * 1e6 for k in ("shrink", "expand", "both")}
     res["floor_terms_MB"] = {k: v / 1e6 for k, v in fb["terms"].items()}
@@ -116,6 +123,13 @@ def run_case(layer, pools, rank, tokens, n, bw, mixed=False, fused=True) -> dict
     if pdl_enabled(torch.device("cuda")):  # `both` without programmatic dependent launch
         with pdl(False):
             res["both_no_pdl"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
+    if hint:  # `both` with the tile grids sized for every slot of the pool
+        meta = sets[0]["meta"]
+        for st in sets:
+            st["meta"] = dataclasses.replace(meta, expected_slots=None)
+        res["both_full_grid"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
+        for st in sets:
+            st["meta"] = meta
     res["ratio_graph_both"] = res["both"]["graph_us"] / res["floor_us"]["both"]
     hidden, sizes = LAYERS[layer]
     gathered = tokens * rank * (len(sizes) * hidden + sum(sizes)) * EL
@@ -263,6 +277,9 @@ def main() -> None:
     ap.add_argument("--tune-ranks", default="16,64", help="--tune shapes' ranks")
     ap.add_argument("--tune-min-tokens", type=int, default=0, help="--tune shapes' T floor")
     ap.add_argument("--no-fused", action="store_true", help="skip the opt-in fused kernel")
+    ap.add_argument(
+        "--no-hint", action="store_true", help="tile grids for all slots (no expected_slots)"
+    )
     ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
     args = ap.parse_args()
     if args.table:
@@ -311,7 +328,9 @@ def main() -> None:
             runs += [(t, 32, True) for t in (64, 256, 1024, 4096)]
         for tokens, n, mixed in runs:
             try:
-                r = run_case(layer, pools, rank, tokens, n, bw, mixed, not args.no_fused)
+                r = run_case(
+                    layer, pools, rank, tokens, n, bw, mixed, not args.no_fused, not args.no_hint
+                )
             except Exception as e:  # recorded, and the sweep goes on
                 r = {
                     "layer": layer,

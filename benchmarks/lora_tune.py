@@ -273,47 +273,47 @@ def _expand_configs(prefill: bool):
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
 
 
-PROGRAMS_SHAPES = [  # decode shapes, few to many adapters: layer, rank, T, n
-    ("qkv", 16, 64, 1), ("qkv", 16, 64, 8), ("qkv", 16, 64, 32), ("o", 16, 64, 8),
-    ("gate_up", 64, 64, 1), ("gate_up", 64, 64, 8), ("qkv", 64, 256, 1), ("qkv", 64, 256, 8),
-    ("qkv", 16, 256, 32), ("down", 64, 256, 1), ("o", 16, 256, 64),
+HINT_SHAPES = [  # layer, rank, T, n: decode and T=1024 with few to many adapters
+    (layer, rank, tokens, n)
+    for layer in ("qkv", "o", "gate_up", "down")
+    for rank in (16, 64)
+    for tokens, n in ((16, 8), (64, 1), (64, 8), (64, 32), (64, 64), (256, 1), (256, 8),
+                      (256, 32), (256, 64), (1024, 1), (1024, 8))
 ]  # fmt: skip
 
 
-def tune_programs(bw: float) -> list[dict]:
-    """Graph-replay us of shrink + expand (as the engine runs them) per tile-program count:
-    kernels.meta.tile_programs launches ceil(T / BLOCK_M) + min(L, T, 64) programs along
-    the tiles for a pool of L = 64 slots, most of them past the device-side tile count
-    when few adapters are in the batch (they read it and exit, but each takes a slot on
-    an SM). Here the extra term is capped at c in (64, 32, 16, 8, 0); where that is below
-    the bound, programs loop over tiles."""
-    from kernels import meta as meta_mod
-    from kernels.triton import lora_expand as ex
+def tune_hint(bw: float) -> list[dict]:
+    """Graph-replay us of shrink + expand (as the engine runs them) with the tile grids
+    sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
+    min(L, T) tile programs, most past the device-side tile count when the batch has
+    few adapters) and for expected_slots = n (K splits of the shrink sized by the full
+    bound, lora_shrink.SPLIT_BY_BOUND, or by the programs launched) and 2n."""
+    from dataclasses import replace
+
     from kernels.triton import lora_shrink as sh
 
     rows = []
-    for layer, rank, tokens, n in PROGRAMS_SHAPES:
+    for layer, rank, tokens, n in HINT_SHAPES:
         fb = floor_bytes(layer, tokens, n, rank, rank)
         pools = Pools(layer, rank)
         sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
         memset, views = workspaces(sets, layer, rank)
         fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
+        meta = sets[0]["meta"]
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for cap in (64, 32, 16, 8, 0):
-
-            def programs(t, slots, bm, c=cap):
-                return min(meta_mod.max_tiles(t, slots, bm), -(-t // bm) + c)
-
-            sh.tile_programs = ex.tile_programs = programs
+        for hint, by_bound in ((None, True), (n, True), (n, False), (min(2 * n, 64), True)):
+            for st in sets:
+                st["meta"] = replace(meta, expected_slots=hint)
+            sh.SPLIT_BY_BOUND = by_bound
             try:
                 us = time_graph(fns, 10, prologue=memset)
             finally:
-                sh.tile_programs = ex.tile_programs = meta_mod.tile_programs
-            tiles = int(sets[0]["meta"].num_tiles.item())
-            rows.append({"shape": shape, "kind": "programs", "extra_cap": cap, "tiles": tiles,
-                         "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
-            print(f"{shape:24s} programs: tiles {tiles:3d}, extra cap {cap:2d} {us:7.1f} us "
-                  f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
+                sh.SPLIT_BY_BOUND = True
+            rows.append({"shape": shape, "kind": "hint", "expected_slots": hint,
+                         "split_by_bound": by_bound, "graph_us": us,
+                         "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
+            print(f"{shape:24s} hint {hint!s:4s} split by {'bound' if by_bound else 'grid '} "
+                  f"{us:7.1f} us (floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
         del sets, views, pools
         torch.cuda.empty_cache()
     return rows
@@ -338,12 +338,12 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "programs" (tune_programs, its own shapes)."""
+    runs them), "hint" (tune_hint, its own shapes)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
-    rows, t0 = tune_programs(bw) if "programs" in kinds else [], time.monotonic()
-    if set(kinds) <= {"programs"}:
+    rows, t0 = tune_hint(bw) if "hint" in kinds else [], time.monotonic()
+    if set(kinds) <= {"hint"}:
         return rows
     for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:

@@ -89,6 +89,10 @@ class ShrinkConfig:
 
 CONFIG_OVERRIDE: ShrinkConfig | None = None
 
+SPLIT_BY_BOUND = True
+"""K splits sized by the tile programs of a full batch (all L slots), also where
+SegmentMeta.expected_slots launches fewer; False: by the programs launched. A --tune knob."""
+
 
 @triton.jit
 def _store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
@@ -406,8 +410,9 @@ def lora_shrink_triton(
     if cfg.stream_k:
         _launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
-    programs = tile_programs(tokens, num_slots, bm)
-    bk, k_per_split, split = _split(cfg, groups, programs, hidden, x.device)
+    programs = tile_programs(tokens, num_slots, bm, meta.expected_slots)
+    sized = tile_programs(tokens, num_slots, bm) if SPLIT_BY_BOUND else programs
+    bk, k_per_split, split = _split(cfg, groups, sized, hidden, x.device)
     off1, off2 = sl.offsets
     stride_l, stride_r, stride_h = sl.strides[0]
     _shrink_kernel[(groups, split, programs)](

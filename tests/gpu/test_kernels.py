@@ -395,3 +395,47 @@ def test_expand_adds_old_y_early_or_late_matching_reference(
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(y, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("expected", [1, 8, 64])
+@pytest.mark.parametrize(
+    "layer,tokens,rank,distinct,dtype",
+    [
+        ("qkv4096", 64, 16, 8, BF16),
+        ("gate_up4096", 256, 64, 32, BF16),
+        ("down14336", 200, 64, 3, F16),
+        ("o4096", 1024, 16, 20, BF16),
+    ],
+)
+def test_expected_slots_size_the_grid_and_keep_every_tile(
+    expected, layer, tokens, rank, distinct, dtype
+):
+    """SegmentMeta.expected_slots below, at and above the batch's distinct slots: shrink +
+    expand as the engine runs it (graph replay, the expand a programmatic dependent on an
+    H200 for T <= 256), replayed again after the slot map changes to one with other
+    adapters; every tile computed, slot -1 rows untouched."""
+    slots = 64
+    token_slots, x, lora_a, lora_b = _tensors(layer, tokens, rank, distinct, slots, 0.2, dtype)
+    lora_b = rank_major(lora_b)
+    ranks = torch.randint(1, rank + 1, (slots,), dtype=torch.int32, device="cuda")
+    meta = SegmentMeta.empty(tokens, slots, x.device, max_rank=rank, expected_slots=expected)
+    live_slots = token_slots.clone()
+    y0 = torch.randn(tokens, sum(LAYERS[layer][1]), device="cuda").to(dtype)
+    y = torch.empty_like(y0)
+    ws = torch.zeros(len(lora_a), tokens, rank, device="cuda")
+
+    def step():
+        build_meta(live_slots, slots, ranks, out=meta)
+        ws.zero_()
+        y.copy_(y0)
+        lora_shrink_expand(y, x, lora_a, lora_b, meta, scale=0.5, workspace=ws)
+
+    graph = captured(step)
+    for new in (token_slots, random_slots(tokens, slots, distinct, 0.3).cuda()):
+        live_slots.copy_(new)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = _oracle(x, lora_a, lora_b, y0, new, 0.5, ranks)[1]
+        assert rel_err(y, want) < TOLERANCE[dtype]
+        assert torch.equal(y[new < 0], y0[new < 0])

@@ -111,6 +111,22 @@ def test_tile_programs_fit_a_grid_dimension():
         tile_programs(16 * (MAX_TILE_PROGRAMS - 63), 64, 16)
 
 
+def test_expected_slots_size_the_tile_grid():
+    """SegmentMeta.expected_slots: one tile program per tile that many slots could make
+    (ceil(T / block_m) + expected), never more than the bound for all L slots."""
+    assert tile_programs(64, 64, 16, expected_slots=8) == 4 + 8
+    assert tile_programs(256, 64, 16, expected_slots=1) == 16 + 1
+    assert tile_programs(5, 64, 16, expected_slots=32) == tile_programs(5, 64, 16) == 1 + 5
+    assert tile_programs(64, 64, 16, expected_slots=None) == 4 + 64
+    meta = SegmentMeta.empty(64, 8, CPU, expected_slots=3)
+    assert meta.expected_slots == 3 and meta.max_tiles == 4 + 8  # buffers for all L slots
+    built = build_meta(torch.tensor([0, 1, 1, -1]), 8, expected_slots=2)
+    assert built.expected_slots == 2
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="expected_slots"):
+            SegmentMeta.empty(64, 8, CPU, expected_slots=bad)
+
+
 @pytest.mark.parametrize(
     "tokens,max_rank,want",
     [(1, None, 16), (256, 16, 16), (257, 64, 32), (1024, None, 32), (1025, None, 64),

@@ -122,6 +122,27 @@ def test_many_slots_programs_loop_over_tiles(triton_backend):
     assert rel_err(y, want) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("expected", [1, 3, 4, 9])
+def test_expected_slots_below_the_batch_still_compute_every_tile(triton_backend, expected):
+    """SegmentMeta.expected_slots sizes the tile grids for that many slots; a batch with
+    more (9 adapters over 70 tokens: ~13 tiles of 16 rows) is still computed whole, the
+    extra tiles in the programs' loops; with as many as expected or more, one tile each."""
+    token_slots, x, lora_a, lora_b = _case(70, 48, 3, 8, 9, 0.1, torch.float32, slots=12)
+    ranks = torch.tensor([8, 3, 5, 8, 1, 8, 7, 2, 8, 6, 4, 8], dtype=torch.int32)
+    meta = build_meta(token_slots, 12, slot_ranks=ranks, expected_slots=expected)
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
+    want = oracle_shrink(x, lora_a, token_slots, 0.5, ranks)
+    assert rel_err(buf, want) < TOLERANCE[torch.float32]
+    y0 = torch.randn(70, sum(SLICES[3]))
+    y = y0.clone()
+    lora_expand(y, buf, lora_b, meta)
+    assert (
+        rel_err(y, oracle_expand(y0, buf, lora_b, token_slots, True, ranks))
+        < TOLERANCE[torch.float32]
+    )
+    assert torch.equal(y[token_slots < 0], y0[token_slots < 0])
+
+
 @pytest.mark.parametrize(
     "bm,br,max_n,late",
     [(16, 16, 4096, True), (16, 64, 4096, True), (16, 64, 14336, True), (16, 16, 14336, False),
