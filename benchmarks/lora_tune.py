@@ -287,7 +287,7 @@ def tune_hint(bw: float) -> list[dict]:
     sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
     min(L, T) tile programs, most past the device-side tile count when the batch has
     few adapters) and for expected_slots = n (K splits of the shrink sized by the full
-    bound, lora_shrink.SPLIT_BY_BOUND, or by the programs launched) and 2n."""
+    bound, lora_shrink.SPLIT_BY_BOUND, or by the programs launched), 2n and 4n."""
     from dataclasses import replace
 
     from kernels.triton import lora_shrink as sh
@@ -301,7 +301,8 @@ def tune_hint(bw: float) -> list[dict]:
         fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
         meta = sets[0]["meta"]
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for hint, by_bound in ((None, True), (n, True), (n, False), (min(2 * n, 64), True)):
+        for hint, by_bound in ((None, True), (n, True), (n, False), (min(2 * n, 64), True),
+                               (min(4 * n, 64), True)):  # fmt: skip
             for st in sets:
                 st["meta"] = replace(meta, expected_slots=hint)
             sh.SPLIT_BY_BOUND = by_bound

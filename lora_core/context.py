@@ -58,8 +58,15 @@ class LoraBatchContext:
         self._ws_end = 0
         self._ws_next = 0
 
-    def set(self, token_slots: torch.Tensor, any_lora: bool) -> None:
-        """token_slots: int [T] (any device); any_lora: whether some slot is >= 0."""
+    def set(
+        self, token_slots: torch.Tensor, any_lora: bool, expected_slots: int | None = None
+    ) -> None:
+        """token_slots: int [T] (any device); any_lora: whether some slot is >= 0.
+
+        expected_slots: distinct slots the step holds, or a bound on them, where the caller
+        knows it on the host (the batch it formed): the kernels size their tile grids for
+        that many instead of for all L slots (kernels.SegmentMeta.expected_slots). A step
+        with more is still computed whole, only slower. Capped at L."""
         n = token_slots.shape[0]
         if n > self.max_num_tokens:
             raise ValueError(f"{n} tokens; allowed: <= max_num_tokens={self.max_num_tokens}")
@@ -67,11 +74,13 @@ class LoraBatchContext:
         self.token_slots = self._buf[:n]
         self.any_lora = any_lora
         if any_lora and self.slot_ranks is not None:
+            num_slots = self.slot_ranks.shape[0]
             self.meta = kernels.build_meta(
                 self.token_slots,
-                self.slot_ranks.shape[0],
+                num_slots,
                 self.slot_ranks,
                 max_rank=self.max_rank,
+                expected_slots=None if expected_slots is None else min(expected_slots, num_slots),
             )
         else:
             self.meta = None

@@ -12,6 +12,11 @@ Example: B = 5 real sequences, buckets (1, 2, 4, 8, ...): the 8-row graph runs; 
 carry slot_mapping = scratch * block_size, context_len 1, block table [scratch, ...].
 Graphs are captured lazily on first use (after one eager warm-up run that compiles the
 Triton kernels) into one shared memory pool.
+
+The key's third part is the step's distinct adapters rounded up to a slot bucket (0 = no
+adapter: the LoRA kernels are skipped): the graph's LoRA kernels size their tile grids
+for that many slots (kernels.SegmentMeta.expected_slots) instead of all L, so a step of
+128 sequences over 3 adapters launches no programs for the 61 tiles 64 slots could add.
 """
 
 from __future__ import annotations
@@ -24,6 +29,19 @@ import torch
 from replica.layers.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
+
+
+SLOT_BUCKET_GROWTH = 4
+"""Slot buckets 1, 4, 16, ... up to L: each step's graph expects at most this many times
+its distinct adapters (a few captures per batch size, not one per count)."""
+
+
+def slot_bucket(count: int, limit: int) -> int:
+    """Distinct adapters `count` (>= 1) rounded up to a slot bucket, at most `limit`."""
+    b = 1
+    while b < count:
+        b *= SLOT_BUCKET_GROWTH
+    return min(b, limit)
 
 
 def _buckets(limit: int, first: tuple[int, ...]) -> list[int]:
@@ -64,19 +82,23 @@ class DecodeGraphs:
         self.batch_buckets = _buckets(max_batch, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128))
         self.width_buckets = _buckets(max_blocks, (1, 2, 4, 8, 16, 32))
         self.device = kv_caches[0][0].device
-        self.pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.pool = None  # one memory pool for every graph, made at the first capture
+        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        ranks = getattr(lora_ctx, "slot_ranks", None)
+        self.num_slots = ranks.shape[0] if ranks is not None else 1 << 30
         self.disabled = False
         self.replays = 0
 
-    def key_for(self, num_decode: int, width: int, any_lora: bool) -> tuple[int, int, bool] | None:
+    def key_for(self, num_decode: int, width: int, lora_count: int) -> tuple[int, int, int] | None:
+        """(batch bucket, width bucket, slot bucket) of a decode-only step whose tokens
+        hold lora_count distinct adapters, or None if no graph can take it."""
         if self.disabled or num_decode > self.batch_buckets[-1] or width > self.width_buckets[-1]:
             return None
         b = next(x for x in self.batch_buckets if x >= num_decode)
         w = next(x for x in self.width_buckets if x >= width)
-        return b, w, any_lora
+        return b, w, slot_bucket(lora_count, min(b, self.num_slots)) if lora_count else 0
 
-    def run(self, key: tuple[int, int, bool], batch) -> torch.Tensor | None:
+    def run(self, key: tuple[int, int, int], batch) -> torch.Tensor | None:
         """Logits [num_decode, V] of a decode-only batch, or None if capture failed."""
         g = self._graphs.get(key)
         if g is None:
@@ -105,18 +127,18 @@ class DecodeGraphs:
         g.block_tables[n:].fill_(self.scratch)
         g.lora_slots[n:].fill_(-1)
 
-    def _forward(self, g: _Graph, any_lora: bool) -> torch.Tensor:
+    def _forward(self, g: _Graph, slots: int) -> torch.Tensor:
         meta = AttentionMetadata(
             g.slot_mapping, g.input_ids.shape[0], g.block_tables, g.context_lens, []
         )
         if self.lora_ctx is not None:
-            self.lora_ctx.set(g.lora_slots, any_lora)
+            self.lora_ctx.set(g.lora_slots, slots > 0, slots or None)
         hidden = self.model(g.input_ids, g.positions, self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def _capture(self, key: tuple[int, int, bool]) -> _Graph | None:
-        b, w, any_lora = key
+    def _capture(self, key: tuple[int, int, int]) -> _Graph | None:
+        b, w, slots = key
         long = dict(dtype=torch.long, device=self.device)
         g = _Graph(
             graph=torch.cuda.CUDAGraph(),
@@ -128,16 +150,18 @@ class DecodeGraphs:
             lora_slots=torch.full((b,), -1, **long),
             logits=torch.empty(0),
         )
-        if any_lora:
+        if slots:
             g.lora_slots[0] = 0  # warm-up and capture take the LoRA path
         try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self._forward(g, any_lora)  # compiles Triton kernels outside the capture
+                self._forward(g, slots)  # compiles Triton kernels outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             with torch.cuda.graph(g.graph, pool=self.pool):
-                g.logits = self._forward(g, any_lora)
+                g.logits = self._forward(g, slots)
         except RuntimeError as e:
             log.warning("CUDA graph capture failed for %s (%s); decode runs eagerly", key, e)
             self.disabled = True

@@ -24,6 +24,8 @@ class StepBatch:
     positions: torch.Tensor
     lora_slots: torch.Tensor
     any_lora: bool
+    lora_count: int
+    """Distinct adapters (slots >= 0) among the step's tokens."""
     meta: AttentionMetadata
     sample_rows: torch.Tensor
     sample_seqs: list[Sequence]
@@ -79,6 +81,7 @@ class ModelRunner:
             positions=self._tensor(pos),
             lora_slots=self._tensor(lora),
             any_lora=any(s >= 0 for s in lora),
+            lora_count=len({s for s in lora if s >= 0}),
             meta=meta,
             sample_rows=self._tensor(rows),
             sample_seqs=sample_seqs,
@@ -98,7 +101,7 @@ class ModelRunner:
         if logits is not None:
             return logits
         if self.lora_ctx is not None:
-            self.lora_ctx.set(batch.lora_slots, batch.any_lora)
+            self.lora_ctx.set(batch.lora_slots, batch.any_lora, batch.lora_count or None)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         return self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
 
@@ -108,5 +111,5 @@ class ModelRunner:
         n = meta.num_decode
         if self.graphs is None or meta.prefills or not n or batch.sample_rows.shape[0] != n:
             return None
-        key = self.graphs.key_for(n, meta.decode_block_tables.shape[1], batch.any_lora)
+        key = self.graphs.key_for(n, meta.decode_block_tables.shape[1], batch.lora_count)
         return self.graphs.run(key, batch) if key is not None else None

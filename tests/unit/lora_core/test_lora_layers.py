@@ -232,6 +232,17 @@ def test_context_meta_tile_height_follows_the_pool_rank() -> None:
         assert ctx.meta.block_m == want
 
 
+def test_context_meta_expects_the_steps_adapters_capped_at_the_pool() -> None:
+    """set(..., expected_slots): the step's SegmentMeta sizes the kernels' tile grids for
+    that many slots (at most L); without it, for all L."""
+    ranks = torch.tensor([16, 8, 16, 4], dtype=torch.int32)
+    ctx = LoraBatchContext(max_num_tokens=64, device="cpu", slot_ranks=ranks, max_rank=16)
+    slots = torch.tensor([0, 2, -1, 2], dtype=torch.int32)
+    for expected, want in ((2, 2), (9, 4), (None, None)):
+        ctx.set(slots, any_lora=True, expected_slots=expected)
+        assert ctx.meta.expected_slots == want
+
+
 def test_context_workspace_hands_out_zeroed_disjoint_slices_per_step() -> None:
     from lora_core.context import LoraBatchContext
 

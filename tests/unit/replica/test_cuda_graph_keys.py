@@ -1,0 +1,46 @@
+"""Which captured decode graph a step replays (pure logic: no GPU, no capture)."""
+
+import pytest
+import torch
+
+from replica.cuda_graphs import DecodeGraphs, slot_bucket
+
+
+@pytest.mark.parametrize(
+    "count,limit,want",
+    [(1, 64, 1), (2, 64, 4), (4, 64, 4), (5, 64, 16), (17, 64, 64), (64, 64, 64),
+     (3, 2, 2), (40, 32, 32), (9, 1 << 30, 16)],
+)  # fmt: skip
+def test_slot_bucket_rounds_up_to_a_power_of_four_within_the_limit(count, limit, want):
+    assert slot_bucket(count, limit) == want
+
+
+class _Ctx:
+    slot_ranks = torch.zeros(8, dtype=torch.int32)
+
+
+def _graphs(ctx) -> DecodeGraphs:
+    # the key logic only: no model; nothing is captured, so no GPU is needed
+    return DecodeGraphs(None, [(torch.zeros(1), torch.zeros(1))], 16, ctx, 0, 128, 64)
+
+
+def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots():
+    """The slot bucket is >= the step's distinct adapters (the graph's tile grids cover
+    them all), <= the batch bucket and the pool's L slots, and 0 without adapters."""
+    g = _graphs(_Ctx())
+    assert g.key_for(5, 3, 0) == (8, 4, 0)
+    assert g.key_for(5, 3, 1) == (8, 4, 1)
+    assert g.key_for(5, 3, 3) == (8, 4, 4)
+    assert g.key_for(100, 3, 7) == (128, 4, 8)  # L = 8
+    assert g.key_for(2, 1, 2) == (2, 1, 2)  # at most the batch bucket
+    for n in range(1, 129):
+        for count in range(0, min(n, 8) + 1):
+            b, _, slots = g.key_for(n, 1, count)
+            assert count <= slots <= min(b, 8)
+    assert g.key_for(129, 3, 1) is None  # beyond the largest batch bucket: eager
+
+
+def test_key_without_lora_context_caps_by_the_batch_bucket():
+    g = _graphs(None)
+    assert g.key_for(20, 3, 20) == (24, 4, 24)
+    assert g.key_for(20, 3, 0) == (24, 4, 0)
