@@ -286,11 +286,8 @@ def tune_hint(bw: float) -> list[dict]:
     """Graph-replay us of shrink + expand (as the engine runs them) with the tile grids
     sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
     min(L, T) tile programs, most past the device-side tile count when the batch has
-    few adapters) and for expected_slots = n (K splits of the shrink sized by the full
-    bound, lora_shrink.SPLIT_BY_BOUND, or by the programs launched), 2n and 4n."""
+    few adapters) and for expected_slots = n, 2n and 4n."""
     from dataclasses import replace
-
-    from kernels.triton import lora_shrink as sh
 
     rows = []
     for layer, rank, tokens, n in HINT_SHAPES:
@@ -301,20 +298,14 @@ def tune_hint(bw: float) -> list[dict]:
         fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
         meta = sets[0]["meta"]
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for hint, by_bound in ((None, True), (n, True), (n, False), (min(2 * n, 64), True),
-                               (min(4 * n, 64), True)):  # fmt: skip
+        for hint in (None, n, min(2 * n, 64), min(4 * n, 64)):
             for st in sets:
                 st["meta"] = replace(meta, expected_slots=hint)
-            sh.SPLIT_BY_BOUND = by_bound
-            try:
-                us = time_graph(fns, 10, prologue=memset)
-            finally:
-                sh.SPLIT_BY_BOUND = True
-            rows.append({"shape": shape, "kind": "hint", "expected_slots": hint,
-                         "split_by_bound": by_bound, "graph_us": us,
+            us = time_graph(fns, 10, prologue=memset)
+            rows.append({"shape": shape, "kind": "hint", "expected_slots": hint, "graph_us": us,
                          "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
-            print(f"{shape:24s} hint {hint!s:4s} split by {'bound' if by_bound else 'grid '} "
-                  f"{us:7.1f} us (floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
+            print(f"{shape:24s} hint {hint!s:4s} {us:7.1f} us "
+                  f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
         del sets, views, pools
         torch.cuda.empty_cache()
     return rows

@@ -31,9 +31,9 @@ from replica.layers.attention import AttentionMetadata
 log = logging.getLogger(__name__)
 
 
-SLOT_BUCKET_GROWTH = 4
-"""Slot buckets 1, 4, 16, ... up to L: each step's graph expects at most this many times
-its distinct adapters (a few captures per batch size, not one per count)."""
+SLOT_BUCKET_GROWTH = 2
+"""Slot buckets 1, 2, 4, ... up to L: each step's graph expects under twice its distinct
+adapters (a few captures per batch size, not one per count)."""
 
 
 def slot_bucket(count: int, limit: int) -> int:

@@ -108,15 +108,17 @@ def _expand_kernel(
     stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
     stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
     stride_br = pick(s, stride_br0, stride_br1, stride_br2)
-    if SINGLE_TILE:  # one program per possible tile: skip the tile count and the loop
-        _expand_tile(
-            y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-            s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
-            stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-            BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
-        )  # fmt: skip
-    else:
-        for tile in range(tl.program_id(1), tl.load(num_tiles_ptr), num_programs):
+    # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
+    # SINGLE_TILE: one program per possible tile, so there is no other; else the rest
+    # (when the step has more tiles than programs) in a loop.
+    _expand_tile(
+        y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+        s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
+        stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+        BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
+    )  # fmt: skip
+    if not SINGLE_TILE:
+        for tile in range(tl.program_id(1) + num_programs, tl.load(num_tiles_ptr), num_programs):
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,

@@ -8,10 +8,10 @@ from replica.cuda_graphs import DecodeGraphs, slot_bucket
 
 @pytest.mark.parametrize(
     "count,limit,want",
-    [(1, 64, 1), (2, 64, 4), (4, 64, 4), (5, 64, 16), (17, 64, 64), (64, 64, 64),
-     (3, 2, 2), (40, 32, 32), (9, 1 << 30, 16)],
+    [(1, 64, 1), (2, 64, 2), (3, 64, 4), (5, 64, 8), (17, 64, 32), (33, 64, 64), (64, 64, 64),
+     (3, 2, 2), (40, 32, 32), (9, 1 << 30, 16), (20, 24, 24)],
 )  # fmt: skip
-def test_slot_bucket_rounds_up_to_a_power_of_four_within_the_limit(count, limit, want):
+def test_slot_bucket_rounds_up_to_a_power_of_two_within_the_limit(count, limit, want):
     assert slot_bucket(count, limit) == want
 
 
@@ -31,6 +31,7 @@ def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots()
     assert g.key_for(5, 3, 0) == (8, 4, 0)
     assert g.key_for(5, 3, 1) == (8, 4, 1)
     assert g.key_for(5, 3, 3) == (8, 4, 4)
+    assert g.key_for(5, 3, 5) == (8, 4, 8)
     assert g.key_for(100, 3, 7) == (128, 4, 8)  # L = 8
     assert g.key_for(2, 1, 2) == (2, 1, 2)  # at most the batch bucket
     for n in range(1, 129):
@@ -43,4 +44,5 @@ def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots()
 def test_key_without_lora_context_caps_by_the_batch_bucket():
     g = _graphs(None)
     assert g.key_for(20, 3, 20) == (24, 4, 24)
+    assert g.key_for(20, 3, 9) == (24, 4, 16)
     assert g.key_for(20, 3, 0) == (24, 4, 0)
