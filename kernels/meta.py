@@ -121,9 +121,10 @@ class SegmentMeta:
     """Rows per tile; the kernels' BLOCK_M."""
     expected_slots: int | None = None
     """Distinct slots the caller expects in the step (None: any number up to L). The
-    kernels size their grids for that many (tile_programs); more are still computed, in
-    loops. An engine knows it on the host when it forms the batch (and keys its CUDA
-    graphs by a bucket of it)."""
+    Triton kernels size their grids for that many (tile_programs) at decode tiles of rank
+    <= 32 (kernels.triton.common.expected_slots: where the H200 measured it faster); more
+    are still computed, in loops. An engine knows it on the host when it forms the batch
+    (and keys its CUDA graphs by a bucket of it)."""
 
     @property
     def num_tokens(self) -> int:

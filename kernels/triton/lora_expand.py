@@ -27,6 +27,7 @@ from kernels.triton.common import (
     cdiv,
     check_device,
     dot_precision,
+    expected_slots,
     launch_pdl,
     pdl_enabled,
     slices_of,
@@ -253,7 +254,7 @@ def lora_expand_triton(
     stride_l, stride_n, stride_r = (sl.per_slice(d) for d in range(3))
     off1, off2 = sl.offsets
     pdl = after_shrink and pdl_enabled(y.device)
-    programs = tile_programs(y.shape[0], num_slots, meta.block_m, meta.expected_slots)
+    programs = tile_programs(y.shape[0], num_slots, meta.block_m, expected_slots(meta, br))
     _expand_kernel[(total, programs)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,

@@ -111,6 +111,19 @@ def test_tile_programs_fit_a_grid_dimension():
         tile_programs(16 * (MAX_TILE_PROGRAMS - 63), 64, 16)
 
 
+def test_expected_slots_apply_to_decode_tiles_of_rank_up_to_32():
+    """kernels.triton.common.expected_slots: where the H200 grid measured a smaller tile
+    grid faster (16-row tiles, rank <= 32), else None (a grid for all slots)."""
+    from kernels.triton.common import expected_slots
+
+    decode = SegmentMeta.empty(64, 8, CPU, expected_slots=3)
+    prefill = SegmentMeta.empty(1024, 8, CPU, expected_slots=3)
+    assert decode.block_m == 16 and prefill.block_m == 32
+    assert expected_slots(decode, 16) == expected_slots(decode, 32) == 3
+    assert expected_slots(decode, 64) is None and expected_slots(prefill, 16) is None
+    assert expected_slots(SegmentMeta.empty(64, 8, CPU), 16) is None
+
+
 def test_expected_slots_size_the_tile_grid():
     """SegmentMeta.expected_slots: one tile program per tile that many slots could make
     (ceil(T / block_m) + expected), never more than the bound for all L slots."""
