@@ -228,10 +228,10 @@ def _fmt(v: float | None, suffix: str = "") -> str:
 
 def table(results: list[dict]) -> str:
     head = (
-        "| layer | r | T | n | floor us | graph both us | x floor | no-PDL graph us | "
-        "fused graph us | eager both us | gather+bmm graph us | speedup |"
+        "| layer | r | T | n | floor us | graph both us | x floor | full-grid graph us | "
+        "no-PDL graph us | fused graph us | eager both us | gather+bmm graph us | speedup |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in results:
         if "both" not in r:
             lines.append(
@@ -242,7 +242,8 @@ def table(results: list[dict]) -> str:
         rank = "16/64" if r["mixed_16_64"] else r["rank"]
         lines.append(
             f"| {r['layer']} | {rank} | {r['T']} | {r['n']} | {r['floor_us']['both']:.1f} | {r['both']['graph_us']:.1f} | "
-            f"{r['ratio_graph_both']:.2f} | {_fmt(r.get('both_no_pdl', {}).get('graph_us'))} | "
+            f"{r['ratio_graph_both']:.2f} | {_fmt(r.get('both_full_grid', {}).get('graph_us'))} | "
+            f"{_fmt(r.get('both_no_pdl', {}).get('graph_us'))} | "
             f"{_fmt(r.get('fused', {}).get('graph_us'))} | {r['both']['eager_us']:.1f} | "
             f"{_fmt(base)} | {_fmt(None if base is None else base / r['both']['graph_us'], 'x')} |"
         )
