@@ -159,7 +159,6 @@ def block_r(rank: int) -> int:
     return max(16, next_pow2(rank))
 
 
-@functools.lru_cache(maxsize=8)
 def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     """meta.expected_slots where the separate kernels size their tile grids by it, else
     None (a grid for all L slots): decode tiles (16 rows) of rank <= 32.
@@ -167,7 +166,8 @@ def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     A grid with fewer programs than possible tiles compiles the loop over further tiles,
     and Triton's sm_90 build of a kernel with that loop takes more registers even where
     the loop never runs (Triton 3.9: the rank-64 decode shrink 71 -> 139, the gate_up
-    expand tile 131 -> 208; rank 16 40 -> 56 / 62). The H200 grid of the ninth sitting,
+    expand tile 131 -> 208; rank 16 40 -> 56 / 62). The H200 grid of the ninth sitting
+    with it at every shape (results/logs/lora_kernels_h200_run_4dbc564_hint_everywhere.json),
     shrink + expand with expected_slots = n against the full grid (geometric means):
     rank-16 decode 0.911x (qkv r16 T=64 n=8 8.7 -> 6.2 us, o r16 T=64 n=8 6.9 -> 5.2),
     rank-64 decode 0.987x (gate_up r64 T=64 n=32 52.3 -> 60.6), prefill 1.03x (rank 16)
@@ -175,6 +175,7 @@ def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     return meta.expected_slots if meta.block_m <= 16 and br <= 32 else None
 
 
+@functools.lru_cache(maxsize=8)
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors (the interpreter: 4, to keep program counts small)."""
     if device.type == "cuda":
