@@ -21,9 +21,13 @@ Signatures:
                 what the engine's LoRA layers call; optionally one fused launch
                 (LORAFLEET_FUSED_MAX_TOKENS, kernels/triton/lora_fused.py)
     build_meta(token_slots: int [T], num_slots: int, slot_ranks: int [L] | None = None,
-               out: SegmentMeta | None = None, max_rank: int | None = None) -> SegmentMeta
-    SegmentMeta.empty(num_tokens, num_slots, device, block_m=None, max_rank=None)
-               -> SegmentMeta (preallocated; max_rank, the pool's rank, picks the tile height)
+               out: SegmentMeta | None = None, max_rank: int | None = None,
+               expected_slots: int | None = None) -> SegmentMeta
+    SegmentMeta.empty(num_tokens, num_slots, device, block_m=None, max_rank=None,
+                      expected_slots=None)
+               -> SegmentMeta (preallocated; max_rank, the pool's rank, picks the tile height;
+               expected_slots, the distinct slots the step is expected to hold, sizes the
+               Triton kernels' tile grids at decode: a wrong guess is slower, never wrong)
 
 S is 1 (plain), 2 (gate_up) or 3 (qkv); R <= 128 on the Triton path; x and lora_a
 share a dtype (fp16/bf16/fp32); x, y and buf may have any strides; the slices of

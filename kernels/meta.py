@@ -64,6 +64,18 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + min(num_slots, num_tokens)
 
 
+EXPECTED_SLOTS_MAX_RANK = 32
+
+
+def grid_follows_expected_slots(block_m: int, max_rank: int | None) -> bool:
+    """Whether the Triton kernels size their tile grids by SegmentMeta.expected_slots for
+    tiles of block_m rows in a pool of rank max_rank: decode tiles (16 rows) of rank <= 32.
+    Elsewhere they keep the grid for all L slots (measurements: kernels.triton.common.
+    expected_slots), so a caller need not vary expected_slots there (the engine's CUDA
+    graphs are then keyed without it)."""
+    return block_m <= 16 and max_rank is not None and max_rank <= EXPECTED_SLOTS_MAX_RANK
+
+
 MAX_TILE_PROGRAMS = 65535
 """The tile programs are a CUDA grid's y / z dimension (at most 65535): about 1M tokens at
 block_m 16, 4M at 64."""

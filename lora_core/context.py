@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from kernels.meta import default_block_m, grid_follows_expected_slots
 from lora_core.base_shape import GROUPS, BaseShape
 
 
@@ -89,6 +90,14 @@ class LoraBatchContext:
         if any_lora and n <= self._ws_tokens:
             self._ws_end = n * self._per_token
             self._ws[: self._ws_end].zero_()
+
+    def grid_follows_expected_slots(self, num_tokens: int) -> bool:
+        """Whether a step of num_tokens tokens runs kernels whose grids follow set()'s
+        expected_slots (kernels.meta.grid_follows_expected_slots for this pool's rank):
+        where they do not, a caller keying CUDA graphs by it would only capture copies."""
+        return grid_follows_expected_slots(
+            default_block_m(num_tokens, self.max_rank), self.max_rank
+        )
 
     def take(self, slices: int, tokens: int, rank: int) -> torch.Tensor | None:
         """A zeroed float32 [slices, tokens, rank] slice of this step's workspace, or None

@@ -17,6 +17,8 @@ The key's third part is the step's distinct adapters rounded up to a slot bucket
 adapter: the LoRA kernels are skipped): the graph's LoRA kernels size their tile grids
 for that many slots (kernels.SegmentMeta.expected_slots) instead of all L, so a step of
 128 sequences over 3 adapters launches no programs for the 61 tiles 64 slots could add.
+Where the kernels keep the grid for all slots (pools of rank > 32:
+LoraBatchContext.grid_follows_expected_slots) every count shares one graph.
 """
 
 from __future__ import annotations
@@ -96,7 +98,12 @@ class DecodeGraphs:
             return None
         b = next(x for x in self.batch_buckets if x >= num_decode)
         w = next(x for x in self.width_buckets if x >= width)
-        return b, w, slot_bucket(lora_count, min(b, self.num_slots)) if lora_count else 0
+        limit = min(b, self.num_slots)
+        if not lora_count:
+            return b, w, 0
+        if self.lora_ctx is None or not self.lora_ctx.grid_follows_expected_slots(b):
+            return b, w, limit  # the kernels ignore the expectation: one graph for any count
+        return b, w, slot_bucket(lora_count, limit)
 
     def run(self, key: tuple[int, int, int], batch) -> torch.Tensor | None:
         """Logits [num_decode, V] of a decode-only batch, or None if capture failed."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.meta import SegmentMeta, build_meta
+from kernels.meta import SegmentMeta, build_meta, grid_follows_expected_slots
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SLICES = 3
@@ -161,7 +161,8 @@ def block_r(rank: int) -> int:
 
 def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     """meta.expected_slots where the separate kernels size their tile grids by it, else
-    None (a grid for all L slots): decode tiles (16 rows) of rank <= 32.
+    None (a grid for all L slots): decode tiles (16 rows) of rank <= 32 (br: the rank
+    block, <= 32 exactly where the pool's rank is; meta.grid_follows_expected_slots).
 
     A grid with fewer programs than possible tiles compiles the loop over further tiles,
     and Triton's sm_90 build of a kernel with that loop takes more registers even where
@@ -172,7 +173,7 @@ def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     rank-16 decode 0.911x (qkv r16 T=64 n=8 8.7 -> 6.2 us, o r16 T=64 n=8 6.9 -> 5.2),
     rank-64 decode 0.987x (gate_up r64 T=64 n=32 52.3 -> 60.6), prefill 1.03x (rank 16)
     and 1.09x (rank 64)."""
-    return meta.expected_slots if meta.block_m <= 16 and br <= 32 else None
+    return meta.expected_slots if grid_follows_expected_slots(meta.block_m, br) else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from lora_core.context import LoraBatchContext
 from replica.cuda_graphs import DecodeGraphs, slot_bucket
 
 
@@ -15,8 +16,8 @@ def test_slot_bucket_rounds_up_to_a_power_of_two_within_the_limit(count, limit, 
     assert slot_bucket(count, limit) == want
 
 
-class _Ctx:
-    slot_ranks = torch.zeros(8, dtype=torch.int32)
+def _ctx(max_rank: int) -> LoraBatchContext:
+    return LoraBatchContext(256, "cpu", torch.zeros(8, dtype=torch.int32), max_rank=max_rank)
 
 
 def _graphs(ctx) -> DecodeGraphs:
@@ -27,7 +28,7 @@ def _graphs(ctx) -> DecodeGraphs:
 def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots():
     """The slot bucket is >= the step's distinct adapters (the graph's tile grids cover
     them all), <= the batch bucket and the pool's L slots, and 0 without adapters."""
-    g = _graphs(_Ctx())
+    g = _graphs(_ctx(16))
     assert g.key_for(5, 3, 0) == (8, 4, 0)
     assert g.key_for(5, 3, 1) == (8, 4, 1)
     assert g.key_for(5, 3, 3) == (8, 4, 4)
@@ -41,8 +42,12 @@ def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots()
     assert g.key_for(129, 3, 1) is None  # beyond the largest batch bucket: eager
 
 
-def test_key_without_lora_context_caps_by_the_batch_bucket():
-    g = _graphs(None)
-    assert g.key_for(20, 3, 20) == (24, 4, 24)
-    assert g.key_for(20, 3, 9) == (24, 4, 16)
-    assert g.key_for(20, 3, 0) == (24, 4, 0)
+def test_one_graph_for_any_adapter_count_where_the_kernels_ignore_it():
+    """A rank-64 pool (the kernels keep the grid for all slots) or no LoRA context: the
+    slot part is min(batch bucket, L) for every count, so no graph is captured twice."""
+    for g, limit in ((_graphs(_ctx(64)), 8), (_graphs(None), 24)):
+        assert {g.key_for(20, 3, c) for c in range(1, 9)} == {(24, 4, limit)}
+        assert g.key_for(20, 3, 0) == (24, 4, 0)
+    assert _ctx(64).grid_follows_expected_slots(64) is False
+    assert _ctx(32).grid_follows_expected_slots(256) is True
+    assert _ctx(16).grid_follows_expected_slots(257) is False  # prefill tiles
