@@ -6,6 +6,7 @@ rotated input sets, CUDA-graph timing and the byte floor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -146,6 +147,20 @@ def make_sets(layer, pools, tokens, n, nsets, ranks_of, block_m=None, expected_s
         st["buf"] = lora_shrink(x, pool.a, meta)
         sets.append(st)
     return sets, ranks
+
+
+@contextlib.contextmanager
+def expecting(sets, expected_slots: int | None):
+    """Every set's SegmentMeta with expected_slots (the same buffers) inside the block;
+    the sets' own meta again after it."""
+    meta = sets[0]["meta"]
+    for st in sets:
+        st["meta"] = dataclasses.replace(meta, expected_slots=expected_slots)
+    try:
+        yield
+    finally:
+        for st in sets:
+            st["meta"] = meta
 
 
 def time_graph(fns, rep_ms: int = 25, prologue=None) -> float:

@@ -17,7 +17,6 @@ through memory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import math
@@ -41,6 +40,7 @@ from benchmarks.lora_bench import (  # noqa: E402
     call_fused,
     call_shrink,
     copy_bandwidth,
+    expecting,
     floor_bytes,
     make_sets,
     num_sets,
@@ -124,12 +124,8 @@ def run_case(layer, pools, rank, tokens, n, bw, mixed=False, fused=True, hint=Tr
         with pdl(False):
             res["both_no_pdl"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
     if hint:  # `both` with the tile grids sized for every slot of the pool
-        meta = sets[0]["meta"]
-        for st in sets:
-            st["meta"] = dataclasses.replace(meta, expected_slots=None)
-        res["both_full_grid"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
-        for st in sets:
-            st["meta"] = meta
+        with expecting(sets, None):
+            res["both_full_grid"] = {"graph_us": time_graph(ws_fns, prologue=memset)}
     res["ratio_graph_both"] = res["both"]["graph_us"] / res["floor_us"]["both"]
     hidden, sizes = LAYERS[layer]
     gathered = tokens * rank * (len(sizes) * hidden + sum(sizes)) * EL

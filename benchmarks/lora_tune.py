@@ -27,6 +27,7 @@ from benchmarks.lora_bench import (
     call_fused,
     call_shrink,
     expand_err,
+    expecting,
     floor_bytes,
     make_sets,
     num_sets,
@@ -287,8 +288,6 @@ def tune_hint(bw: float) -> list[dict]:
     sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
     min(L, T) tile programs, most past the device-side tile count when the batch has
     few adapters) and for expected_slots = n, 2n and 4n."""
-    from dataclasses import replace
-
     rows = []
     for layer, rank, tokens, n in HINT_SHAPES:
         fb = floor_bytes(layer, tokens, n, rank, rank)
@@ -296,12 +295,10 @@ def tune_hint(bw: float) -> list[dict]:
         sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
         memset, views = workspaces(sets, layer, rank)
         fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
-        meta = sets[0]["meta"]
         shape = f"{layer} r{rank} T={tokens} n={n}"
         for hint in (None, n, min(2 * n, 64), min(4 * n, 64)):
-            for st in sets:
-                st["meta"] = replace(meta, expected_slots=hint)
-            us = time_graph(fns, 10, prologue=memset)
+            with expecting(sets, hint):
+                us = time_graph(fns, 10, prologue=memset)
             rows.append({"shape": shape, "kind": "hint", "expected_slots": hint, "graph_us": us,
                          "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
             print(f"{shape:24s} hint {hint!s:4s} {us:7.1f} us "

@@ -23,12 +23,15 @@ class StepBatch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     lora_slots: torch.Tensor
-    any_lora: bool
     lora_count: int
     """Distinct adapters (slots >= 0) among the step's tokens."""
     meta: AttentionMetadata
     sample_rows: torch.Tensor
     sample_seqs: list[Sequence]
+
+    @property
+    def any_lora(self) -> bool:
+        return self.lora_count > 0
 
 
 class ModelRunner:
@@ -80,7 +83,6 @@ class ModelRunner:
             input_ids=self._tensor(ids),
             positions=self._tensor(pos),
             lora_slots=self._tensor(lora),
-            any_lora=any(s >= 0 for s in lora),
             lora_count=len({s for s in lora if s >= 0}),
             meta=meta,
             sample_rows=self._tensor(rows),

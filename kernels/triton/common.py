@@ -162,7 +162,7 @@ def block_r(rank: int) -> int:
 def expected_slots(meta: SegmentMeta, br: int) -> int | None:
     """meta.expected_slots where the separate kernels size their tile grids by it, else
     None (a grid for all L slots): decode tiles (16 rows) of rank <= 32 (br: the rank
-    block, <= 32 exactly where the pool's rank is; meta.grid_follows_expected_slots).
+    block, <= 32 exactly where the pool's rank is; kernels.meta.grid_follows_expected_slots).
 
     A grid with fewer programs than possible tiles compiles the loop over further tiles,
     and Triton's sm_90 build of a kernel with that loop takes more registers even where
