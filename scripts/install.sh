@@ -17,5 +17,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "torch==2.13.0"
     .venv/bin/python -m pip install -q -e ".[dev]"
+    # Hugging Face's `kernels` distribution (pulled in by transformers >= 5.25, see
+    # pyproject.toml) would make transformers import this project's `kernels` package as it
+    if .venv/bin/python -m pip show -q kernels >/dev/null 2>&1; then
+        .venv/bin/python -m pip uninstall -y -q kernels
+    fi
     touch "$stamp"
 fi
