@@ -64,46 +64,61 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + min(num_slots, num_tokens)
 
 
-EXPECTED_SLOTS_MAX_RANK = 32
-
-
 def grid_follows_expected_slots(block_m: int, max_rank: int | None) -> bool:
     """Whether the Triton kernels size their tile grids by SegmentMeta.expected_slots for
-    tiles of block_m rows in a pool of rank max_rank: decode tiles (16 rows) of rank <= 32.
-    Elsewhere they keep the grid for all L slots (measurements: kernels.triton.common.
-    expected_slots), so a caller need not vary expected_slots there (the engine's CUDA
-    graphs are then keyed without it)."""
-    return block_m <= 16 and max_rank is not None and max_rank <= EXPECTED_SLOTS_MAX_RANK
+    tiles of block_m rows in a pool of rank max_rank (measurements: kernels.triton.common.
+    expected_slots). Where they do not, a caller need not vary expected_slots (the
+    engine's CUDA graphs are then keyed without it)."""
+    return True
 
 
 MAX_TILE_PROGRAMS = 65535
 """The tile programs are a CUDA grid's y / z dimension (at most 65535): about 1M tokens at
 block_m 16, 4M at 64."""
 
+MAX_TILE_COPIES = 16
+"""Tiles one program of the separate kernels may cover (tile_copies): the grid has at
+least max_tiles / MAX_TILE_COPIES tile programs."""
+
 
 def tile_programs(
     num_tokens: int, num_slots: int, block_m: int, expected_slots: int | None = None
 ) -> int:
-    """Programs the separate shrink/expand kernels launch along tiles; each strides over
-    the valid tiles. One per possible tile while that bound is small; with many slots
-    and many tokens the bound is loose (most slots absent), so cap it and let programs loop.
+    """Programs the separate shrink/expand kernels launch along tiles; program p computes
+    tiles p, p + programs, ... (tile_copies of them). One per possible tile while that
+    bound is small; with many slots and many tokens the bound is loose (most slots
+    absent), so cap it and let each program cover a few.
 
     expected_slots: distinct slots the step is expected to hold (SegmentMeta.expected_slots):
     one program per tile those could make, ceil(T / block_m) + expected_slots, instead of
     one per tile all L slots could. Every program past the device-side tile count still
     costs a launch slot on an SM (H200, tune run 20: qkv r16 T=64 with 1 adapter, shrink +
     expand 8.3 us with 68 tile programs, 5.1 with 4); a step with more slots than expected
-    is still computed whole, its extra tiles in the programs' loops.
+    is still computed whole, its extra tiles in the programs' further copies.
     """
-    programs = min(max_tiles(num_tokens, num_slots, block_m), -(-num_tokens // block_m) + 64)
+    bound = max_tiles(num_tokens, num_slots, block_m)
+    programs = min(bound, -(-num_tokens // block_m) + 64)
     if expected_slots is not None:
         programs = min(programs, -(-num_tokens // block_m) + max(1, expected_slots))
+    programs = max(programs, -(-bound // MAX_TILE_COPIES))
     if programs > MAX_TILE_PROGRAMS:
         raise ValueError(
             f"token_slots: {num_tokens} tokens need {programs} tile programs of {block_m} rows; "
             f"allowed: at most {MAX_TILE_PROGRAMS} (a CUDA grid dimension): split the step"
         )
     return programs
+
+
+def tile_copies(num_tokens: int, num_slots: int, block_m: int, programs: int) -> int:
+    """Tiles each of `programs` tile programs covers so that together they cover every
+    tile the step can have (max_tiles): a power of two (a compile-time constant of the
+    kernels, so few variants), at most MAX_TILE_COPIES for tile_programs' grids. The
+    kernels compute the first straight and the others as guarded copies, not a loop:
+    Triton 3.9's sm_90 build of a kernel with the loop took up to twice the registers even
+    where it never ran (rank-64 decode shrink 71 -> 139, gate_up expand tile 131 -> 208;
+    16 copies: 80, 171)."""
+    need = -(-max_tiles(num_tokens, num_slots, block_m) // programs)
+    return 1 << max(0, need - 1).bit_length()
 
 
 @dataclass(frozen=True)

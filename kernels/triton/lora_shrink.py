@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from kernels.meta import SegmentMeta, max_tiles, tile_programs
+from kernels.meta import SegmentMeta, max_tiles, tile_copies, tile_programs
 from kernels.triton.common import (
     Slices,
     as_meta,
@@ -161,7 +161,7 @@ def _shrink_kernel(
     stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, TILE_COPIES: tl.constexpr,
     DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):  # fmt: skip
@@ -180,8 +180,8 @@ def _shrink_kernel(
     off1 = a_off1.to(tl.int64)
     off2 = a_off2.to(tl.int64)
     # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
-    # SINGLE_TILE: one program per possible tile, so there is no other; else the rest
-    # (when the step has more tiles than programs) in a loop.
+    # Further tiles (when the step has more than there are programs): TILE_COPIES - 1
+    # more straight copies, not a loop (a loop took ~2x the registers, even unrun).
     _shrink_tile(
         x_ptr, a_ptr, out_ptr, tl.program_id(2), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
         pid_g, off_g, off1, off2, k0,
@@ -189,15 +189,18 @@ def _shrink_kernel(
         H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
         LEAN_X, BLOCK_S,
     )  # fmt: skip
-    if not SINGLE_TILE:
-        for tile in range(tl.program_id(2) + num_programs, tl.load(num_tiles_ptr), num_programs):
-            _shrink_tile(
-                x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                pid_g, off_g, off1, off2, k0,
-                stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-                LEAN_X, BLOCK_S,
-            )  # fmt: skip
+    if TILE_COPIES > 1:
+        num_tiles = tl.load(num_tiles_ptr)
+        for j in tl.static_range(1, TILE_COPIES):
+            tile = tl.program_id(2) + j * num_programs
+            if tile < num_tiles:
+                _shrink_tile(
+                    x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+                    pid_g, off_g, off1, off2, k0,
+                    stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+                    H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+                    PRECISION, LEAN_X, BLOCK_S,
+                )  # fmt: skip
 
 
 @triton.jit
@@ -425,7 +428,7 @@ def lora_shrink_triton(
         hidden, rank, k_per_split, float(scale),
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
-        SINGLE_TILE=programs == max_tiles(tokens, num_slots, bm),
+        TILE_COPIES=tile_copies(tokens, num_slots, bm, programs),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
         LEAN_X=_lean_x(cfg, x), BLOCK_S=_block_s(cfg, nsl, br),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

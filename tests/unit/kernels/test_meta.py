@@ -5,11 +5,13 @@ import torch
 
 from kernels.meta import (
     FULL_RANK,
+    MAX_TILE_COPIES,
     MAX_TILE_PROGRAMS,
     SegmentMeta,
     build_meta,
     default_block_m,
     max_tiles,
+    tile_copies,
     tile_programs,
 )
 
@@ -111,17 +113,36 @@ def test_tile_programs_fit_a_grid_dimension():
         tile_programs(16 * (MAX_TILE_PROGRAMS - 63), 64, 16)
 
 
-def test_expected_slots_apply_to_decode_tiles_of_rank_up_to_32():
-    """kernels.triton.common.expected_slots: where the H200 grid measured a smaller tile
-    grid faster (16-row tiles, rank <= 32), else None (a grid for all slots)."""
+def test_expected_slots_apply_at_every_tile_height_and_rank():
+    """kernels.triton.common.expected_slots: the caller's expectation, decode or prefill,
+    any rank; None where the SegmentMeta has none (a grid for all slots)."""
     from kernels.triton.common import expected_slots
 
     decode = SegmentMeta.empty(64, 8, CPU, expected_slots=3)
     prefill = SegmentMeta.empty(1024, 8, CPU, expected_slots=3)
     assert decode.block_m == 16 and prefill.block_m == 32
-    assert expected_slots(decode, 16) == expected_slots(decode, 32) == 3
-    assert expected_slots(decode, 64) is None and expected_slots(prefill, 16) is None
+    for br in (16, 32, 64, 128):
+        assert expected_slots(decode, br) == expected_slots(prefill, br) == 3
     assert expected_slots(SegmentMeta.empty(64, 8, CPU), 16) is None
+
+
+def test_tile_copies_cover_every_possible_tile():
+    """programs x copies >= max_tiles for every grid tile_programs makes; copies a power
+    of two <= MAX_TILE_COPIES (programs are raised where fewer would need more)."""
+    for tokens in (1, 5, 16, 64, 100, 256, 1000, 4096):
+        for slots in (1, 8, 64, 128, 1024):
+            for bm in (16, 32, 64):
+                for expected in (None, 1, 3, 8, 64):
+                    e = None if expected is None else min(expected, slots)
+                    p = tile_programs(tokens, slots, bm, e)
+                    c = tile_copies(tokens, slots, bm, p)
+                    assert p * c >= max_tiles(tokens, slots, bm)
+                    assert c & (c - 1) == 0 and c <= MAX_TILE_COPIES
+                    if c > 1:  # not more copies than needed, up to the power of two
+                        assert p * (c // 2) < max_tiles(tokens, slots, bm)
+    assert tile_programs(64, 64, 16, 1) == 5 and tile_copies(64, 64, 16, 5) == 16
+    assert tile_programs(16, 1024, 16, 1) == 2  # 17 tiles: at least ceil(17 / 16) programs
+    assert tile_programs(64, 64, 16) == 68 and tile_copies(64, 64, 16, 68) == 1
 
 
 def test_expected_slots_size_the_tile_grid():

@@ -122,18 +122,30 @@ def test_many_slots_programs_loop_over_tiles(triton_backend):
     assert rel_err(y, want) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("expected", [1, 3, 4, 9])
-def test_expected_slots_below_the_batch_still_compute_every_tile(triton_backend, expected):
+@pytest.mark.parametrize(
+    "tokens,distinct,block_m,expected,copies",
+    [(70, 9, 16, 1, 4), (70, 9, 16, 3, 4), (70, 9, 16, 4, 2), (70, 9, 16, 9, 2),
+     (16, 12, 16, 1, 8), (70, 9, 32, 1, 4), (70, 9, 16, None, 1)],
+)  # fmt: skip
+def test_expected_slots_below_the_batch_still_compute_every_tile(
+    triton_backend, tokens, distinct, block_m, expected, copies
+):
     """SegmentMeta.expected_slots sizes the tile grids for that many slots; a batch with
-    more (9 adapters over 70 tokens: ~13 tiles of 16 rows) is still computed whole, the
-    extra tiles in the programs' loops; with as many as expected or more, one tile each."""
-    token_slots, x, lora_a, lora_b = _case(70, 48, 3, 8, 9, 0.1, torch.float32, slots=12)
+    more (9 adapters over 70 tokens: ~13 tiles of 16 rows; 12 over 16) is still computed
+    whole, the extra tiles in each program's further copies (8 here: 13 possible tiles
+    over 2 programs); with as many as expected or more, the copies find no tile."""
+    from kernels.meta import SegmentMeta, tile_copies, tile_programs
+
+    token_slots, x, lora_a, lora_b = _case(tokens, 48, 3, 8, distinct, 0.1, torch.float32, slots=12)
     ranks = torch.tensor([8, 3, 5, 8, 1, 8, 7, 2, 8, 6, 4, 8], dtype=torch.int32)
-    meta = build_meta(token_slots, 12, slot_ranks=ranks, expected_slots=expected)
+    out = SegmentMeta.empty(tokens, 12, torch.device("cpu"), block_m, expected_slots=expected)
+    meta = build_meta(token_slots, 12, slot_ranks=ranks, out=out)
+    programs = tile_programs(tokens, 12, block_m, expected)
+    assert tile_copies(tokens, 12, block_m, programs) == copies
     buf = lora_shrink(x, lora_a, meta, scale=0.5)
     want = oracle_shrink(x, lora_a, token_slots, 0.5, ranks)
     assert rel_err(buf, want) < TOLERANCE[torch.float32]
-    y0 = torch.randn(70, sum(SLICES[3]))
+    y0 = torch.randn(tokens, sum(SLICES[3]))
     y = y0.clone()
     lora_expand(y, buf, lora_b, meta)
     assert (

@@ -42,12 +42,18 @@ def test_key_holds_the_steps_adapters_rounded_to_a_bucket_of_at_most_the_slots()
     assert g.key_for(129, 3, 1) is None  # beyond the largest batch bucket: eager
 
 
-def test_one_graph_for_any_adapter_count_where_the_kernels_ignore_it():
-    """A rank-64 pool (the kernels keep the grid for all slots) or no LoRA context: the
-    slot part is min(batch bucket, L) for every count, so no graph is captured twice."""
-    for g, limit in ((_graphs(_ctx(64)), 8), (_graphs(None), 24)):
-        assert {g.key_for(20, 3, c) for c in range(1, 9)} == {(24, 4, limit)}
-        assert g.key_for(20, 3, 0) == (24, 4, 0)
-    assert _ctx(64).grid_follows_expected_slots(64) is False
-    assert _ctx(32).grid_follows_expected_slots(256) is True
-    assert _ctx(16).grid_follows_expected_slots(257) is False  # prefill tiles
+def test_one_graph_for_any_adapter_count_without_a_lora_context():
+    """No LoRA context (the kernels get no expectation): the slot part is min(batch
+    bucket, L) for every count, so no graph is captured twice."""
+    g = _graphs(None)
+    assert {g.key_for(20, 3, c) for c in range(1, 9)} == {(24, 4, 24)}
+    assert g.key_for(20, 3, 0) == (24, 4, 0)
+
+
+def test_rank_64_pools_key_by_slot_bucket_too():
+    """The kernels size their tile grids by expected_slots at every tile height and rank
+    (kernels.meta.grid_follows_expected_slots), so a rank-64 pool's graphs are keyed by
+    the slot bucket as a rank-16 pool's are."""
+    g = _graphs(_ctx(64))
+    assert g.key_for(20, 3, 1) == (24, 4, 1) and g.key_for(20, 3, 5) == (24, 4, 8)
+    assert _ctx(64).grid_follows_expected_slots(64) and _ctx(16).grid_follows_expected_slots(257)
