@@ -76,7 +76,7 @@ MAX_TILE_PROGRAMS = 65535
 """The tile programs are a CUDA grid's y / z dimension (at most 65535): about 1M tokens at
 block_m 16, 4M at 64."""
 
-MAX_TILE_COPIES = 16
+MAX_TILE_COPIES = 8
 """Tiles one program of the separate kernels may cover (tile_copies): the grid has at
 least max_tiles / MAX_TILE_COPIES tile programs."""
 

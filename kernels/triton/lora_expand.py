@@ -112,6 +112,8 @@ def _expand_kernel(
     # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
     # Further tiles (when the step has more than there are programs): TILE_COPIES - 1
     # more straight copies, not a loop (a loop took ~1.5x the registers, even unrun).
+    if TILE_COPIES > 1:  # loaded first: waiting for it after the first tile cost each
+        num_tiles = tl.load(num_tiles_ptr)  # program an extra round trip at its end
     _expand_tile(
         y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
         s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
@@ -119,7 +121,6 @@ def _expand_kernel(
         BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
     )  # fmt: skip
     if TILE_COPIES > 1:
-        num_tiles = tl.load(num_tiles_ptr)
         for j in tl.static_range(1, TILE_COPIES):
             tile = tl.program_id(1) + j * num_programs
             if tile < num_tiles:

@@ -182,6 +182,8 @@ def _shrink_kernel(
     # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
     # Further tiles (when the step has more than there are programs): TILE_COPIES - 1
     # more straight copies, not a loop (a loop took ~2x the registers, even unrun).
+    if TILE_COPIES > 1:  # loaded first: waiting for it after the first tile cost each
+        num_tiles = tl.load(num_tiles_ptr)  # program an extra round trip at its end
     _shrink_tile(
         x_ptr, a_ptr, out_ptr, tl.program_id(2), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
         pid_g, off_g, off1, off2, k0,
@@ -190,7 +192,6 @@ def _shrink_kernel(
         LEAN_X, BLOCK_S,
     )  # fmt: skip
     if TILE_COPIES > 1:
-        num_tiles = tl.load(num_tiles_ptr)
         for j in tl.static_range(1, TILE_COPIES):
             tile = tl.program_id(2) + j * num_programs
             if tile < num_tiles:

@@ -140,8 +140,8 @@ def test_tile_copies_cover_every_possible_tile():
                     assert c & (c - 1) == 0 and c <= MAX_TILE_COPIES
                     if c > 1:  # not more copies than needed, up to the power of two
                         assert p * (c // 2) < max_tiles(tokens, slots, bm)
-    assert tile_programs(64, 64, 16, 1) == 5 and tile_copies(64, 64, 16, 5) == 16
-    assert tile_programs(16, 1024, 16, 1) == 2  # 17 tiles: at least ceil(17 / 16) programs
+    assert tile_programs(64, 64, 16, 8) == 12 and tile_copies(64, 64, 16, 12) == 8
+    assert tile_programs(64, 64, 16, 1) == 9  # 68 tiles: at least ceil(68 / 8) programs
     assert tile_programs(64, 64, 16) == 68 and tile_copies(64, 64, 16, 68) == 1
 
 
