@@ -64,12 +64,12 @@ def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
     return -(-num_tokens // block_m) + min(num_slots, num_tokens)
 
 
-def grid_follows_expected_slots(block_m: int, max_rank: int | None) -> bool:
+def grid_follows_expected_slots(block_m: int) -> bool:
     """Whether the Triton kernels size their tile grids by SegmentMeta.expected_slots for
-    tiles of block_m rows in a pool of rank max_rank (measurements: kernels.triton.common.
-    expected_slots). Where they do not, a caller need not vary expected_slots (the
-    engine's CUDA graphs are then keyed without it)."""
-    return True
+    tiles of block_m rows: decode tiles (16 rows), at any rank.
+    Prefill tiles keep the grid for all L slots (measurements: kernels.triton.common.
+    expected_slots), so a caller need not vary expected_slots there."""
+    return block_m <= 16
 
 
 MAX_TILE_PROGRAMS = 65535
@@ -116,7 +116,7 @@ def tile_copies(num_tokens: int, num_slots: int, block_m: int, programs: int) ->
     kernels compute the first straight and the others as guarded copies, not a loop:
     Triton 3.9's sm_90 build of a kernel with the loop took up to twice the registers even
     where it never ran (rank-64 decode shrink 71 -> 139, gate_up expand tile 131 -> 208;
-    16 copies: 80, 171)."""
+    with 2 copies 72, 133; with 8: 72, 172)."""
     need = -(-max_tiles(num_tokens, num_slots, block_m) // programs)
     return 1 << max(0, need - 1).bit_length()
 
@@ -148,10 +148,10 @@ class SegmentMeta:
     """Rows per tile; the kernels' BLOCK_M."""
     expected_slots: int | None = None
     """Distinct slots the caller expects in the step (None: any number up to L). The
-    Triton kernels size their grids for that many (tile_programs) at decode tiles of rank
-    <= 32 (kernels.triton.common.expected_slots: where the H200 measured it faster); more
-    are still computed, in loops. An engine knows it on the host when it forms the batch
-    (and keys its CUDA graphs by a bucket of it)."""
+    Triton kernels size their grids for that many (tile_programs) at decode tiles
+    (kernels.triton.common.expected_slots: where the H200 measured it faster); more are
+    still computed, in each program's further tile copies (tile_copies). An engine knows
+    it on the host when it forms the batch (and keys its CUDA graphs by a bucket of it)."""
 
     @property
     def num_tokens(self) -> int:

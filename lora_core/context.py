@@ -93,11 +93,10 @@ class LoraBatchContext:
 
     def grid_follows_expected_slots(self, num_tokens: int) -> bool:
         """Whether a step of num_tokens tokens runs kernels whose grids follow set()'s
-        expected_slots (kernels.meta.grid_follows_expected_slots for this pool's rank):
-        where they do not, a caller keying CUDA graphs by it would only capture copies."""
-        return grid_follows_expected_slots(
-            default_block_m(num_tokens, self.max_rank), self.max_rank
-        )
+        expected_slots (kernels.meta.grid_follows_expected_slots for the tile height this
+        pool's rank gives such a step): where they do not, a caller keying CUDA graphs by
+        it would only capture copies."""
+        return grid_follows_expected_slots(default_block_m(num_tokens, self.max_rank))
 
     def take(self, slices: int, tokens: int, rank: int) -> torch.Tensor | None:
         """A zeroed float32 [slices, tokens, rank] slice of this step's workspace, or None

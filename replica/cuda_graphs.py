@@ -17,7 +17,7 @@ The key's third part is the step's distinct adapters rounded up to a slot bucket
 adapter: the LoRA kernels are skipped): the graph's LoRA kernels size their tile grids
 for that many slots (kernels.SegmentMeta.expected_slots) instead of all L, so a step of
 128 sequences over 3 adapters launches no programs for the 61 tiles 64 slots could add.
-Where the kernels keep the grid for all slots (pools of rank > 32:
+Where the kernels keep the grid for all slots (prefill-sized tiles:
 LoraBatchContext.grid_follows_expected_slots) every count shares one graph.
 """
 

@@ -159,21 +159,23 @@ def block_r(rank: int) -> int:
     return max(16, next_pow2(rank))
 
 
-def expected_slots(meta: SegmentMeta, br: int) -> int | None:
+def expected_slots(meta: SegmentMeta) -> int | None:
     """meta.expected_slots where the separate kernels size their tile grids by it, else
-    None (a grid for all L slots): decode tiles (16 rows) of rank <= 32 (br: the rank
-    block, <= 32 exactly where the pool's rank is; kernels.meta.grid_follows_expected_slots).
+    None (a grid for all L slots): decode tiles (16 rows), at any rank
+    (kernels.meta.grid_follows_expected_slots).
 
-    A grid with fewer programs than possible tiles compiles the loop over further tiles,
-    and Triton's sm_90 build of a kernel with that loop takes more registers even where
-    the loop never runs (Triton 3.9: the rank-64 decode shrink 71 -> 139, the gate_up
-    expand tile 131 -> 208; rank 16 40 -> 56 / 62). The H200 grid of the ninth sitting
-    with it at every shape (results/logs/lora_kernels_h200_run_4dbc564_hint_everywhere.json),
-    shrink + expand with expected_slots = n against the full grid (geometric means):
-    rank-16 decode 0.911x (qkv r16 T=64 n=8 8.7 -> 6.2 us, o r16 T=64 n=8 6.9 -> 5.2),
-    rank-64 decode 0.987x (gate_up r64 T=64 n=32 52.3 -> 60.6), prefill 1.03x (rank 16)
-    and 1.09x (rank 64)."""
-    return meta.expected_slots if grid_follows_expected_slots(meta.block_m, br) else None
+    Tiles past a smaller grid are computed in each program's further copies
+    (kernels.meta.tile_copies). The H200 grid of the tenth sitting with it at every shape
+    (results/logs/lora_kernels_h200_run_183ec60_everywhere.json), shrink + expand with
+    expected_slots = n against the full grid, geometric means: decode rank 16 0.892x
+    (qkv r16 T=64 n=1 8.3 -> 5.3 us, T=256 n=32 14.4 -> 12.9), rank 64 0.975x (gate_up
+    r64 T=64 n=1 12.7 -> 10.7; at most 1.06x, gate_up r16/64 T=64 n=32); prefill 0.999x
+    (32-row tiles, rank 16), 1.027x (32-row, rank 64) and 1.074x (64-row, rank 64: gate_up
+    r64 T=4096 n=1 174 -> 208 us, all of it in the expand). A prefill program already
+    moves many bytes, so the empty programs cost little there; why the expand with a
+    second tile copy runs slower was not found (Triton 3.9's sm_90 build of its 64-row
+    rank-64 tile: 158 -> 168 registers, the same 3 programs per SM)."""
+    return meta.expected_slots if grid_follows_expected_slots(meta.block_m) else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -258,7 +258,7 @@ def lora_expand_triton(
     stride_l, stride_n, stride_r = (sl.per_slice(d) for d in range(3))
     off1, off2 = sl.offsets
     pdl = after_shrink and pdl_enabled(y.device)
-    programs = tile_programs(y.shape[0], num_slots, meta.block_m, expected_slots(meta, br))
+    programs = tile_programs(y.shape[0], num_slots, meta.block_m, expected_slots(meta))
     _expand_kernel[(total, programs)](
         y, buf, sl.base,
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,

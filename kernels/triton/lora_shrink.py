@@ -413,7 +413,7 @@ def lora_shrink_triton(
     if cfg.stream_k:
         _launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
-    programs = tile_programs(tokens, num_slots, bm, expected_slots(meta, br))
+    programs = tile_programs(tokens, num_slots, bm, expected_slots(meta))
     # K splits as for a step of all L slots, also where expected_slots launches fewer
     # tile programs (sized by those, the shrink + expand of tune run 21 took 1.02x in
     # geometric mean over 88 shapes, against 0.98x; down r64 T=256 n=1 18.3 vs 11.3 us)

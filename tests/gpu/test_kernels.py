@@ -404,9 +404,9 @@ def test_expand_adds_old_y_early_or_late_matching_reference(
         ("qkv4096", 64, 16, 8, BF16),
         ("gate_up4096", 256, 32, 32, BF16),
         ("down14336", 200, 8, 3, F16),
-        ("o4096", 1024, 16, 20, BF16),  # prefill tiles of 32 rows
+        ("o4096", 1024, 16, 20, BF16),  # prefill tiles: a grid for all slots
         ("qkv4096", 96, 64, 5, BF16),  # rank 64
-        ("o4096", 4096, 64, 40, BF16),  # 64-row tiles, the stream-K shrink
+        ("o4096", 4096, 64, 40, BF16),  # 64-row tiles (a grid for all slots), stream-K shrink
     ],
 )
 def test_expected_slots_size_the_grid_and_keep_every_tile(

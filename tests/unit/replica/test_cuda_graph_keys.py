@@ -51,9 +51,10 @@ def test_one_graph_for_any_adapter_count_without_a_lora_context():
 
 
 def test_rank_64_pools_key_by_slot_bucket_too():
-    """The kernels size their tile grids by expected_slots at every tile height and rank
-    (kernels.meta.grid_follows_expected_slots), so a rank-64 pool's graphs are keyed by
-    the slot bucket as a rank-16 pool's are."""
+    """The kernels size their decode tile grids by expected_slots at any rank
+    (kernels.meta.grid_follows_expected_slots), so a rank-64 pool's decode graphs are
+    keyed by the slot bucket as a rank-16 pool's are; prefill-sized steps are not."""
     g = _graphs(_ctx(64))
     assert g.key_for(20, 3, 1) == (24, 4, 1) and g.key_for(20, 3, 5) == (24, 4, 8)
-    assert _ctx(64).grid_follows_expected_slots(64) and _ctx(16).grid_follows_expected_slots(257)
+    assert _ctx(64).grid_follows_expected_slots(256)
+    assert not _ctx(16).grid_follows_expected_slots(257)  # prefill tiles
