@@ -14,6 +14,7 @@ kernels.meta.default_block_m is chosen from). `sweep`: the opt-in fused kernel p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -283,29 +284,54 @@ HINT_SHAPES = [  # layer, rank, T, n: decode and T=1024 with few to many adapter
 ]  # fmt: skip
 
 
-def tune_hint(bw: float) -> list[dict]:
+def tune_hint(bw: float, copies: bool = False) -> list[dict]:
     """Graph-replay us of shrink + expand (as the engine runs them) with the tile grids
     sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
     min(L, T) tile programs, most past the device-side tile count when the batch has
-    few adapters) and for expected_slots = n, 2n and 4n."""
+    few adapters) and for expected_slots = n, 2n and 4n.
+
+    copies: instead, expected_slots = n with kernels.meta.MAX_TILE_COPIES at 2, 4 and 8
+    (a cap of c launches at least max_tiles / c tile programs), on the decode shapes;
+    the kernels ignore the expectation at prefill tiles."""
     rows = []
     for layer, rank, tokens, n in HINT_SHAPES:
+        if copies and tokens > 256:
+            continue
         fb = floor_bytes(layer, tokens, n, rank, rank)
         pools = Pools(layer, rank)
         sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
         memset, views = workspaces(sets, layer, rank)
         fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
         shape = f"{layer} r{rank} T={tokens} n={n}"
-        for hint in (None, n, min(2 * n, 64), min(4 * n, 64)):
-            with expecting(sets, hint):
+        variants = (
+            [(None, None)] + [(n, c) for c in (2, 4, 8)]
+            if copies
+            else [(h, None) for h in (None, n, min(2 * n, 64), min(4 * n, 64))]
+        )
+        for hint, cap in variants:
+            with expecting(sets, hint), _max_tile_copies(cap):
                 us = time_graph(fns, 10, prologue=memset)
-            rows.append({"shape": shape, "kind": "hint", "expected_slots": hint, "graph_us": us,
+            rows.append({"shape": shape, "kind": "copies" if copies else "hint",
+                         "expected_slots": hint, "max_tile_copies": cap, "graph_us": us,
                          "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
-            print(f"{shape:24s} hint {hint!s:4s} {us:7.1f} us "
+            print(f"{shape:24s} hint {hint!s:4s} copies {cap!s:4s} {us:7.1f} us "
                   f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
         del sets, views, pools
         torch.cuda.empty_cache()
     return rows
+
+
+@contextlib.contextmanager
+def _max_tile_copies(cap: int | None):
+    """kernels.meta.MAX_TILE_COPIES = cap inside the block (None: as it is)."""
+    from kernels import meta
+
+    before = meta.MAX_TILE_COPIES
+    meta.MAX_TILE_COPIES = before if cap is None else cap
+    try:
+        yield
+    finally:
+        meta.MAX_TILE_COPIES = before
 
 
 FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both"}
@@ -327,12 +353,15 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "hint" (tune_hint, its own shapes)."""
+    runs them), "hint" (tune_hint, its own shapes), "copies" (tune_hint's decode shapes
+    with kernels.meta.MAX_TILE_COPIES 2 / 4 / 8)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = tune_hint(bw) if "hint" in kinds else [], time.monotonic()
-    if set(kinds) <= {"hint"}:
+    if "copies" in kinds:
+        rows += tune_hint(bw, copies=True)
+    if set(kinds) <= {"hint", "copies"}:
         return rows
     for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:
