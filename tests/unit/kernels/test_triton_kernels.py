@@ -107,8 +107,9 @@ def test_all_tokens_without_adapter(triton_backend):
     assert torch.equal(y, before)
 
 
-def test_many_slots_programs_loop_over_tiles(triton_backend):
-    """L=128 and 90 adapters in 100 tokens: more valid tiles than tile programs (each loops)."""
+def test_many_slots_programs_cover_further_tiles(triton_backend):
+    """L=128 and 90 adapters in 100 tokens: more valid tiles than tile programs (each
+    program computes its further tiles in copies, kernels.meta.tile_copies)."""
     from kernels.meta import tile_programs
 
     token_slots, x, lora_a, lora_b = _case(100, 32, 2, 4, 90, 0.0, torch.float32, slots=128)
