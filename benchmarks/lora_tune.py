@@ -284,6 +284,88 @@ HINT_SHAPES = [  # layer, rank, T, n: decode and T=1024 with few to many adapter
 ]  # fmt: skip
 
 
+DECODE_SHAPES = [  # layer, rank, T, n: decode steps from one to many adapters
+    ("qkv", 16, 64, 1), ("qkv", 16, 64, 8), ("qkv", 16, 64, 32), ("qkv", 16, 64, 64),
+    ("qkv", 16, 256, 8), ("qkv", 16, 256, 32), ("qkv", 16, 256, 64), ("o", 16, 64, 8),
+    ("o", 16, 256, 64), ("down", 16, 64, 32), ("down", 16, 64, 64), ("down", 16, 256, 32),
+    ("gate_up", 16, 64, 64), ("gate_up", 16, 256, 8), ("qkv", 64, 64, 32), ("o", 64, 64, 32),
+    ("gate_up", 64, 64, 8), ("down", 64, 256, 8),
+]  # fmt: skip
+
+
+def _decode_shrink_configs(st: dict, layer: str, rank: int):
+    """Split-K shrinks at decode by their K splits (ShrinkConfig.k_splits: how many bytes
+    of A one program streams), BLOCK_K 128 and 256, 4 and 2 warps, and the default."""
+    from dataclasses import replace
+
+    base = _default_shrink(st, layer, rank)
+    return (
+        [base]
+        + [replace(base, block_k=128, k_splits=k) for k in (1, 2, 4, 8, 16, 32, 64)]
+        + [replace(base, block_k=256, k_splits=k) for k in (2, 4, 8, 16)]
+        + [replace(base, block_k=128, k_splits=k, num_warps=2) for k in (4, 8, 16)]
+    )
+
+
+def _decode_expand_configs(st: dict, layer: str, rank: int):
+    """Expands at decode by the columns one program writes (block_n x n_iters), warps,
+    and the default; late_add as the default's."""
+    from dataclasses import replace
+
+    from kernels.triton.common import block_r
+    from kernels.triton.lora_expand import default_config
+
+    base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
+    wide = [(64, 4, 1, 1), (128, 4, 1, 1), (256, 4, 1, 1), (512, 4, 1, 1), (512, 8, 1, 1)]
+    loops = [(128, 4, 2, 2), (128, 4, 4, 2), (256, 4, 2, 2), (128, 2, 1, 1), (256, 8, 1, 1)]
+    return [base] + [
+        replace(base, block_n=bn, num_warps=w, n_iters=it, num_stages=stages)
+        for bn, w, it, stages in wide + loops
+    ]
+
+
+def tune_decode(bw: float, budget_s: float) -> list[dict]:
+    """Shrink alone and expand alone per launch config on DECODE_SHAPES, each step
+    expecting its n adapters (SegmentMeta.expected_slots, as the engine runs them), and
+    shrink + expand with the default configs: how many bytes one program should move
+    at decode (_decode_shrink_configs, _decode_expand_configs)."""
+    from kernels.triton import lora_expand as ex
+    from kernels.triton import lora_shrink as sh
+
+    rows, t0 = [], time.monotonic()
+    for layer, rank, tokens, n in DECODE_SHAPES:
+        shape = f"{layer} r{rank} T={tokens} n={n}"
+        if time.monotonic() - t0 > budget_s:
+            print(f"decode tune budget spent: skipping {shape}", flush=True)
+            continue
+        fb = floor_bytes(layer, tokens, n, rank, rank)
+        pools = Pools(layer, rank)
+        sets, _ = make_sets(
+            layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r, expected_slots=n
+        )
+        memset, views = workspaces(sets, layer, rank)
+        pairs = list(zip(sets, views, strict=True))
+        trials = [("both", sh, None, [functools.partial(call_both, st, v) for st, v in pairs])]
+        shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
+        trials += [("shrink", sh, c, shrink) for c in _decode_shrink_configs(sets[0], layer, rank)]
+        expand = [functools.partial(call_expand, st) for st in sets]
+        trials += [("expand", ex, c, expand) for c in _decode_expand_configs(sets[0], layer, rank)]
+        for kind, mod, cfg, fns in trials:
+            us = _time_config(
+                mod, "CONFIG_OVERRIDE", cfg, fns, None if kind == "expand" else memset
+            )
+            row = {"shape": shape, "kind": f"decode_{kind}", "config": repr(cfg), "graph_us": us,
+                   "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
+            if kind == "expand" and cfg is not None:
+                row["err_vs_default"] = _expand_err(mod, cfg, sets[0])
+            rows.append(row)
+            print(f"{shape:24s} {kind:6s} {us:7.1f} us (floor {row['floor_us']:.1f}) "
+                  f"{cfg or 'default'}", flush=True)  # fmt: skip
+        del sets, views, pools, pairs, trials, shrink, expand
+        torch.cuda.empty_cache()
+    return rows
+
+
 def tune_hint(bw: float, copies: bool = False) -> list[dict]:
     """Graph-replay us of shrink + expand (as the engine runs them) with the tile grids
     sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
@@ -359,9 +441,11 @@ def tune(
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = tune_hint(bw) if "hint" in kinds else [], time.monotonic()
+    if "decode" in kinds:
+        rows += tune_decode(bw, budget_s)
     if "copies" in kinds:
         rows += tune_hint(bw, copies=True)
-    if set(kinds) <= {"hint", "copies"}:
+    if set(kinds) <= {"hint", "copies", "decode"}:
         return rows
     for layer, rank, tokens, n in TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:

@@ -80,6 +80,9 @@ class ShrinkConfig:
     """K columns one program's serial loop may cover (the split-K grid: more splits when
     one program's share would be longer). A --tune knob (benchmarks/lora_tune.py
     _long_k_configs); the defaults keep MAX_K_PER_SPLIT."""
+    k_splits: int = 0
+    """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
+    _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
     lean_x: bool = True
     """Read x tiles without a row mask (rows past a tile's tokens read x's row 0; their
     sums land only in rows the store masks) with 32-bit offsets, where every x offset
@@ -359,6 +362,8 @@ def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: t
     steps = cdiv(hidden, bk)
     want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
     split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
+    if cfg.k_splits:
+        split = min(cfg.k_splits, steps)
     k_per_split = cdiv(steps, split) * bk
     return bk, k_per_split, cdiv(hidden, k_per_split)
 
