@@ -76,9 +76,13 @@ MAX_TILE_PROGRAMS = 65535
 """The tile programs are a CUDA grid's y / z dimension (at most 65535): about 1M tokens at
 block_m 16, 4M at 64."""
 
-MAX_TILE_COPIES = 8
+MAX_TILE_COPIES = 4
 """Tiles one program of the separate kernels may cover (tile_copies): the grid has at
-least max_tiles / MAX_TILE_COPIES tile programs."""
+least max_tiles / MAX_TILE_COPIES tile programs. Tune run 22 on the H200 (shrink +
+expand with expected_slots = n on the 72 decode shapes of lora_tune.tune_hint, caps 2 /
+4 / 8): a cap of 4 took 0.996x the time of 8 in geometric mean (0.92-1.05x: o r16 T=64
+n=8 5.2 vs 5.4 us, qkv r64 T=64 n=1 6.8 vs 7.5; gate_up r16 T=64 n=8 10.2 vs 9.8), a
+cap of 2 1.012x (up to 1.20x at rank 16 with one adapter)."""
 
 
 def tile_programs(

@@ -52,6 +52,7 @@ from kernels.triton.tiles import (
 )
 
 MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
+MIN_K_STEPS = 2  # k-steps per program at least, where ShrinkConfig.split_for_expected
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,12 @@ class ShrinkConfig:
     """K columns one program's serial loop may cover (the split-K grid: more splits when
     one program's share would be longer). A --tune knob (benchmarks/lora_tune.py
     _long_k_configs); the defaults keep MAX_K_PER_SPLIT."""
+    split_for_expected: bool = False
+    """Size the K splits for the tiles the step is expected to have (the tile programs
+    launched, kernels.meta.tile_programs with SegmentMeta.expected_slots) instead of for
+    the grid of all L slots: about programs_per_sm programs with work per SM at rank 16,
+    scaled by 16 / BLOCK_R (a rank-64 program streams 4x the bytes of A), the splits a
+    power of two, each program at least MIN_K_STEPS k-steps (decode: _split)."""
     k_splits: int = 0
     """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
     _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
@@ -276,6 +283,13 @@ def _shrink_stream_kernel(
             acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
 
 
+DECODE_PROGRAMS_PER_SM = 16
+"""Decode shrinks (ShrinkConfig.split_for_expected): programs with work per SM at rank 16.
+Tune run 22 on the H200 (results/lora_kernels_tune_h200.json, 18 decode shapes, the
+shrink alone by its K splits): the best split puts about 1,500-2,000 such programs on
+the 132 SMs at rank 16 (qkv r16 T=64: 16 splits with 1 adapter, 8 with 64) and about
+400-500 at rank 64."""
+
 STREAM_SHARED_BYTES = 220_000
 """Shared memory a stream-K launch plans for per SM: its programs must all be resident
 (a second wave of persistent programs is a tail)."""
@@ -284,20 +298,21 @@ STREAM_SHARED_BYTES = 220_000
 def default_config(
     bm: int, br: int, elem: int, num_slices: int = 3, hidden: int = 4096
 ) -> ShrinkConfig:
-    """Decode (bm 16): per-slice programs, K split until ~32 per SM at rank 16 (~16 above:
-    a rank-64 program already streams 4x the A bytes). Prefill at rank <= 32: fused slices
+    """Decode (bm 16): per-slice programs of 2 warps, K split for the step's expected tiles
+    (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM). Tune run 22 against the
+    previous rule (K split until ~32 programs per SM at rank 16, ~16 above, over the grid
+    for all L slots, 4 warps): qkv r16 T=64 n=64 16.9 -> 13.8 us, n=32 9.5 -> 8.9, n=1
+    3.9 -> 3.5; down r16 T=64 n=64 16.4 -> 14.8 (2 warps: 0.85-1.0x of 4 at 8 or more
+    splits, 1.1-1.4x at 4). Prefill at rank <= 32: fused slices
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
     takes the fused split-K grid as at rank <= 32.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
-    on 7 decode shapes within 2% of each shape's best of 12 configs, except gate_up r16
-    T=64 (6.4 vs 5.4 us) and down r16 T=256 (11.7 vs 11.0); the previous BLOCK_K 256 /
-    8 per SM was 16% off on average (the shrink alone: shrink + expand in the grid moved
-    by under the run-to-run noise). Over 4 prefill shapes within 1% of the best. Runs 8
-    and 10: the best stream-K config per shape 0.97-1.14x the best split-K one at decode,
-    0.96-1.09x at rank-16 prefill (not used there).
+    over 4 prefill shapes within 1% of the best. Runs 8 and 10: the best stream-K config
+    per shape 0.97-1.14x the best split-K one at decode, 0.96-1.09x at rank-16 prefill
+    (not used there).
     """
     prefill = bm >= 32
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192):
@@ -307,8 +322,9 @@ def default_config(
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    per_sm = 4 if prefill else 32 if br <= 16 else 16
-    return ShrinkConfig(block_k=bk, programs_per_sm=per_sm, fuse_slices=fuse)
+    if not prefill:
+        return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
+    return ShrinkConfig(block_k=bk, programs_per_sm=4, fuse_slices=fuse)
 
 
 def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
@@ -356,11 +372,18 @@ def _block_k(cfg: ShrinkConfig, hidden: int) -> int:
     return min(cfg.block_k, max(16, next_pow2(hidden)))
 
 
-def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, device: torch.device):
-    """(BLOCK_K, k_per_split, split)."""
+def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, br: int,
+           device: torch.device):  # fmt: skip
+    """(BLOCK_K, k_per_split, split) for `programs` tile programs of `groups` slice
+    groups (ShrinkConfig.split_for_expected: the programs the step is expected to fill)."""
     bk = _block_k(cfg, hidden)
     steps = cdiv(hidden, bk)
-    want = max(1, (cfg.programs_per_sm * num_sms(device)) // max(1, programs * groups))
+    work = cfg.programs_per_sm * num_sms(device)
+    if cfg.split_for_expected:
+        want = max(1, work * 16 // br // max(1, programs * groups))
+        want = min(1 << (want.bit_length() - 1), max(1, steps // MIN_K_STEPS))
+    else:
+        want = max(1, work // max(1, programs * groups))
     split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     if cfg.k_splits:
         split = min(cfg.k_splits, steps)
@@ -419,11 +442,10 @@ def lora_shrink_triton(
         _launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
     programs = tile_programs(tokens, num_slots, bm, expected_slots(meta))
-    # K splits as for a step of all L slots, also where expected_slots launches fewer
-    # tile programs (sized by those, the shrink + expand of tune run 21 took 1.02x in
-    # geometric mean over 88 shapes, against 0.98x; down r64 T=256 n=1 18.3 vs 11.3 us)
-    bound = tile_programs(tokens, num_slots, bm)
-    bk, k_per_split, split = _split(cfg, groups, bound, hidden, x.device)
+    # K splits for the programs launched (ShrinkConfig.split_for_expected), else as for
+    # a step of all L slots
+    bound = programs if cfg.split_for_expected else tile_programs(tokens, num_slots, bm)
+    bk, k_per_split, split = _split(cfg, groups, bound, hidden, br, x.device)
     off1, off2 = sl.offsets
     stride_l, stride_r, stride_h = sl.strides[0]
     _shrink_kernel[(groups, split, programs)](

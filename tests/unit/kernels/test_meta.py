@@ -140,16 +140,20 @@ def test_tile_copies_cover_every_possible_tile():
                     assert c & (c - 1) == 0 and c <= MAX_TILE_COPIES
                     if c > 1:  # not more copies than needed, up to the power of two
                         assert p * (c // 2) < max_tiles(tokens, slots, bm)
-    assert tile_programs(64, 64, 16, 8) == 12 and tile_copies(64, 64, 16, 12) == 8
-    assert tile_programs(64, 64, 16, 1) == 9  # 68 tiles: at least ceil(68 / 8) programs
+    assert MAX_TILE_COPIES == 4  # the figures below
+    assert tile_programs(64, 64, 16, 32) == 36 and tile_copies(64, 64, 16, 36) == 2
+    assert tile_programs(64, 64, 16, 8) == 17 and tile_copies(64, 64, 16, 17) == 4
+    assert tile_programs(64, 64, 16, 1) == 17  # 68 tiles: at least ceil(68 / 4) programs
     assert tile_programs(64, 64, 16) == 68 and tile_copies(64, 64, 16, 68) == 1
 
 
 def test_expected_slots_size_the_tile_grid():
     """SegmentMeta.expected_slots: one tile program per tile that many slots could make
     (ceil(T / block_m) + expected), never more than the bound for all L slots."""
-    assert tile_programs(64, 64, 16, expected_slots=8) == 4 + 8
-    assert tile_programs(256, 64, 16, expected_slots=1) == 16 + 1
+    assert tile_programs(64, 16, 16, expected_slots=8) == 4 + 8
+    assert tile_programs(256, 16, 16, expected_slots=1) == 16 + 1
+    # never fewer than max_tiles / MAX_TILE_COPIES: 68 / 4
+    assert tile_programs(64, 64, 16, expected_slots=8) == 17
     assert tile_programs(5, 64, 16, expected_slots=32) == tile_programs(5, 64, 16) == 1 + 5
     assert tile_programs(64, 64, 16, expected_slots=None) == 4 + 64
     meta = SegmentMeta.empty(64, 8, CPU, expected_slots=3)

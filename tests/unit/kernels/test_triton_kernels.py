@@ -33,7 +33,7 @@ def _case(tokens, hidden, num_slices, rank, distinct, none_frac, dtype, slots=4)
 @pytest.mark.parametrize(
     "tokens,hidden,num_slices,rank,distinct,none_frac",
     [
-        (1, 200, 1, 8, 1, 0.0),  # decode, split-K + atomics, H not a multiple of BLOCK_K
+        (1, 600, 1, 8, 1, 0.0),  # decode, split-K + atomics, H not a multiple of BLOCK_K
         (5, 64, 3, 16, 3, 0.4),
         (33, 128, 2, 32, 4, 0.2),  # several tiles per slot
         (20, 96, 3, 1, 2, 0.0),  # rank 1
@@ -129,14 +129,17 @@ def test_many_slots_programs_cover_further_tiles(triton_backend):
      (16, 12, 16, 1, 8), (70, 9, 32, 1, 4), (70, 9, 16, None, 1)],
 )  # fmt: skip
 def test_expected_slots_below_the_batch_still_compute_every_tile(
-    triton_backend, tokens, distinct, block_m, expected, copies
+    triton_backend, monkeypatch, tokens, distinct, block_m, expected, copies
 ):
     """SegmentMeta.expected_slots sizes the tile grids for that many slots; a batch with
     more (9 adapters over 70 tokens: ~13 tiles of 16 rows; 12 over 16) is still computed
-    whole, the extra tiles in each program's further copies (8 here: 13 possible tiles
-    over 2 programs); with as many as expected or more, the copies find no tile."""
+    whole, the extra tiles in each program's further copies (8 with the cap raised to 8:
+    13 possible tiles over 2 programs); with as many as expected or more, the copies
+    find no tile."""
+    from kernels import meta as kmeta
     from kernels.meta import SegmentMeta, tile_copies, tile_programs
 
+    monkeypatch.setattr(kmeta, "MAX_TILE_COPIES", max(copies, kmeta.MAX_TILE_COPIES))
     token_slots, x, lora_a, lora_b = _case(tokens, 48, 3, 8, distinct, 0.1, torch.float32, slots=12)
     ranks = torch.tensor([8, 3, 5, 8, 1, 8, 7, 2, 8, 6, 4, 8], dtype=torch.int32)
     out = SegmentMeta.empty(tokens, 12, torch.device("cpu"), block_m, expected_slots=expected)
@@ -429,6 +432,44 @@ def test_max_k_per_split_matches_oracle(triton_backend, monkeypatch, max_k):
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     token_slots, x, lora_a, _ = _case(40, 200, 3, 16, 3, 0.2, torch.float32)
     buf = lora_shrink(x, lora_a, token_slots, scale=0.5)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+
+
+def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
+    """Decode shrinks size their K splits for the tiles the step is expected to have
+    (ShrinkConfig.split_for_expected): ~16 programs with work per SM at rank 16, a quarter
+    at rank 64, a power of two, >= 2 k-steps each, >= H / MAX_K_PER_SPLIT (figures for
+    the H200's 132 SMs: tune run 22's best splits)."""
+    from kernels.triton import lora_shrink as sh
+
+    monkeypatch.setattr(sh, "num_sms", lambda device: 132)
+    cfg = sh.default_config(16, 16, 2, 3, 4096)
+    assert cfg.split_for_expected and cfg.num_warps == 2 and cfg.block_k == 128
+    assert not sh.default_config(32, 16, 2, 3, 4096).split_for_expected
+    cpu = torch.device("cpu")
+    # qkv r16 T=64: 64 adapters (68 tile programs, 3 slice groups) -> 8; 1 adapter -> 16
+    assert sh._split(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
+    assert sh._split(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
+    assert sh._split(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
+    assert sh._split(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
+    assert sh._split(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
+    assert sh._split(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
+
+
+@pytest.mark.parametrize("expected", [1, 4, None])
+def test_decode_split_for_expected_matches_oracle(triton_backend, monkeypatch, expected):
+    """split_for_expected with K split over programs sized for `expected` adapters (4 in
+    the batch): splits meet through atomics, extra tiles in further copies."""
+    from kernels.triton import lora_shrink as sh
+
+    cfg = sh.ShrinkConfig(32, 64, False, num_stages=2, num_warps=2, split_for_expected=True)
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    token_slots, x, lora_a, _ = _case(40, 200, 3, 16, 4, 0.1, torch.float32, slots=6)
+    out = SegmentMeta.empty(40, 6, torch.device("cpu"), 16, expected_slots=expected)
+    meta = build_meta(token_slots, 6, out=out)
+    assert sh._split(cfg, 3, sh.tile_programs(40, 6, 16, expected), 200, 16, x.device)[2] > 1
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
     assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
     assert buf[:, token_slots < 0].abs().sum() == 0
 
