@@ -52,7 +52,7 @@ from kernels.triton.tiles import (
 )
 
 MAX_K_PER_SPLIT = 1024  # longer serial K loops per program left down_proj (H=14336) at half speed
-MAX_DECODE_SPLITS = 16  # where ShrinkConfig.split_for_expected: DECODE_PROGRAMS_PER_SM
+MIN_K_STEPS = 2  # k-steps per program at least, where ShrinkConfig.split_for_expected
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ class ShrinkConfig:
     split_for_expected: bool = False
     """Size the K splits for the tiles the step is expected to have (the tile programs
     launched, kernels.meta.tile_programs with SegmentMeta.expected_slots) instead of for
-    the grid of all L slots: a power of two up to MAX_DECODE_SPLITS, lower where more
-    than about programs_per_sm programs with work per SM would result (decode: _split)."""
+    the grid of all L slots: about programs_per_sm programs with work per SM at rank 16,
+    scaled by 16 / BLOCK_R (a rank-64 program streams 4x the bytes of A), the splits a
+    power of two, each program at least MIN_K_STEPS k-steps (decode: _split)."""
     k_splits: int = 0
     """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
     _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
@@ -282,16 +283,12 @@ def _shrink_stream_kernel(
             acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
 
 
-DECODE_PROGRAMS_PER_SM = 24
-"""Decode shrinks (ShrinkConfig.split_for_expected): K splits of MAX_DECODE_SPLITS, fewer
-(a power of two) where more than this many programs with work per SM would result. Tune
-run 22 on the H200 (results/lora_kernels_tune_h200.json, 18 decode shapes, the shrink
-alone by its K splits) found 16 splits best, or within 5%, at both ranks and every K
-(qkv H=4096: 2 k-steps per program; down H=14336: 7), from 1 to 32 adapters, and 8 with
-the most tiles (qkv r16 T=64 n=64: 13.8 vs 15.2 us). The first rule measured in the
-grid (a rank-64 program counted 4x, at least 2 k-steps) gave rank-64 steps fewer or more
-splits than 16 and lost up to 14% there (down r64 T=64 n=1 8.4 vs 7.4 us, 56 splits;
-qkv r64 T=64 n=64 50.3 vs 48.4, 4 splits)."""
+DECODE_PROGRAMS_PER_SM = 16
+"""Decode shrinks (ShrinkConfig.split_for_expected): programs with work per SM at rank 16.
+Tune run 22 on the H200 (results/lora_kernels_tune_h200.json, 18 decode shapes, the
+shrink alone by its K splits): the best split puts about 1,500-2,000 such programs on
+the 132 SMs at rank 16 (qkv r16 T=64: 16 splits with 1 adapter, 8 with 64) and about
+400-500 at rank 64."""
 
 STREAM_SHARED_BYTES = 220_000
 """Shared memory a stream-K launch plans for per SM: its programs must all be resident
@@ -306,7 +303,7 @@ def default_config(
     previous rule (K split until ~32 programs per SM at rank 16, ~16 above, over the grid
     for all L slots, 4 warps): qkv r16 T=64 n=64 16.9 -> 13.8 us, n=32 9.5 -> 8.9, n=1
     3.9 -> 3.5; down r16 T=64 n=64 16.4 -> 14.8 (2 warps: 0.85-1.0x of 4 at 8 or more
-    splits, 1.1-1.4x at 4; even at rank 64). Prefill at rank <= 32: fused slices
+    splits, 1.1-1.4x at 4). Prefill at rank <= 32: fused slices
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
@@ -381,9 +378,12 @@ def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, br: int,
     groups (ShrinkConfig.split_for_expected: the programs the step is expected to fill)."""
     bk = _block_k(cfg, hidden)
     steps = cdiv(hidden, bk)
-    want = max(1, cfg.programs_per_sm * num_sms(device) // max(1, programs * groups))
+    work = cfg.programs_per_sm * num_sms(device)
     if cfg.split_for_expected:
-        want = min(1 << (want.bit_length() - 1), MAX_DECODE_SPLITS)
+        want = max(1, work * 16 // br // max(1, programs * groups))
+        want = min(1 << (want.bit_length() - 1), max(1, steps // MIN_K_STEPS))
+    else:
+        want = max(1, work // max(1, programs * groups))
     split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     if cfg.k_splits:
         split = min(cfg.k_splits, steps)

@@ -438,8 +438,8 @@ def test_max_k_per_split_matches_oracle(triton_backend, monkeypatch, max_k):
 
 def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     """Decode shrinks size their K splits for the tiles the step is expected to have
-    (ShrinkConfig.split_for_expected): 16, a power of two fewer where more than ~24
-    programs with work per SM would result, never under H / MAX_K_PER_SPLIT (figures for
+    (ShrinkConfig.split_for_expected): ~16 programs with work per SM at rank 16, a quarter
+    at rank 64, a power of two, >= 2 k-steps each, >= H / MAX_K_PER_SPLIT (figures for
     the H200's 132 SMs: tune run 22's best splits)."""
     from kernels.triton import lora_shrink as sh
 
@@ -448,13 +448,13 @@ def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     assert cfg.split_for_expected and cfg.num_warps == 2 and cfg.block_k == 128
     assert not sh.default_config(32, 16, 2, 3, 4096).split_for_expected
     cpu = torch.device("cpu")
-    # qkv T=64: 64 adapters (68 tile programs, 3 slice groups) -> 8; 1 adapter -> 16
+    # qkv r16 T=64: 64 adapters (68 tile programs, 3 slice groups) -> 8; 1 adapter -> 16
     assert sh._split(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
-    assert sh._split(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)
-    assert sh._split(cfg, 3, 36, 4096, 64, cpu)[2] == 16  # qkv r64 T=64 n=32: any rank
-    assert sh._split(cfg, 1, 24, 14336, 64, cpu) == (128, 896, 16)  # down: 7 k-steps each
-    assert sh._split(cfg, 1, 300, 14336, 16, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
-    assert sh._split(cfg, 1, 1, 600, 16, cpu)[2] == 5  # at most one per k-step
+    assert sh._split(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
+    assert sh._split(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
+    assert sh._split(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
+    assert sh._split(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
+    assert sh._split(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
 
 
 @pytest.mark.parametrize("expected", [1, 4, None])
