@@ -288,7 +288,14 @@ DECODE_PROGRAMS_PER_SM = 16
 Tune run 22 on the H200 (results/lora_kernels_tune_h200.json, 18 decode shapes, the
 shrink alone by its K splits): the best split puts about 1,500-2,000 such programs on
 the 132 SMs at rank 16 (qkv r16 T=64: 16 splits with 1 adapter, 8 with 64) and about
-400-500 at rank 64."""
+400-500 at rank 64. The H200 grid with this rule against the tenth sitting's (shrink +
+expand, geometric means): decode rank 16 0.977x (qkv r16 T=64 n=64 22.6 -> 19.8 us,
+down r16 T=64 n=32 12.2 -> 11.1), rank 64 1.003x (0.93-1.14x), mixed 0.981x; prefill
+(unchanged code) 1.002-1.006x. Tried in the same session and reverted: 16 splits at
+every rank and K, halved where more than 24 programs with work per SM would result
+(tune run 22's most common best split), 1.014x / 1.018x of the tenth sitting's grid at
+rank 16 / 64: one-token steps lost most (down r64 T=1 n=1 5.2 -> 7.5 us with 16 splits
+of 7 k-steps; logs/lora_kernels_h200_run_4500222_split16.json)."""
 
 STREAM_SHARED_BYTES = 220_000
 """Shared memory a stream-K launch plans for per SM: its programs must all be resident
