@@ -290,6 +290,9 @@ DECODE_SHAPES = [  # layer, rank, T, n: decode steps from one to many adapters
     ("o", 16, 256, 64), ("down", 16, 64, 32), ("down", 16, 64, 64), ("down", 16, 256, 32),
     ("gate_up", 16, 64, 64), ("gate_up", 16, 256, 8), ("qkv", 64, 64, 32), ("o", 64, 64, 32),
     ("gate_up", 64, 64, 8), ("down", 64, 256, 8),
+    # run 23 on: rank 64 from one token to many adapters
+    ("qkv", 64, 1, 1), ("down", 64, 1, 1), ("qkv", 64, 64, 1), ("down", 64, 64, 1),
+    ("down", 64, 64, 8), ("qkv", 64, 256, 8), ("o", 64, 256, 8), ("qkv", 64, 64, 64),
 ]  # fmt: skip
 
 
@@ -303,7 +306,7 @@ def _decode_shrink_configs(st: dict, layer: str, rank: int):
         [base]
         + [replace(base, block_k=128, k_splits=k) for k in (1, 2, 4, 8, 16, 32, 64)]
         + [replace(base, block_k=256, k_splits=k) for k in (2, 4, 8, 16)]
-        + [replace(base, block_k=128, k_splits=k, num_warps=2) for k in (4, 8, 16)]
+        + [replace(base, block_k=128, k_splits=k, num_warps=2) for k in (4, 8, 16, 32)]
     )
 
 
@@ -324,8 +327,8 @@ def _decode_expand_configs(st: dict, layer: str, rank: int):
     ]
 
 
-def tune_decode(bw: float, budget_s: float) -> list[dict]:
-    """Shrink alone and expand alone per launch config on DECODE_SHAPES, each step
+def tune_decode(bw: float, budget_s: float, ranks: tuple[int, ...] = (16, 64)) -> list[dict]:
+    """Shrink alone and expand alone per launch config on DECODE_SHAPES of these ranks, each step
     expecting its n adapters (SegmentMeta.expected_slots, as the engine runs them), and
     shrink + expand with the default configs: how many bytes one program should move
     at decode (_decode_shrink_configs, _decode_expand_configs)."""
@@ -334,6 +337,8 @@ def tune_decode(bw: float, budget_s: float) -> list[dict]:
 
     rows, t0 = [], time.monotonic()
     for layer, rank, tokens, n in DECODE_SHAPES:
+        if rank not in ranks:
+            continue
         shape = f"{layer} r{rank} T={tokens} n={n}"
         if time.monotonic() - t0 > budget_s:
             print(f"decode tune budget spent: skipping {shape}", flush=True)
@@ -442,7 +447,7 @@ def tune(
 
     rows, t0 = tune_hint(bw) if "hint" in kinds else [], time.monotonic()
     if "decode" in kinds:
-        rows += tune_decode(bw, budget_s)
+        rows += tune_decode(bw, budget_s, ranks)
     if "copies" in kinds:
         rows += tune_hint(bw, copies=True)
     if set(kinds) <= {"hint", "copies", "decode"}:
