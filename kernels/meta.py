@@ -85,6 +85,15 @@ n=8 5.2 vs 5.4 us, qkv r64 T=64 n=1 6.8 vs 7.5; gate_up r16 T=64 n=8 10.2 vs 9.8
 cap of 2 1.012x (up to 1.20x at rank 16 with one adapter)."""
 
 
+def expected_tiles(
+    num_tokens: int, num_slots: int, block_m: int, expected_slots: int | None = None
+) -> int:
+    """Tiles a step can have with `expected_slots` distinct slots (None: any number up to
+    L): ceil(T / block_m) + min(slots, T), each slot adding one partial tile."""
+    slots = num_slots if expected_slots is None else min(num_slots, max(1, expected_slots))
+    return max_tiles(num_tokens, slots, block_m)
+
+
 def tile_programs(
     num_tokens: int, num_slots: int, block_m: int, expected_slots: int | None = None
 ) -> int:
@@ -101,9 +110,8 @@ def tile_programs(
     is still computed whole, its extra tiles in the programs' further copies.
     """
     bound = max_tiles(num_tokens, num_slots, block_m)
-    programs = min(bound, -(-num_tokens // block_m) + 64)
-    if expected_slots is not None:
-        programs = min(programs, -(-num_tokens // block_m) + max(1, expected_slots))
+    programs = min(expected_tiles(num_tokens, num_slots, block_m, expected_slots),
+                   -(-num_tokens // block_m) + 64)  # fmt: skip
     programs = max(programs, -(-bound // MAX_TILE_COPIES))
     if programs > MAX_TILE_PROGRAMS:
         raise ValueError(

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from kernels.meta import SegmentMeta, max_tiles, tile_copies, tile_programs
+from kernels.meta import SegmentMeta, expected_tiles, max_tiles, tile_copies, tile_programs
 from kernels.triton.common import (
     Slices,
     as_meta,
@@ -82,11 +82,14 @@ class ShrinkConfig:
     one program's share would be longer). A --tune knob (benchmarks/lora_tune.py
     _long_k_configs); the defaults keep MAX_K_PER_SPLIT."""
     split_for_expected: bool = False
-    """Size the K splits for the tiles the step is expected to have (the tile programs
-    launched, kernels.meta.tile_programs with SegmentMeta.expected_slots) instead of for
-    the grid of all L slots: about programs_per_sm programs with work per SM at rank 16,
-    scaled by 16 / BLOCK_R (a rank-64 program streams 4x the bytes of A), the splits a
-    power of two, each program at least MIN_K_STEPS k-steps (decode: _split)."""
+    """Size the K splits for the tiles the step is expected to have
+    (kernels.meta.expected_tiles with SegmentMeta.expected_slots) instead of for the grid
+    of all L slots: about programs_per_sm programs with work per SM at rank 16, scaled by
+    16 / BLOCK_R (a rank-64 program streams 4x the bytes of A), the splits a power of
+    two, each program at least MIN_K_STEPS k-steps (decode: _split). Not the tile
+    programs launched: those include the empty ones that the tile-copy cap adds (tune
+    run 23: down r64 T=64 n=1, 17 programs for 5 tiles, shrink 6.5 us with the 16 splits
+    they gave, 5.2 with the 56 that 5 tiles give)."""
     k_splits: int = 0
     """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
     _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
@@ -379,18 +382,18 @@ def _block_k(cfg: ShrinkConfig, hidden: int) -> int:
     return min(cfg.block_k, max(16, next_pow2(hidden)))
 
 
-def _split(cfg: ShrinkConfig, groups: int, programs: int, hidden: int, br: int,
+def _split(cfg: ShrinkConfig, groups: int, tiles: int, hidden: int, br: int,
            device: torch.device):  # fmt: skip
-    """(BLOCK_K, k_per_split, split) for `programs` tile programs of `groups` slice
-    groups (ShrinkConfig.split_for_expected: the programs the step is expected to fill)."""
+    """(BLOCK_K, k_per_split, split) for `tiles` tiles of `groups` slice groups
+    (ShrinkConfig.split_for_expected: the tiles the step is expected to have)."""
     bk = _block_k(cfg, hidden)
     steps = cdiv(hidden, bk)
     work = cfg.programs_per_sm * num_sms(device)
     if cfg.split_for_expected:
-        want = max(1, work * 16 // br // max(1, programs * groups))
+        want = max(1, work * 16 // br // max(1, tiles * groups))
         want = min(1 << (want.bit_length() - 1), max(1, steps // MIN_K_STEPS))
     else:
-        want = max(1, work // max(1, programs * groups))
+        want = max(1, work // max(1, tiles * groups))
     split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     if cfg.k_splits:
         split = min(cfg.k_splits, steps)
@@ -448,11 +451,15 @@ def lora_shrink_triton(
     if cfg.stream_k:
         _launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
-    programs = tile_programs(tokens, num_slots, bm, expected_slots(meta))
-    # K splits for the programs launched (ShrinkConfig.split_for_expected), else as for
-    # a step of all L slots
-    bound = programs if cfg.split_for_expected else tile_programs(tokens, num_slots, bm)
-    bk, k_per_split, split = _split(cfg, groups, bound, hidden, br, x.device)
+    expected = expected_slots(meta)
+    programs = tile_programs(tokens, num_slots, bm, expected)
+    # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
+    # grid of a step of all L slots
+    if cfg.split_for_expected:
+        tiles = expected_tiles(tokens, num_slots, bm, expected)
+    else:
+        tiles = tile_programs(tokens, num_slots, bm)
+    bk, k_per_split, split = _split(cfg, groups, tiles, hidden, br, x.device)
     off1, off2 = sl.offsets
     stride_l, stride_r, stride_h = sl.strides[0]
     _shrink_kernel[(groups, split, programs)](

@@ -147,6 +147,17 @@ def test_tile_copies_cover_every_possible_tile():
     assert tile_programs(64, 64, 16) == 68 and tile_copies(64, 64, 16, 68) == 1
 
 
+def test_expected_tiles_count_the_tiles_a_step_can_have():
+    """expected_tiles: ceil(T / block_m) + min(slots, T), whatever the grid launched (the
+    decode shrink's K split counts these, not the programs the tile-copy cap adds)."""
+    from kernels.meta import expected_tiles
+
+    assert expected_tiles(64, 64, 16, 1) == 5 and tile_programs(64, 64, 16, 1) == 17
+    assert expected_tiles(64, 64, 16, 8) == 12 and expected_tiles(64, 64, 16) == 68
+    assert expected_tiles(5, 64, 16, 32) == 1 + 5  # never more slots than tokens
+    assert expected_tiles(64, 4, 16, 32) == 4 + 4  # nor than the pool's
+
+
 def test_expected_slots_size_the_tile_grid():
     """SegmentMeta.expected_slots: one tile program per tile that many slots could make
     (ceil(T / block_m) + expected), never more than the bound for all L slots."""

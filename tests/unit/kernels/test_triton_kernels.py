@@ -448,13 +448,34 @@ def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     assert cfg.split_for_expected and cfg.num_warps == 2 and cfg.block_k == 128
     assert not sh.default_config(32, 16, 2, 3, 4096).split_for_expected
     cpu = torch.device("cpu")
-    # qkv r16 T=64: 64 adapters (68 tile programs, 3 slice groups) -> 8; 1 adapter -> 16
+    # qkv r16 T=64: 64 adapters (68 tiles, 3 slice groups) -> 8; 1 adapter (5) -> 16
     assert sh._split(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
     assert sh._split(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
     assert sh._split(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
     assert sh._split(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
     assert sh._split(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
     assert sh._split(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
+    assert sh._split(cfg, 1, 5, 14336, 64, cpu)[2] == 56  # down r64 T=64 n=1: 2 k-steps
+
+
+def test_decode_split_counts_expected_tiles_not_programs(triton_backend, monkeypatch):
+    """The launcher sizes the decode split by the tiles the step can have, not by the tile
+    programs it launches (the tile-copy cap adds empty ones: 40 tokens in 64 slots, 1
+    adapter expected: 4 tiles, 11 programs)."""
+    from kernels.triton import lora_shrink as sh
+
+    seen = []
+    real = sh._split
+    monkeypatch.setattr(
+        sh, "_split", lambda cfg, g, tiles, *a: seen.append(tiles) or real(cfg, g, tiles, *a)
+    )
+    token_slots = torch.full((40,), 7)
+    x = torch.randn(40, 64)
+    lora_a = random_slices(64, [(16, 64)], torch.float32, "cpu", 0.1)
+    out = SegmentMeta.empty(40, 64, torch.device("cpu"), 16, expected_slots=1)
+    buf = lora_shrink(x, lora_a, build_meta(token_slots, 64, out=out))
+    assert seen == [4] and sh.tile_programs(40, 64, 16, 1) == 11
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots)) < TOLERANCE[torch.float32]
 
 
 @pytest.mark.parametrize("expected", [1, 4, None])
@@ -468,7 +489,7 @@ def test_decode_split_for_expected_matches_oracle(triton_backend, monkeypatch, e
     token_slots, x, lora_a, _ = _case(40, 200, 3, 16, 4, 0.1, torch.float32, slots=6)
     out = SegmentMeta.empty(40, 6, torch.device("cpu"), 16, expected_slots=expected)
     meta = build_meta(token_slots, 6, out=out)
-    assert sh._split(cfg, 3, sh.tile_programs(40, 6, 16, expected), 200, 16, x.device)[2] > 1
+    assert sh._split(cfg, 3, sh.expected_tiles(40, 6, 16, expected), 200, 16, x.device)[2] > 1
     buf = lora_shrink(x, lora_a, meta, scale=0.5)
     assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
     assert buf[:, token_slots < 0].abs().sum() == 0
