@@ -6,7 +6,7 @@
     python3 benchmarks/lora_kernels.py --no-grid --sweep
 
 `tune`: graph-replay us of the separate shrink and expand kernels per ShrinkConfig /
-ExpandConfig (what default_config in kernels/triton/lora_shrink.py and lora_expand.py is
+ExpandConfig (what default_config in kernels/triton/shrink_plan.py and lora_expand.py is
 chosen from), shrink+expand with and without programmatic dependent launch, and (kind
 "layout") B rank-major against n-major. `tune_block_m`: tile heights (what
 kernels.meta.default_block_m is chosen from). `sweep`: the opt-in fused kernel per FusedTuning.
@@ -434,7 +434,7 @@ def tune(
     ranks: tuple[int, ...] = (16, 64),
 ) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
-    TUNE_SHAPES (what kernels/triton/lora_shrink.py / lora_expand.py default_config use).
+    TUNE_SHAPES (what kernels/triton/shrink_plan.py / lora_expand.py default_config use).
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"

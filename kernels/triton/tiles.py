@@ -187,3 +187,23 @@ def expand_block(
         stride_bn, stride_br, stride_yt, stride_yn, BLOCK_R, ADD_INPUTS,
     )  # fmt: skip
     expand_store(y_ptrs, mask, y_old, b, h, ADD_INPUTS, PRECISION)
+
+
+@triton.jit
+def store(out_ptrs, acc, mask, USE_ATOMIC: tl.constexpr):
+    """out (+)= acc: fp32 atomics where K splits meet in one output, else a plain store."""
+    if USE_ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(out_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def store_slices(out_ptrs, stride_os, acc0, acc1, acc2, scale, mask, NSL: tl.constexpr,
+                 USE_ATOMIC: tl.constexpr):  # fmt: skip
+    """out[j] (+)= scale * acc_j at out_ptrs + j * stride_os, for the NSL slices j."""
+    store(out_ptrs, acc0 * scale, mask, USE_ATOMIC)
+    if NSL > 1:
+        store(out_ptrs + stride_os, acc1 * scale, mask, USE_ATOMIC)
+    if NSL > 2:
+        store(out_ptrs + 2 * stride_os, acc2 * scale, mask, USE_ATOMIC)

@@ -22,7 +22,8 @@ from kernels.meta import FULL_RANK
 from kernels.triton.build_meta import _build_meta_kernel
 from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
-from kernels.triton.lora_shrink import _shrink_kernel, _shrink_stream_kernel
+from kernels.triton.lora_shrink import _shrink_kernel
+from kernels.triton.lora_shrink_stream import _shrink_stream_kernel
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}

@@ -93,7 +93,7 @@ def test_slice_checks_are_cached_per_tensors_and_revalidated_for_new_ones():
 def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices, hidden):
     """Split-K: 3 pipeline stages of x and A tiles stay within ~120 KB (the H200 allows
     227 KB). Stream-K (prefill, rank >= 64): all programs of an SM fit at once."""
-    from kernels.triton.lora_shrink import STREAM_SHARED_BYTES, default_config
+    from kernels.triton.shrink_plan import STREAM_SHARED_BYTES, default_config
 
     cfg = default_config(bm, br, elem, num_slices, hidden)
     assert cfg.stream_k == (bm >= 32 and br >= 64 and (bm == 64 or hidden <= 8192))

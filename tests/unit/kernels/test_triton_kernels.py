@@ -441,7 +441,7 @@ def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     (ShrinkConfig.split_for_expected): ~16 programs with work per SM at rank 16, a quarter
     at rank 64, a power of two, >= 2 k-steps each, >= H / MAX_K_PER_SPLIT (figures for
     the H200's 132 SMs: tune run 22's best splits)."""
-    from kernels.triton import lora_shrink as sh
+    from kernels.triton import shrink_plan as sh
 
     monkeypatch.setattr(sh, "num_sms", lambda device: 132)
     cfg = sh.default_config(16, 16, 2, 3, 4096)
@@ -449,13 +449,13 @@ def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     assert not sh.default_config(32, 16, 2, 3, 4096).split_for_expected
     cpu = torch.device("cpu")
     # qkv r16 T=64: 64 adapters (68 tiles, 3 slice groups) -> 8; 1 adapter (5) -> 16
-    assert sh._split(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
-    assert sh._split(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
-    assert sh._split(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
-    assert sh._split(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
-    assert sh._split(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
-    assert sh._split(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
-    assert sh._split(cfg, 1, 5, 14336, 64, cpu)[2] == 56  # down r64 T=64 n=1: 2 k-steps
+    assert sh.split_k(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
+    assert sh.split_k(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
+    assert sh.split_k(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
+    assert sh.split_k(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
+    assert sh.split_k(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
+    assert sh.split_k(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
+    assert sh.split_k(cfg, 1, 5, 14336, 64, cpu)[2] == 56  # down r64 T=64 n=1: 2 k-steps
 
 
 def test_decode_split_counts_expected_tiles_not_programs(triton_backend, monkeypatch):
@@ -465,9 +465,9 @@ def test_decode_split_counts_expected_tiles_not_programs(triton_backend, monkeyp
     from kernels.triton import lora_shrink as sh
 
     seen = []
-    real = sh._split
+    real = sh.split_k
     monkeypatch.setattr(
-        sh, "_split", lambda cfg, g, tiles, *a: seen.append(tiles) or real(cfg, g, tiles, *a)
+        sh, "split_k", lambda cfg, g, tiles, *a: seen.append(tiles) or real(cfg, g, tiles, *a)
     )
     token_slots = torch.full((40,), 7)
     x = torch.randn(40, 64)
@@ -489,7 +489,7 @@ def test_decode_split_for_expected_matches_oracle(triton_backend, monkeypatch, e
     token_slots, x, lora_a, _ = _case(40, 200, 3, 16, 4, 0.1, torch.float32, slots=6)
     out = SegmentMeta.empty(40, 6, torch.device("cpu"), 16, expected_slots=expected)
     meta = build_meta(token_slots, 6, out=out)
-    assert sh._split(cfg, 3, sh.expected_tiles(40, 6, 16, expected), 200, 16, x.device)[2] > 1
+    assert sh.split_k(cfg, 3, sh.expected_tiles(40, 6, 16, expected), 200, 16, x.device)[2] > 1
     buf = lora_shrink(x, lora_a, meta, scale=0.5)
     assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5)) < TOLERANCE[torch.float32]
     assert buf[:, token_slots < 0].abs().sum() == 0
@@ -518,7 +518,7 @@ def test_shrink_rows_past_a_tile_do_not_leak(triton_backend, monkeypatch, stream
 def test_x_offsets_fit_int32_rule():
     """The host's choice of 32-bit x offsets (LEAN_X): the largest element offset, by the
     tensor's strides, must stay below 2**31."""
-    from kernels.triton.lora_shrink import offsets_fit_i32
+    from kernels.triton.shrink_plan import offsets_fit_i32
 
     assert offsets_fit_i32(torch.empty(4096, 14336, device="meta"))
     assert offsets_fit_i32(torch.empty(2**31 // 4096, 4096, device="meta"))  # last offset 2**31-1
