@@ -248,3 +248,40 @@ def call_both(st, workspace=None):
 
 def call_fused(st):
     lora_shrink_expand_triton(st["y"], st["x"], st["pool"].a, st["pool"].b, st["meta"])
+
+
+def time_config(mod, name: str, cfg, fns, prologue=None) -> float:
+    """Graph-replay us of fns with mod.<name> (a launch-config override) set to cfg; NaN,
+    printed, if the config cannot launch (an unlaunchable config is data too). The
+    override is reset to None afterwards."""
+    setattr(mod, name, cfg)
+    try:
+        return time_graph(fns, 10, prologue=prologue)
+    except Exception as e:
+        print(f"  {cfg}: {e!r}"[:300], flush=True)
+        return float("nan")
+    finally:
+        setattr(mod, name, None)
+
+
+def config_expand_err(mod, cfg, st: dict) -> float:
+    """lora_bench.expand_err of one expand call with launch config cfg."""
+
+    def run():
+        mod.CONFIG_OVERRIDE = cfg
+        try:
+            call_expand(st)
+        finally:
+            mod.CONFIG_OVERRIDE = None
+
+    return expand_err(st, run)
+
+
+def default_shrink(st: dict, layer: str, rank: int):
+    from kernels.triton.common import block_r
+    from kernels.triton.shrink_plan import default_config
+
+    hidden, sizes = LAYERS[layer]
+    return default_config(
+        st["meta"].block_m, block_r(rank), st["x"].element_size(), len(sizes), hidden
+    )

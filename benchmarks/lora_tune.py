@@ -14,7 +14,6 @@ kernels.meta.default_block_m is chosen from). `sweep`: the opt-in fused kernel p
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 
@@ -27,15 +26,17 @@ from benchmarks.lora_bench import (
     call_expand,
     call_fused,
     call_shrink,
-    expand_err,
-    expecting,
+    config_expand_err,
+    default_shrink,
     floor_bytes,
     make_sets,
     num_sets,
     pdl,
+    time_config,
     time_graph,
     workspaces,
 )
+from benchmarks.lora_tune_decode import tune_decode, tune_hint
 
 SWEEP_SHAPES = [
     ("o", 16, 64, 8),
@@ -67,33 +68,6 @@ SWEEP_PREFILL = [
 ]  # fmt: skip
 
 
-def _time_config(mod, name: str, cfg, fns, prologue=None) -> float:
-    """Graph-replay us of fns with mod.<name> (a launch-config override) set to cfg; NaN,
-    printed, if the config cannot launch (an unlaunchable config is data too). The
-    override is reset to None afterwards."""
-    setattr(mod, name, cfg)
-    try:
-        return time_graph(fns, 10, prologue=prologue)
-    except Exception as e:
-        print(f"  {cfg}: {e!r}"[:300], flush=True)
-        return float("nan")
-    finally:
-        setattr(mod, name, None)
-
-
-def _expand_err(mod, cfg, st: dict) -> float:
-    """lora_bench.expand_err of one expand call with launch config cfg."""
-
-    def run():
-        mod.CONFIG_OVERRIDE = cfg
-        try:
-            call_expand(st)
-        finally:
-            mod.CONFIG_OVERRIDE = None
-
-    return expand_err(st, run)
-
-
 def sweep(bw: float, budget_s: float) -> list[dict]:
     """Graph-replay us of the fused kernel per tuning on a few shapes (tuning data)."""
     from kernels.triton import lora_fused as fu
@@ -109,7 +83,7 @@ def sweep(bw: float, budget_s: float) -> list[dict]:
         for knobs in SWEEP_DECODE if tokens <= 256 else SWEEP_PREFILL:
             tuning = fu.FusedTuning(*knobs)
             fns = [functools.partial(call_fused, st) for st in sets]
-            us = _time_config(fu, "TUNING_OVERRIDE", tuning, fns)
+            us = time_config(fu, "TUNING_OVERRIDE", tuning, fns)
             rows.append({"shape": f"{layer} r{rank} T={tokens} n={n}", "tuning": repr(tuning),
                          "graph_us": us, "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
             print(f"{rows[-1]['shape']:24s} {us:7.1f} us (floor {rows[-1]['floor_us']:.1f}) {knobs}",
@@ -163,7 +137,7 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
                 trials += [("expand", None, [functools.partial(call_expand, st) for st in sets])]
             for kind, cfg, fns in trials:
                 prologue = None if kind == "expand" else memset
-                us = _time_config(sh, "CONFIG_OVERRIDE", cfg, fns, prologue)
+                us = time_config(sh, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 rows.append({"shape": shape, "kind": kind, "block_m": bm, "config": repr(cfg),
                              "graph_us": us, "floor_us": fb[kind] / bw * 1e6})  # fmt: skip
                 print(f"{shape:24s} {kind:6s} block_m={bm:3d} {us:7.1f} us "
@@ -204,7 +178,7 @@ def _lean_configs(st: dict, layer: str, rank: int):
     default) and with the row mask and 64-bit offsets."""
     from dataclasses import replace
 
-    base = _default_shrink(st, layer, rank)
+    base = default_shrink(st, layer, rank)
     return [replace(base, lean_x=True), replace(base, lean_x=False)]
 
 
@@ -214,7 +188,7 @@ def _stack_configs(st: dict, layer: str, rank: int):
     stacked with more or fewer K splits and a deeper pipeline."""
     from dataclasses import replace
 
-    base = _default_shrink(st, layer, rank)
+    base = default_shrink(st, layer, rank)
     if base.stream_k or not base.fuse_slices:
         return []
     return [
@@ -231,7 +205,7 @@ def _long_k_configs(st: dict, layer: str, rank: int):
     programs walk all of K, or half, in one loop (ShrinkConfig.max_k_per_split = H)."""
     from kernels.triton.lora_shrink import ShrinkConfig
 
-    base = _default_shrink(st, layer, rank)
+    base = default_shrink(st, layer, rank)
     if not base.stream_k:
         return []
     hidden = LAYERS[layer][0]
@@ -252,16 +226,6 @@ def _late_configs(st: dict, layer: str, rank: int):
     return [replace(base, late_add=True), replace(base, late_add=False)]
 
 
-def _default_shrink(st: dict, layer: str, rank: int):
-    from kernels.triton.common import block_r
-    from kernels.triton.lora_shrink import default_config
-
-    hidden, sizes = LAYERS[layer]
-    return default_config(
-        st["meta"].block_m, block_r(rank), st["x"].element_size(), len(sizes), hidden
-    )
-
-
 def _expand_configs(prefill: bool):
     """(block_n, warps), then several blocks per program (n_iters, pipelined by
     num_stages) at the widths that fit the registers (lora_expand.ExpandConfig)."""
@@ -273,152 +237,6 @@ def _expand_configs(prefill: bool):
     return [ExpandConfig(*c) for c in ((64, 4), (128, 4), (128, 8), (256, 8), (64, 4, 4, 2),
                                        (64, 4, 4, 3), (128, 4, 2, 2), (128, 4, 4, 2),
                                        (128, 8, 4, 2), (128, 8, 2, 3))]  # fmt: skip
-
-
-HINT_SHAPES = [  # layer, rank, T, n: decode and T=1024 with few to many adapters
-    (layer, rank, tokens, n)
-    for layer in ("qkv", "o", "gate_up", "down")
-    for rank in (16, 64)
-    for tokens, n in ((16, 8), (64, 1), (64, 8), (64, 32), (64, 64), (256, 1), (256, 8),
-                      (256, 32), (256, 64), (1024, 1), (1024, 8))
-]  # fmt: skip
-
-
-DECODE_SHAPES = [  # layer, rank, T, n: decode steps from one to many adapters
-    ("qkv", 16, 64, 1), ("qkv", 16, 64, 8), ("qkv", 16, 64, 32), ("qkv", 16, 64, 64),
-    ("qkv", 16, 256, 8), ("qkv", 16, 256, 32), ("qkv", 16, 256, 64), ("o", 16, 64, 8),
-    ("o", 16, 256, 64), ("down", 16, 64, 32), ("down", 16, 64, 64), ("down", 16, 256, 32),
-    ("gate_up", 16, 64, 64), ("gate_up", 16, 256, 8), ("qkv", 64, 64, 32), ("o", 64, 64, 32),
-    ("gate_up", 64, 64, 8), ("down", 64, 256, 8),
-    # run 23 on: rank 64 from one token to many adapters
-    ("qkv", 64, 1, 1), ("down", 64, 1, 1), ("qkv", 64, 64, 1), ("down", 64, 64, 1),
-    ("down", 64, 64, 8), ("qkv", 64, 256, 8), ("o", 64, 256, 8), ("qkv", 64, 64, 64),
-]  # fmt: skip
-
-
-def _decode_shrink_configs(st: dict, layer: str, rank: int):
-    """Split-K shrinks at decode by their K splits (ShrinkConfig.k_splits: how many bytes
-    of A one program streams), BLOCK_K 128 and 256, 4 and 2 warps, and the default."""
-    from dataclasses import replace
-
-    base = _default_shrink(st, layer, rank)
-    return (
-        [base]
-        + [replace(base, block_k=128, k_splits=k) for k in (1, 2, 4, 8, 16, 32, 64)]
-        + [replace(base, block_k=256, k_splits=k) for k in (2, 4, 8, 16)]
-        + [replace(base, block_k=128, k_splits=k, num_warps=2) for k in (4, 8, 16, 32)]
-    )
-
-
-def _decode_expand_configs(st: dict, layer: str, rank: int):
-    """Expands at decode by the columns one program writes (block_n x n_iters), warps,
-    and the default; late_add as the default's."""
-    from dataclasses import replace
-
-    from kernels.triton.common import block_r
-    from kernels.triton.lora_expand import default_config
-
-    base = default_config(st["meta"].block_m, block_r(rank), max(LAYERS[layer][1]))
-    wide = [(64, 4, 1, 1), (128, 4, 1, 1), (256, 4, 1, 1), (512, 4, 1, 1), (512, 8, 1, 1)]
-    loops = [(128, 4, 2, 2), (128, 4, 4, 2), (256, 4, 2, 2), (128, 2, 1, 1), (256, 8, 1, 1)]
-    return [base] + [
-        replace(base, block_n=bn, num_warps=w, n_iters=it, num_stages=stages)
-        for bn, w, it, stages in wide + loops
-    ]
-
-
-def tune_decode(bw: float, budget_s: float, ranks: tuple[int, ...] = (16, 64)) -> list[dict]:
-    """Shrink alone and expand alone per launch config on DECODE_SHAPES of these ranks, each step
-    expecting its n adapters (SegmentMeta.expected_slots, as the engine runs them), and
-    shrink + expand with the default configs: how many bytes one program should move
-    at decode (_decode_shrink_configs, _decode_expand_configs)."""
-    from kernels.triton import lora_expand as ex
-    from kernels.triton import lora_shrink as sh
-
-    rows, t0 = [], time.monotonic()
-    for layer, rank, tokens, n in DECODE_SHAPES:
-        if rank not in ranks:
-            continue
-        shape = f"{layer} r{rank} T={tokens} n={n}"
-        if time.monotonic() - t0 > budget_s:
-            print(f"decode tune budget spent: skipping {shape}", flush=True)
-            continue
-        fb = floor_bytes(layer, tokens, n, rank, rank)
-        pools = Pools(layer, rank)
-        sets, _ = make_sets(
-            layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r, expected_slots=n
-        )
-        memset, views = workspaces(sets, layer, rank)
-        pairs = list(zip(sets, views, strict=True))
-        trials = [("both", sh, None, [functools.partial(call_both, st, v) for st, v in pairs])]
-        shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
-        trials += [("shrink", sh, c, shrink) for c in _decode_shrink_configs(sets[0], layer, rank)]
-        expand = [functools.partial(call_expand, st) for st in sets]
-        trials += [("expand", ex, c, expand) for c in _decode_expand_configs(sets[0], layer, rank)]
-        for kind, mod, cfg, fns in trials:
-            us = _time_config(
-                mod, "CONFIG_OVERRIDE", cfg, fns, None if kind == "expand" else memset
-            )
-            row = {"shape": shape, "kind": f"decode_{kind}", "config": repr(cfg), "graph_us": us,
-                   "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
-            if kind == "expand" and cfg is not None:
-                row["err_vs_default"] = _expand_err(mod, cfg, sets[0])
-            rows.append(row)
-            print(f"{shape:24s} {kind:6s} {us:7.1f} us (floor {row['floor_us']:.1f}) "
-                  f"{cfg or 'default'}", flush=True)  # fmt: skip
-        del sets, views, pools, pairs, trials, shrink, expand
-        torch.cuda.empty_cache()
-    return rows
-
-
-def tune_hint(bw: float, copies: bool = False) -> list[dict]:
-    """Graph-replay us of shrink + expand (as the engine runs them) with the tile grids
-    sized for all L = 64 slots (SegmentMeta.expected_slots None: ceil(T / BLOCK_M) +
-    min(L, T) tile programs, most past the device-side tile count when the batch has
-    few adapters) and for expected_slots = n, 2n and 4n.
-
-    copies: instead, expected_slots = n with kernels.meta.MAX_TILE_COPIES at 2, 4 and 8
-    (a cap of c launches at least max_tiles / c tile programs), on the decode shapes;
-    the kernels ignore the expectation at prefill tiles."""
-    rows = []
-    for layer, rank, tokens, n in HINT_SHAPES:
-        if copies and tokens > 256:
-            continue
-        fb = floor_bytes(layer, tokens, n, rank, rank)
-        pools = Pools(layer, rank)
-        sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r)
-        memset, views = workspaces(sets, layer, rank)
-        fns = [functools.partial(call_both, st, v) for st, v in zip(sets, views, strict=True)]
-        shape = f"{layer} r{rank} T={tokens} n={n}"
-        variants = (
-            [(None, None)] + [(n, c) for c in (2, 4, 8)]
-            if copies
-            else [(h, None) for h in (None, n, min(2 * n, 64), min(4 * n, 64))]
-        )
-        for hint, cap in variants:
-            with expecting(sets, hint), _max_tile_copies(cap):
-                us = time_graph(fns, 10, prologue=memset)
-            rows.append({"shape": shape, "kind": "copies" if copies else "hint",
-                         "expected_slots": hint, "max_tile_copies": cap, "graph_us": us,
-                         "floor_us": fb["both"] / bw * 1e6})  # fmt: skip
-            print(f"{shape:24s} hint {hint!s:4s} copies {cap!s:4s} {us:7.1f} us "
-                  f"(floor {rows[-1]['floor_us']:.1f})", flush=True)  # fmt: skip
-        del sets, views, pools
-        torch.cuda.empty_cache()
-    return rows
-
-
-@contextlib.contextmanager
-def _max_tile_copies(cap: int | None):
-    """kernels.meta.MAX_TILE_COPIES = cap inside the block (None: as it is)."""
-    from kernels import meta
-
-    before = meta.MAX_TILE_COPIES
-    meta.MAX_TILE_COPIES = before if cap is None else cap
-    try:
-        yield
-    finally:
-        meta.MAX_TILE_COPIES = before
 
 
 FLOOR_OF = {"expand": "expand", "late": "expand", "lateboth": "both"}
@@ -497,12 +315,12 @@ def tune(
                         for st, v in zip(sets, views, strict=True)
                     ]
                 prologue = None if floor == "expand" else memset
-                us = _time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
+                us = time_config(mod, "CONFIG_OVERRIDE", cfg, fns, prologue)
                 row = {"shape": shape, "kind": kind, "b_rank_major": rank_major,
                        "config": repr(cfg), "graph_us": us,
                        "floor_us": fb[floor] / bw * 1e6}  # fmt: skip
                 if floor == "expand" and kind != "expand":
-                    row["err_vs_default"] = _expand_err(mod, cfg, sets[0])
+                    row["err_vs_default"] = config_expand_err(mod, cfg, sets[0])
                 rows.append(row)
                 err = f" err={row['err_vs_default']:.1e}" if "err_vs_default" in row else ""
                 print(f"{shape:24s} {kind:6s} {'rm' if rank_major else 'nm'} {us:7.1f} us "
