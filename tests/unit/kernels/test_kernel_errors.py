@@ -86,26 +86,6 @@ def test_slice_checks_are_cached_per_tensors_and_revalidated_for_new_ones():
     assert slices_of(other, "lora_a") is not first and slices_of(other, "lora_a").count == 1
 
 
-@pytest.mark.parametrize("bm", [16, 32, 64])
-@pytest.mark.parametrize("br", [16, 32, 64, 128])
-@pytest.mark.parametrize("elem,num_slices", [(2, 1), (2, 3), (4, 2), (4, 3)])
-@pytest.mark.parametrize("hidden", [4096, 14336])
-def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices, hidden):
-    """Split-K: 3 pipeline stages of x and A tiles stay within ~120 KB (the H200 allows
-    227 KB). Stream-K (prefill, rank >= 64): all programs of an SM fit at once."""
-    from kernels.triton.shrink_plan import STREAM_SHARED_BYTES, default_config
-
-    cfg = default_config(bm, br, elem, num_slices, hidden)
-    assert cfg.stream_k == (bm >= 32 and br >= 64 and (bm == 64 or hidden <= 8192))
-    rows = bm + (num_slices if cfg.fuse_slices else 1) * br
-    if cfg.stream_k:
-        assert not cfg.fuse_slices and cfg.num_stages == 5
-        assert cfg.programs_per_sm * 3 * rows * cfg.block_k * elem <= STREAM_SHARED_BYTES
-    else:
-        assert rows * cfg.block_k * elem * 3 <= 120_000
-        assert cfg.fuse_slices == (bm >= 32 and br <= 64)
-
-
 def test_per_slice_strides_pad_with_slice_zero():
     """Absent slices repeat slice 0's stride: a unit stride shared by every slice stays
     a constant 1 through the kernel's pick by slice (Triton then vectorises the loads;

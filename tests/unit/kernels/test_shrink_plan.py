@@ -1,0 +1,60 @@
+"""Launch planning of the segmented shrink (kernels/triton/shrink_plan.py): default
+configs per tile shape, the K split, 32-bit x offsets. Pure logic, no kernels run."""
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("bm", [16, 32, 64])
+@pytest.mark.parametrize("br", [16, 32, 64, 128])
+@pytest.mark.parametrize("elem,num_slices", [(2, 1), (2, 3), (4, 2), (4, 3)])
+@pytest.mark.parametrize("hidden", [4096, 14336])
+def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices, hidden):
+    """Split-K: 3 pipeline stages of x and A tiles stay within ~120 KB (the H200 allows
+    227 KB). Stream-K (prefill, rank >= 64): all programs of an SM fit at once."""
+    from kernels.triton.shrink_plan import STREAM_SHARED_BYTES, default_config
+
+    cfg = default_config(bm, br, elem, num_slices, hidden)
+    assert cfg.stream_k == (bm >= 32 and br >= 64 and (bm == 64 or hidden <= 8192))
+    rows = bm + (num_slices if cfg.fuse_slices else 1) * br
+    if cfg.stream_k:
+        assert not cfg.fuse_slices and cfg.num_stages == 5
+        assert cfg.programs_per_sm * 3 * rows * cfg.block_k * elem <= STREAM_SHARED_BYTES
+    else:
+        assert rows * cfg.block_k * elem * 3 <= 120_000
+        assert cfg.fuse_slices == (bm >= 32 and br <= 64)
+
+
+def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
+    """Decode shrinks size their K splits for the tiles the step is expected to have
+    (ShrinkConfig.split_for_expected): ~16 programs with work per SM at rank 16, a quarter
+    at rank 64, a power of two, >= 2 k-steps each, >= H / MAX_K_PER_SPLIT (figures for
+    the H200's 132 SMs: tune run 22's best splits)."""
+    from kernels.triton import shrink_plan as sh
+
+    monkeypatch.setattr(sh, "num_sms", lambda device: 132)
+    cfg = sh.default_config(16, 16, 2, 3, 4096)
+    assert cfg.split_for_expected and cfg.num_warps == 2 and cfg.block_k == 128
+    assert not sh.default_config(32, 16, 2, 3, 4096).split_for_expected
+    cpu = torch.device("cpu")
+    # qkv r16 T=64: 64 adapters (68 tiles, 3 slice groups) -> 8; 1 adapter (5) -> 16
+    assert sh.split_k(cfg, 3, 68, 4096, 16, cpu) == (128, 512, 8)
+    assert sh.split_k(cfg, 3, 5, 4096, 16, cpu) == (128, 256, 16)  # 2 k-steps each
+    assert sh.split_k(cfg, 3, 36, 4096, 64, cpu)[2] == 4  # qkv r64 T=64 n=32
+    assert sh.split_k(cfg, 1, 36, 4096, 64, cpu)[2] == 8  # o r64 T=64 n=32
+    assert sh.split_k(cfg, 1, 24, 14336, 64, cpu)[2] == 16  # down r64 T=256 n=8
+    assert sh.split_k(cfg, 1, 68, 14336, 64, cpu)[2] == 14  # >= H / MAX_K_PER_SPLIT
+    assert sh.split_k(cfg, 1, 5, 14336, 64, cpu)[2] == 56  # down r64 T=64 n=1: 2 k-steps
+
+
+def test_x_offsets_fit_int32_rule():
+    """The host's choice of 32-bit x offsets (LEAN_X): the largest element offset, by the
+    tensor's strides, must stay below 2**31."""
+    from kernels.triton.shrink_plan import offsets_fit_i32
+
+    assert offsets_fit_i32(torch.empty(4096, 14336, device="meta"))
+    assert offsets_fit_i32(torch.empty(2**31 // 4096, 4096, device="meta"))  # last offset 2**31-1
+    assert not offsets_fit_i32(torch.empty(2**31 // 4096 + 1, 4096, device="meta"))
+    wide = torch.empty(2049, 2**20, device="meta")[:, :4096]  # row stride 2**20, 2049 rows
+    assert not offsets_fit_i32(wide)
+    assert offsets_fit_i32(torch.empty(4096, 2048, device="meta").t())  # column-major
