@@ -109,27 +109,25 @@ def _expand_kernel(
     stride_bl = pick(s, stride_bl0, stride_bl1, stride_bl2).to(tl.int64)
     stride_bn = pick(s, stride_bn0, stride_bn1, stride_bn2)
     stride_br = pick(s, stride_br0, stride_br1, stride_br2)
-    # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
-    # Further tiles (when the step has more than there are programs): TILE_COPIES - 1
-    # more straight copies, not a loop (a loop took ~1.5x the registers, even unrun).
+    # Tile j of this program is program_id + j * num_programs. The first needs no tile
+    # count (tiles past it have slot -1: no work); the other TILE_COPIES - 1 (when the
+    # step has more tiles than programs) are guarded straight copies, not a loop (a loop
+    # took ~1.5x the registers, even unrun). j is a constant: go is True for the first.
     if TILE_COPIES > 1:  # loaded first: waiting for it after the first tile cost each
         num_tiles = tl.load(num_tiles_ptr)  # program an extra round trip at its end
-    _expand_tile(
-        y_ptr, buf_ptr, b_slice, tl.program_id(1), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-        s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
-        stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-        BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
-    )  # fmt: skip
-    if TILE_COPIES > 1:
-        for j in tl.static_range(1, TILE_COPIES):
-            tile = tl.program_id(1) + j * num_programs
-            if tile < num_tiles:
-                _expand_tile(
-                    y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                    s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
-                    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
-                    BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
-                )  # fmt: skip
+    for j in tl.static_range(TILE_COPIES):
+        tile = tl.program_id(1) + j * num_programs
+        if j == 0:
+            go = True
+        else:
+            go = tile < num_tiles
+        if go:
+            _expand_tile(
+                y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+                s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
+                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+                BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
+            )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
         gdc_wait()
 

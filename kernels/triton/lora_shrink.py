@@ -127,29 +127,26 @@ def _shrink_kernel(
     off_g = pick(pid_g, 0, a_off1, a_off2).to(tl.int64)
     off1 = a_off1.to(tl.int64)
     off2 = a_off2.to(tl.int64)
-    # The program's first tile needs no tile count: tiles past it have slot -1 (no work).
-    # Further tiles (when the step has more than there are programs): TILE_COPIES - 1
-    # more straight copies, not a loop (a loop took ~2x the registers, even unrun).
+    # Tile j of this program is program_id + j * num_programs. The first needs no tile
+    # count (tiles past it have slot -1: no work); the other TILE_COPIES - 1 (when the
+    # step has more tiles than programs) are guarded straight copies, not a loop (a loop
+    # took ~2x the registers, even unrun). j is a constant: go is True for the first.
     if TILE_COPIES > 1:  # loaded first: waiting for it after the first tile cost each
         num_tiles = tl.load(num_tiles_ptr)  # program an extra round trip at its end
-    _shrink_tile(
-        x_ptr, a_ptr, out_ptr, tl.program_id(2), tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-        pid_g, off_g, off1, off2, k0,
-        stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-        H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC, PRECISION,
-        LEAN_X, BLOCK_S,
-    )  # fmt: skip
-    if TILE_COPIES > 1:
-        for j in tl.static_range(1, TILE_COPIES):
-            tile = tl.program_id(2) + j * num_programs
-            if tile < num_tiles:
-                _shrink_tile(
-                    x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
-                    pid_g, off_g, off1, off2, k0,
-                    stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
-                    H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
-                    PRECISION, LEAN_X, BLOCK_S,
-                )  # fmt: skip
+    for j in tl.static_range(TILE_COPIES):
+        tile = tl.program_id(2) + j * num_programs
+        if j == 0:
+            go = True
+        else:
+            go = tile < num_tiles
+        if go:
+            _shrink_tile(
+                x_ptr, a_ptr, out_ptr, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
+                pid_g, off_g, off1, off2, k0,
+                stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
+                H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
+                PRECISION, LEAN_X, BLOCK_S,
+            )  # fmt: skip
 
 
 def check_x_a(x: torch.Tensor, lora_a) -> Slices:
