@@ -164,13 +164,14 @@ def split_k(cfg: ShrinkConfig, groups: int, tiles: int, hidden: int, br: int,
     bk = block_k_for(cfg, hidden)
     steps = cdiv(hidden, bk)
     work = cfg.programs_per_sm * num_sms(device)
-    if cfg.split_for_expected:
-        want = max(1, work * 16 // br // max(1, tiles * groups))
-        want = min(1 << (want.bit_length() - 1), max(1, steps // MIN_K_STEPS))
-    else:
-        want = max(1, work // max(1, tiles * groups))
-    split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     if cfg.k_splits:
         split = min(cfg.k_splits, steps)
+    else:
+        if cfg.split_for_expected:
+            want = max(1, work * 16 // br // max(1, tiles * groups))
+            want = min(1 << (want.bit_length() - 1), max(1, steps // MIN_K_STEPS))
+        else:
+            want = max(1, work // max(1, tiles * groups))
+        split = min(max(want, cdiv(hidden, cfg.max_k_per_split)), steps)
     k_per_split = cdiv(steps, split) * bk
     return bk, k_per_split, cdiv(hidden, k_per_split)
