@@ -96,7 +96,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 10 / (time.perf_counter() - t0)
 
 
-def build(cfg: ModelConfig, max_loras: int, rank: int, overlap_max_tokens: int):
+def build(cfg: ModelConfig, max_loras: int, rank: int):
     from lora_core.context import LoraBatchContext, workspace_per_token
     from lora_core.layers import apply_lora
     from lora_core.slot_buffers import SlotBuffers
@@ -112,12 +112,7 @@ def build(cfg: ModelConfig, max_loras: int, rank: int, overlap_max_tokens: int):
                 t.normal_(0, 0.02)
     buffers.slot_ranks.fill_(rank)
     ctx = LoraBatchContext(
-        8192,
-        DEVICE,
-        buffers.slot_ranks,
-        workspace_per_token(cfg.base_shape, rank),
-        max_rank=rank,
-        overlap_max_tokens=overlap_max_tokens,
+        8192, DEVICE, buffers.slot_ranks, workspace_per_token(cfg.base_shape, rank), max_rank=rank
     )
     apply_lora(model.model, buffers, ctx)
     return model, ctx, buffers
@@ -213,13 +208,6 @@ def main() -> None:
     ap.add_argument(
         "--fused", action="store_true", help="one fused shrink+expand launch per LoRA layer"
     )
-    ap.add_argument(
-        "--overlap-max-tokens",
-        type=int,
-        default=256,
-        help="LoRA shrink beside the base GEMM in captured steps of at most this many tokens "
-        "(LoraBatchContext.overlap_stream); 0: after it, on one stream",
-    )
     ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
     ap.add_argument(
         "--repeat", type=int, default=1, help="rounds over all combos; figures are medians"
@@ -241,7 +229,7 @@ def main() -> None:
         hf.update(SMOKE)
     cfg = ModelConfig.from_hf(hf)
     bw = copy_bandwidth()
-    model, ctx, buffers = build(cfg, 32, args.rank, args.overlap_max_tokens)
+    model, ctx, buffers = build(cfg, 32, args.rank)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     per_adapter = buffers.nbytes / 32
     rows = []
@@ -296,7 +284,6 @@ def main() -> None:
                     "steps": args.steps,
                     "rounds": args.repeat,
                     "cuda_graphs": GRAPHS,
-                    "lora_overlap_max_tokens": args.overlap_max_tokens,
                     "results": rows,
                 },
                 indent=2,

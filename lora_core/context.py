@@ -30,7 +30,6 @@ class LoraBatchContext:
         workspace_per_token: int = 0,
         workspace_tokens: int = 256,
         max_rank: int | None = None,
-        overlap_max_tokens: int = 256,
     ):
         """slot_ranks: int32 [L] on device, the actual rank per slot (SlotBuffers.slot_ranks);
         with it, each step builds one `kernels.SegmentMeta` that every layer shares, so
@@ -42,17 +41,9 @@ class LoraBatchContext:
         slice (`take`), instead of one memset per LoRA layer (decode's fixed cost).
 
         max_rank: the slot width R (SlotBuffers.max_rank); the kernels' tile height
-        follows it (kernels.meta.default_block_m).
-
-        overlap_max_tokens: steps of at most this many tokens, captured in a CUDA graph,
-        run each layer's LoRA shrink on a side stream beside the base GEMM (`overlap_stream`);
-        0: never."""
+        follows it (kernels.meta.default_block_m)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
-        if not isinstance(overlap_max_tokens, int) or overlap_max_tokens < 0:
-            raise ValueError(f"overlap_max_tokens={overlap_max_tokens!r}; allowed: an integer >= 0")
-        self.overlap_max_tokens = overlap_max_tokens
-        self._side: torch.cuda.Stream | None = None
         self.max_num_tokens = max_num_tokens
         self._buf = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
         self.token_slots = self._buf[:0]
@@ -116,26 +107,6 @@ class LoraBatchContext:
         view = self._ws[self._ws_next : self._ws_next + size].view(slices, tokens, rank)
         self._ws_next += size
         return view
-
-    def overlap_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
-        """The side stream a layer runs its LoRA shrink on, beside its base GEMM, for input
-        x: [T, H]; None to run both on the current stream.
-
-        Only while a CUDA graph is being captured: there the fork and join are graph edges
-        that cost nothing at replay (eagerly each is a host-side event, ~2 x 5 us per layer).
-        The shrink reads only x, so it can start with the base GEMM; the expand, which adds
-        into the GEMM's output, waits for both. At decode a base GEMM of a few hundred rows
-        has few output tiles and leaves SMs free, and the shrink's chain of round trips runs
-        on them instead of after the GEMM."""
-        if (
-            x.device.type != "cuda"
-            or x.shape[0] > self.overlap_max_tokens
-            or not torch.cuda.is_current_stream_capturing()
-        ):
-            return None
-        if self._side is None:
-            self._side = torch.cuda.Stream(x.device)
-        return self._side
 
     @property
     def kernel_slots(self) -> torch.Tensor | kernels.SegmentMeta:

@@ -58,28 +58,18 @@ class LinearWithLoRA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, sum N_s]."""
-        if not self.ctx.any_lora:
-            return self.base_layer(x)
-        a = self.buffers.a(self.layer, self.group)
-        b = self.buffers.b(self.layer, self.group)
-        slots = self.ctx.kernel_slots
-        workspace = self.ctx.take(len(a), x.shape[0], a[0].shape[1])
-        side = self.ctx.overlap_stream(x)
-        if side is None:
-            y = self.base_layer(x)
-            kernels.lora_shrink_expand(y, x, a, b, slots, workspace=workspace)
-            return y
-        # The shrink on the side stream beside the base GEMM (LoraBatchContext.overlap_stream);
-        # its output is allocated here, on this stream, so it is not freed under the expand.
-        main = torch.cuda.current_stream(x.device)
-        if workspace is None:
-            workspace = x.new_zeros((len(a), x.shape[0], a[0].shape[1]), dtype=torch.float32)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            kernels.lora_shrink(x, a, slots, out=workspace)
         y = self.base_layer(x)
-        main.wait_stream(side)
-        return kernels.lora_expand(y, workspace, b, slots)
+        if self.ctx.any_lora:
+            a = self.buffers.a(self.layer, self.group)
+            kernels.lora_shrink_expand(
+                y,
+                x,
+                a,
+                self.buffers.b(self.layer, self.group),
+                self.ctx.kernel_slots,
+                workspace=self.ctx.take(len(a), x.shape[0], a[0].shape[1]),
+            )
+        return y
 
     def set_slot(self, slot: int, slices: tuple[SliceWeights | None, ...]) -> None:
         """Write this layer-group's slices of one adapter into `slot`."""

@@ -218,9 +218,6 @@ def test_context_limits() -> None:
     assert ctx.token_slots.tolist() == [0, -1, 3] and ctx.token_slots.dtype == torch.int32
     with pytest.raises(ValueError, match="5 tokens"):
         ctx.set_slots([0] * 5)
-    assert ctx.overlap_stream(torch.zeros(3, 8)) is None  # CPU: one stream
-    with pytest.raises(ValueError, match="overlap_max_tokens=-1"):
-        LoraBatchContext(max_num_tokens=4, device="cpu", overlap_max_tokens=-1)
 
 
 def test_context_meta_tile_height_follows_the_pool_rank() -> None:
