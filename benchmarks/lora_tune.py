@@ -159,6 +159,9 @@ def _shrink_configs(prefill: bool):
         return grid + [ShrinkConfig(128, p, False, 5, stream_k=True) for p in (4, 8, 16)]
     grid = [ShrinkConfig(bk, 4, fuse) for bk in (128, 256) for fuse in (False, True)]
     grid += [ShrinkConfig(64, 4, True)]
+    # stacked fused slices at rank 64 (qkv: 3 x 64 rows in one 256-row operand, x read
+    # once), 8 warps for the [BLOCK_M, 256] accumulator
+    grid += [ShrinkConfig(bk, 4, True, st, 8) for bk, st in ((64, 3), (64, 2), (32, 4))]
     stream = [
         ShrinkConfig(bk, p, fuse, 5, stream_k=True)
         for bk in (64, 128)

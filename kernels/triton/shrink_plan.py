@@ -100,7 +100,12 @@ def default_config(
     (not used there).
     """
     prefill = bm >= 32
-    if prefill and br >= 64 and (bm >= 64 or hidden <= 8192):
+    if (
+        prefill
+        and br >= 64
+        and (bm >= 64 or hidden <= 8192)
+        and not _stacks_pair(bm, br, num_slices)
+    ):
         return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
     rows = bm + (_stacked_rows(num_slices, br) if fuse else br)
@@ -128,6 +133,15 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
         bk //= 2
     fit = STREAM_SHARED_BYTES // (3 * (bm + br) * bk * elem)
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
+
+
+def _stacks_pair(bm: int, br: int, num_slices: int) -> bool:
+    """Two rank-64 slices (gate_up) in 64-row prefill tiles: the fused split-K grid with the
+    slices' A rows stacked into one 128-row operand (no padding rows) instead of stream-K.
+    H200, 2026-12-04 (results/shrink_stack_h200.json), the shrink alone: gate_up r64
+    T=4096 n=8 26.6 vs 31.5 us. Three slices stack into 256 rows for 192 (a quarter of
+    the operand padding): qkv r64 T=4096 n=8 42.4 vs 34.4 us, so qkv keeps stream-K."""
+    return bm >= 64 and br == 64 and num_slices == 2
 
 
 def _stacked_rows(num_slices: int, br: int) -> int:

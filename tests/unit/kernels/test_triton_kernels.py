@@ -393,6 +393,7 @@ def test_stream_k_shrink_matches_oracle(
         (37, 200, 3, 16, (16, 5, 9, 1), 1, 32),  # 3 x 16 rows stacked into 64; H % BLOCK_K
         (70, 128, 2, 16, (16, 16, 3, 16), 3, 16),  # 2 x 16 = 32 rows: no padding slice
         (45, 96, 3, 32, (32, 17, 2, 30), 2, 32),  # 3 x 32 into 128
+        (70, 96, 2, 64, (64, 16, 33, 64), 2, 32),  # gate_up rank 64: 2 x 64 = 128 rows
         (40, 64, 2, 8, (8, 8, 8, 8), 64, 16),  # rank 8 in 16-row blocks; more splits than steps
     ],
 )
