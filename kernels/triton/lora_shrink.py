@@ -7,7 +7,8 @@ before those past the device-side tile count, which only read it and exit.
 Decode-sized batches put each slice in its own program and split K over H, so enough
 programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
 zeroed output); prefill-sized batches give one program all slices so each x tile is
-read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py);
+read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py),
+but for two rank-64 slices in 64-row tiles (gate_up), stacked here into one operand;
 the launch configs are planned in shrink_plan.py. Rows r >= rank of the slot are masked: a low-rank adapter reads only its
 rows of A.
 

@@ -92,7 +92,8 @@ def default_config(
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
-    takes the fused split-K grid as at rank <= 32.
+    takes the fused split-K grid as at rank <= 32, and two rank-64 slices in 64-row tiles
+    (_stacks_pair), which take it with their A rows stacked.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     over 4 prefill shapes within 1% of the best. Runs 8 and 10: the best stream-K config
@@ -139,8 +140,10 @@ def _stacks_pair(bm: int, br: int, num_slices: int) -> bool:
     """Two rank-64 slices (gate_up) in 64-row prefill tiles: the fused split-K grid with the
     slices' A rows stacked into one 128-row operand (no padding rows) instead of stream-K.
     H200, 2026-12-04 (results/shrink_stack_h200.json), the shrink alone: gate_up r64
-    T=4096 n=8 26.6 vs 31.5 us. Three slices stack into 256 rows for 192 (a quarter of
-    the operand padding): qkv r64 T=4096 n=8 42.4 vs 34.4 us, so qkv keeps stream-K."""
+    T=4096 n=8 26.9 vs 30.8 us, n=32 33.3 vs 41.2, n=1 24.7 vs 24.8. Three slices stack
+    into 256 rows for 192 (a quarter of the operand padding): qkv r64 T=4096 n=8 43.1 vs
+    34.4 us, so qkv keeps stream-K. In 32-row tiles (T <= 1024) the pair was 1-6% faster
+    too (gate_up r64 T=1024 n=8 16.5 vs 17.4 us) but no grid has timed it there yet."""
     return bm >= 64 and br == 64 and num_slices == 2
 
 
