@@ -35,7 +35,7 @@ from lora_bench import probe_header, time_graph  # noqa: E402
 
 
 @triton.jit
-def _read_kernel(x_ptr, a_ptr, out_ptr, H, k_per_split, stride_xt,
+def _read_kernel(x_ptr, a_ptr, out_ptr, k_per_split, stride_xt,
                  BM: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, DOT: tl.constexpr,
                  STAGES: tl.constexpr):  # fmt: skip
     """Semantics: out[rows, :] += sum over this program's K range of x[rows, k] (* a[k, :])."""
@@ -63,9 +63,8 @@ def _read_kernel(x_ptr, a_ptr, out_ptr, H, k_per_split, stride_xt,
 
 def _read(x, a, out, bm, bk, split, stages, warps, dot):
     tokens, hidden = x.shape
-    k_per_split = hidden // split
     _read_kernel[(split, tokens // bm)](
-        x, a, out, hidden, k_per_split, x.stride(0),
+        x, a, out, hidden // split, x.stride(0),
         BM=bm, BK=bk, N=a.shape[1], DOT=dot, STAGES=stages, num_warps=warps,
     )  # fmt: skip
 
@@ -96,30 +95,28 @@ def probe(bw: float, tokens: int, hidden: int, read_only: bool = False) -> list[
     copy_us = time_graph([partial(dst.copy_, x) for x in xs], 10)
     print(f"T={tokens} H={hidden}: floor {floor:.1f} us, torch x.sum(1) {torch_us:.1f} us, "
           f"copy of x {copy_us:.1f} us (floor {2 * floor:.1f})")  # fmt: skip
-    for n in (16,) if read_only else (16, 64):
+    trials = [(16, False)] if read_only else [(16, False), (16, True), (64, True)]  # (n, dot)
+    for n, dot in trials:
         a = torch.randn(hidden, n, device="cuda", dtype=torch.bfloat16)
         outs = [torch.zeros(tokens, n, device="cuda") for _ in xs]
         for cfg in CONFIGS:
-            for dot in (False,) if read_only else (False, True):
-                if not dot and n != 16:
-                    continue
-                fns = [partial(_read, x, a, o, *cfg, dot) for x, o in zip(xs, outs, strict=True)]
-                try:
-                    us = time_graph(fns, 10)
-                except Exception as err:  # noqa: BLE001 - past shared memory: data too
-                    print(f"  {cfg} dot={dot} n={n}: {type(err).__name__}", flush=True)
-                    continue
-                if dot:  # the dot's result against torch, once per config
-                    o = outs[0].zero_()
-                    _read(xs[0], a, o, *cfg, True)
-                    want = xs[0].float() @ a.float()
-                    err = ((o - want).abs().max() / want.abs().max()).item()
-                    assert err < 1e-2, (cfg, err)
-                rows.append({"T": tokens, "H": hidden, "n": n, "config": list(cfg), "dot": dot,
-                             "us": us, "floor_us": floor, "torch_sum_us": torch_us,
-                             "torch_copy_us": copy_us})  # fmt: skip
-                print(f"  bm,bk,split,stages,warps={cfg} {'dot n=' + str(n) if dot else 'read':9s}"
-                      f" {us:6.1f} us  x{us / floor:.2f} floor", flush=True)  # fmt: skip
+            fns = [partial(_read, x, a, o, *cfg, dot) for x, o in zip(xs, outs, strict=True)]
+            try:
+                us = time_graph(fns, 10)
+            except Exception as err:  # noqa: BLE001 - past shared memory: data too
+                print(f"  {cfg} dot={dot} n={n}: {type(err).__name__}", flush=True)
+                continue
+            if dot:  # the dot's result against torch, once per config
+                o = outs[0].zero_()
+                _read(xs[0], a, o, *cfg, True)
+                want = xs[0].float() @ a.float()
+                err = ((o - want).abs().max() / want.abs().max()).item()
+                assert err < 1e-2, (cfg, err)
+            rows.append({"T": tokens, "H": hidden, "n": n, "config": list(cfg), "dot": dot,
+                         "us": us, "floor_us": floor, "torch_sum_us": torch_us,
+                         "torch_copy_us": copy_us})  # fmt: skip
+            print(f"  bm,bk,split,stages,warps={cfg} {'dot n=' + str(n) if dot else 'read':9s}"
+                  f" {us:6.1f} us  x{us / floor:.2f} floor", flush=True)  # fmt: skip
     return rows
 
 

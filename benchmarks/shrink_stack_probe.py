@@ -63,10 +63,12 @@ def probe(bw: float) -> list[dict]:
         want = None
         for cfg in configs:
             us = time_config(sh, "CONFIG_OVERRIDE", cfg, fns, memset)
-            sh.CONFIG_OVERRIDE = cfg
             out = torch.zeros_like(views[0])
-            call_shrink(sets[0], out)
-            sh.CONFIG_OVERRIDE = None
+            sh.CONFIG_OVERRIDE = cfg
+            try:
+                call_shrink(sets[0], out)
+            finally:
+                sh.CONFIG_OVERRIDE = None
             want = out if want is None else want
             err = ((out - want).abs().max() / want.abs().max()).item()
             assert err < 1e-3, (layer, tokens, n, cfg, err)
