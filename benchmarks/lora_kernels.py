@@ -49,7 +49,7 @@ from benchmarks.lora_bench import (  # noqa: E402
     time_graph,
     workspaces,
 )
-from benchmarks.lora_tune import sweep, tune, tune_block_m  # noqa: E402
+from benchmarks.lora_tune import parse_shapes, sweep, tune, tune_block_m  # noqa: E402
 from kernels import SegmentMeta, build_meta, lora_shrink_expand  # noqa: E402
 from kernels.reference import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from kernels.testing import random_slots, rel_err  # noqa: E402
@@ -268,6 +268,13 @@ def main() -> None:
     ap.add_argument(
         "--tune-block-m-prefill", action="store_true", help="tile heights and wide-K shrinks, T>256"
     )
+    ap.add_argument(
+        "--tune-block-m-shapes",
+        help="shapes for --tune-block-m[-prefill], layer:rank:T:n,... (default: the built-in list)",
+    )
+    ap.add_argument(
+        "--tune-block-m-heights", help="tile heights for --tune-block-m[-prefill], e.g. 16,32,64"
+    )
     ap.add_argument("--tune-budget-s", type=float, default=240, help="time for --tune")
     ap.add_argument("--tune-kinds", default="both,shrink,expand", help="what --tune times")
     ap.add_argument("--tune-max-tokens", type=int, default=1 << 30, help="--tune shapes' T cap")
@@ -304,11 +311,15 @@ def main() -> None:
             tuple(int(r) for r in args.tune_ranks.split(",")),
         )
         write(args.out, doc)
+    shapes = parse_shapes(args.tune_block_m_shapes) if args.tune_block_m_shapes else None
+    heights = args.tune_block_m_heights
+    heights = tuple(int(h) for h in heights.split(",")) if heights else None
+    kinds = tuple(args.tune_kinds.split(","))
     if args.tune_block_m:
-        doc["tune_block_m"] = tune_block_m(bw)
+        doc["tune_block_m"] = tune_block_m(bw, False, shapes, heights, kinds)
         write(args.out, doc)
     if args.tune_block_m_prefill:
-        doc["tune_block_m_prefill"] = tune_block_m(bw, prefill=True)
+        doc["tune_block_m_prefill"] = tune_block_m(bw, True, shapes, heights, kinds)
         write(args.out, doc)
     if args.sweep:
         doc["sweep"] = sweep(bw, args.sweep_budget_s)

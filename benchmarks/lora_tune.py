@@ -112,7 +112,22 @@ BLOCK_M_PREFILL_SHAPES = [
 ]  # fmt: skip
 
 
-def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
+def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
+    """'layer:rank:T:n,...' (e.g. 'qkv:64:1024:16,o:64:512:8') -> [(layer, rank, T, n)]."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 4 or parts[0] not in LAYERS or not all(p.isdigit() for p in parts[1:]):
+            raise ValueError(
+                f"shape {item!r}; allowed: layer:rank:T:n with layer in {list(LAYERS)}"
+            )
+        shapes.append((parts[0], int(parts[1]), int(parts[2]), int(parts[3])))
+    return shapes
+
+
+def tune_block_m(
+    bw: float, prefill: bool = False, shapes=None, heights=None, kinds=("both", "shrink", "expand")
+) -> list[dict]:
     """Graph-replay us per tile height (rows per tile: how often a slot's A and B are
     re-read from L2, and how long each x row read is): shrink+expand with the default
     configs (PDL as the engine runs it) and, with prefill (32 and 64 rows; 16 was slower
@@ -122,11 +137,12 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
     from kernels.triton import lora_shrink as sh
 
     rows = []
-    for layer, rank, tokens, n in BLOCK_M_PREFILL_SHAPES if prefill else BLOCK_M_SHAPES:
+    shapes = shapes or (BLOCK_M_PREFILL_SHAPES if prefill else BLOCK_M_SHAPES)
+    for layer, rank, tokens, n in shapes:
         fb = floor_bytes(layer, tokens, n, rank, rank)
         shape = f"{layer} r{rank} T={tokens} n={n}"
         pools = Pools(layer, rank)
-        for bm in (32, 64) if prefill else (16, 32, 64):
+        for bm in heights or ((32, 64) if prefill else (16, 32, 64)):
             sets, _ = make_sets(layer, pools, tokens, n, num_sets(fb), lambda i, r=rank: r, bm)
             memset, views = workspaces(sets, layer, rank)
             pairs = list(zip(sets, views, strict=True))
@@ -135,6 +151,7 @@ def tune_block_m(bw: float, prefill: bool = False) -> list[dict]:
                 shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
                 trials += [("shrink", None, shrink)]
                 trials += [("expand", None, [functools.partial(call_expand, st) for st in sets])]
+            trials = [t for t in trials if t[0] in kinds]
             for kind, cfg, fns in trials:
                 prologue = None if kind == "expand" else memset
                 us = time_config(sh, "CONFIG_OVERRIDE", cfg, fns, prologue)

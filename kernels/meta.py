@@ -37,7 +37,9 @@ from kernels.backend import backend_for
 FULL_RANK = 2**30
 
 
-def default_block_m(num_tokens: int, max_rank: int | None = None) -> int:
+def default_block_m(
+    num_tokens: int, max_rank: int | None = None, expected_slots: int | None = None
+) -> int:
     """Rows per tile: small tiles for decode-sized batches, larger ones for prefill.
 
     max_rank: the pool's rank (slot width), if known. Pools of rank <= 16 keep 32-row
@@ -47,16 +49,26 @@ def default_block_m(num_tokens: int, max_rank: int | None = None) -> int:
     us, qkv r64). Tiles of 16 rows were slower at T=4096 for every layer, and so were
     tiles of 128 rows at T = 1024-4096 for every layer and rank (run 17: qkv r64 T=4096
     n=8 90.1 vs 73.0 us; the expand reads B half as often but loses more to occupancy).
-    Rank-64 pools keep 32 rows up to 1024 tokens (run 18, the whole grid with 64 rows
-    there: faster with few adapters, gate_up r64 T=1024 n=1 53.6 vs 64.3 us, but 1.12-1.31x
-    slower at n = 64, where a slot's 16 tokens fill a quarter of a 64-row tile; geometric
-    mean of the 20 rows 1.008).
+
+    expected_slots: the step's distinct slots (SegmentMeta.expected_slots), if known.
+    Between 257 and 1024 tokens, pools of rank > 16 take 64-row tiles when the step has
+    at least PREFILL_TOKENS_PER_SLOT tokens per expected slot, else 32. Run 18 (the whole
+    grid with 64 rows there): faster with few adapters (gate_up r64 T=1024 n=1 53.6 vs
+    64.3 us, qkv r64 T=1024 n=1 22.5 vs 30.4) but 1.12-1.31x slower at n = 64, where a
+    slot's 16 tokens fill a quarter of a 64-row tile.
     """
     if num_tokens <= 256:
         return 16
-    if num_tokens <= 1024 or (max_rank is not None and max_rank <= 16):
-        return 32
-    return 64
+    small_rank = max_rank is not None and max_rank <= 16
+    if num_tokens <= 1024:
+        few = expected_slots is not None and num_tokens >= PREFILL_TOKENS_PER_SLOT * expected_slots
+        return 64 if few and not small_rank else 32
+    return 32 if small_rank else 64
+
+
+PREFILL_TOKENS_PER_SLOT = 64
+"""default_block_m: tokens per expected slot from which a 257-1024-token step of a rank > 16
+pool takes 64-row tiles (a full tile per slot on average)."""
 
 
 def max_tiles(num_tokens: int, num_slots: int, block_m: int) -> int:
@@ -188,11 +200,11 @@ class SegmentMeta:
         expected_slots: int | None = None,
     ) -> SegmentMeta:
         """Preallocated buffers for `build_meta(..., out=meta)` (contents undefined until
-        built); block_m None: default_block_m(num_tokens, max_rank); expected_slots as
-        the field."""
+        built); block_m None: default_block_m(num_tokens, max_rank, expected_slots);
+        expected_slots as the field."""
         if num_tokens < 1 or num_slots < 1:
             raise ValueError(f"num_tokens={num_tokens}, num_slots={num_slots}; both must be >= 1")
-        bm = default_block_m(num_tokens, max_rank) if block_m is None else block_m
+        bm = default_block_m(num_tokens, max_rank, expected_slots) if block_m is None else block_m
         if bm < 1 or bm & (bm - 1):
             raise ValueError(
                 f"block_m={bm}; allowed: a power of two (>= 16 for the Triton kernels)"

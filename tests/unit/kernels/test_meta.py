@@ -177,15 +177,24 @@ def test_expected_slots_size_the_tile_grid():
 
 
 @pytest.mark.parametrize(
-    "tokens,max_rank,want",
-    [(1, None, 16), (256, 16, 16), (257, 64, 32), (1024, None, 32), (1025, None, 64),
-     (4096, 64, 64), (4096, 32, 64), (4096, 16, 32), (4096, 8, 32)],
+    "tokens,max_rank,expected,want",
+    [(1, None, None, 16), (256, 16, None, 16), (257, 64, None, 32), (1024, None, None, 32),
+     (1025, None, None, 64), (4096, 64, None, 64), (4096, 32, None, 64), (4096, 16, None, 32),
+     (4096, 8, None, 32), (256, 64, 1, 16), (1024, 64, 1, 64), (1024, 64, 16, 64),
+     (1023, 64, 16, 32), (1024, 64, 17, 32), (512, None, 8, 64), (1024, 16, 1, 32),
+     (4096, 64, 64, 64), (4096, 16, 1, 32)],
 )  # fmt: skip
-def test_tile_height_follows_tokens_and_pool_rank(tokens, max_rank, want):
+def test_tile_height_follows_tokens_pool_rank_and_expected_slots(tokens, max_rank, expected, want):
     """Above 1024 tokens, pools of rank <= 16 keep 32-row tiles (measured faster on the
-    H200); build_meta and SegmentMeta.empty take the pool's rank to pick it."""
-    assert default_block_m(tokens, max_rank) == want
-    assert SegmentMeta.empty(tokens, 4, CPU, max_rank=max_rank).block_m == want
-    slots = torch.randint(-1, 4, (tokens,))
-    assert build_meta(slots, 4, max_rank=max_rank).block_m == want
+    H200); between 257 and 1024, pools of higher rank take 64 rows when the step expects
+    at least 64 tokens per slot. build_meta and SegmentMeta.empty take both to pick it."""
+    assert default_block_m(tokens, max_rank, expected) == want
+    num_slots = 64
+    empty = SegmentMeta.empty(tokens, num_slots, CPU, max_rank=max_rank, expected_slots=expected)
+    assert empty.block_m == want
+    slots = torch.randint(-1, num_slots, (tokens,))
+    built = build_meta(slots, num_slots, max_rank=max_rank, expected_slots=expected)
+    assert built.block_m == want
     assert SegmentMeta.empty(tokens, 4, CPU, block_m=16, max_rank=max_rank).block_m == 16
+    if expected is not None:  # the same without the expectation: 32 rows up to 1024 tokens
+        assert default_block_m(tokens, max_rank) == (want if tokens > 1024 or want == 16 else 32)

@@ -232,6 +232,17 @@ def test_context_meta_tile_height_follows_the_pool_rank() -> None:
         assert ctx.meta.block_m == want
 
 
+def test_context_meta_tile_height_follows_the_steps_adapters() -> None:
+    """A 257-1024-token step of a rank-64 pool takes 64-row tiles when set() expects at
+    least 64 tokens per slot (kernels.meta.default_block_m), else 32."""
+    ranks = torch.full((32,), 64, dtype=torch.int32)
+    ctx = LoraBatchContext(max_num_tokens=1024, device="cpu", slot_ranks=ranks, max_rank=64)
+    for count, want in ((1, 64), (16, 64), (17, 32), (None, 32)):
+        slots = torch.arange(1024, dtype=torch.int32) % (count or 32)
+        ctx.set(slots, any_lora=True, expected_slots=count)
+        assert ctx.meta.block_m == want
+
+
 def test_context_meta_expects_the_steps_adapters_capped_at_the_pool() -> None:
     """set(..., expected_slots): the step's SegmentMeta sizes the kernels' tile grids for
     that many slots (at most L); without it, for all L."""
