@@ -269,8 +269,8 @@ def main() -> None:
         "--tune-block-m-prefill", action="store_true", help="tile heights and wide-K shrinks, T>256"
     )
     ap.add_argument(
-        "--tune-block-m-shapes",
-        help="shapes for --tune-block-m[-prefill], layer:rank:T:n,... (default: the built-in list)",
+        "--tune-shapes",
+        help="shapes for --tune / --tune-block-m[-prefill], layer:rank:T:n,... (default: built-in)",
     )
     ap.add_argument(
         "--tune-block-m-heights", help="tile heights for --tune-block-m[-prefill], e.g. 16,32,64"
@@ -301,20 +301,21 @@ def main() -> None:
            "triton": triton.__version__, "dtype": "bfloat16", "pool_slots": POOL_SLOTS,
            "copy_bw_TBps": bw / 1e12, "meta_build_us": meta_build_times(), "results": []}  # fmt: skip
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; meta build {doc['meta_build_us']}", flush=True)
+    shapes = parse_shapes(args.tune_shapes) if args.tune_shapes else None
+    heights = args.tune_block_m_heights
+    heights = tuple(int(h) for h in heights.split(",")) if heights else None
+    kinds = tuple(args.tune_kinds.split(","))
     if args.tune:
         doc["tune"] = tune(
             bw,
             args.tune_budget_s,
-            tuple(args.tune_kinds.split(",")),
+            kinds,
             args.tune_max_tokens,
             args.tune_min_tokens,
             tuple(int(r) for r in args.tune_ranks.split(",")),
+            shapes,
         )
         write(args.out, doc)
-    shapes = parse_shapes(args.tune_block_m_shapes) if args.tune_block_m_shapes else None
-    heights = args.tune_block_m_heights
-    heights = tuple(int(h) for h in heights.split(",")) if heights else None
-    kinds = tuple(args.tune_kinds.split(","))
     if args.tune_block_m:
         doc["tune_block_m"] = tune_block_m(bw, False, shapes, heights, kinds)
         write(args.out, doc)

@@ -175,7 +175,7 @@ def _shrink_configs(prefill: bool):
         grid = [ShrinkConfig(128, 32, False), ShrinkConfig(128, 16, False)]
         return grid + [ShrinkConfig(128, p, False, 5, stream_k=True) for p in (4, 8, 16)]
     grid = [ShrinkConfig(bk, 4, fuse) for bk in (128, 256) for fuse in (False, True)]
-    grid += [ShrinkConfig(64, 4, True)]
+    grid += [ShrinkConfig(64, 4, True), ShrinkConfig(128, 8, True), ShrinkConfig(64, 8, True)]
     # stacked fused slices at rank 64 (qkv: 3 x 64 rows in one 256-row operand, x read
     # once), 8 warps for the [BLOCK_M, 256] accumulator
     grid += [ShrinkConfig(bk, 4, True, st, 8) for bk, st in ((64, 3), (64, 2), (32, 4))]
@@ -270,9 +270,10 @@ def tune(
     max_tokens: int = 1 << 30,
     min_tokens: int = 0,
     ranks: tuple[int, ...] = (16, 64),
+    shapes=None,
 ) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
-    TUNE_SHAPES (what kernels/triton/shrink_plan.py / lora_expand.py default_config use).
+    `shapes` (default TUNE_SHAPES) (what kernels/triton/shrink_plan.py / lora_expand.py default_config use).
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
@@ -290,7 +291,7 @@ def tune(
         rows += tune_hint(bw, copies=True)
     if set(kinds) <= {"hint", "copies", "decode"}:
         return rows
-    for layer, rank, tokens, n in TUNE_SHAPES:
+    for layer, rank, tokens, n in shapes or TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:
             continue
         if time.monotonic() - t0 > budget_s:
