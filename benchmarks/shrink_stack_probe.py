@@ -1,9 +1,11 @@
 """Rank-64 prefill shrinks (GPU probe): stream-K against the fused split-K grid with the
 slices' A rows stacked into one operand (ShrinkConfig.stack_slices; gate_up: 2 x 64 =
-128 rows, qkv: 3 x 64 = 192 rows in a 256-row operand), the shrink alone, CUDA-graph
+128 rows; qkv: 3 x 64 = 192 rows in a 256-row operand, or with --tail q and k stacked
+into 128 rows and v its own dot, ShrinkConfig.stack_tail), the shrink alone, CUDA-graph
 replay, inputs rotated past L2, each config's output against stream-K's.
 
     python3 benchmarks/shrink_stack_probe.py --out benchmarks/results/shrink_stack_h200.json
+    python3 benchmarks/shrink_stack_probe.py --tail --out benchmarks/results/shrink_tail_h200.json
 
 A probe, not a kernel of the library (benchmarks/README.md, "Probes").
 """
@@ -40,6 +42,11 @@ SHAPES = [  # layer, T, n (rank 64)
     ("gate_up", 2048, 8), ("gate_up", 1024, 1), ("gate_up", 1024, 8), ("gate_up", 1024, 32),
     ("qkv", 4096, 1), ("qkv", 4096, 8), ("qkv", 2048, 32), ("qkv", 1024, 32),
 ]  # fmt: skip
+TAIL_SHAPES = [  # the qkv shapes (--tail; gate_up has no tail: a control)
+    ("qkv", 4096, 1), ("qkv", 4096, 8), ("qkv", 4096, 32), ("qkv", 4096, 64),
+    ("qkv", 2048, 8), ("qkv", 2048, 32), ("qkv", 1024, 1), ("qkv", 1024, 32),
+    ("gate_up", 4096, 8),
+]  # fmt: skip
 STACKED = [  # block_k, stages, warps of ShrinkConfig(block_k, 4, fuse_slices=True, ...)
     (64, 3, 4),
     (64, 3, 8),
@@ -48,9 +55,9 @@ STACKED = [  # block_k, stages, warps of ShrinkConfig(block_k, 4, fuse_slices=Tr
 ]
 
 
-def probe(bw: float) -> list[dict]:
+def probe(bw: float, tail: bool = False) -> list[dict]:
     rows = []
-    for layer, tokens, n in SHAPES:
+    for layer, tokens, n in TAIL_SHAPES if tail else SHAPES:
         rank = 64
         fb = floor_bytes(layer, tokens, n, rank, rank)
         pools = Pools(layer, rank)
@@ -59,7 +66,7 @@ def probe(bw: float) -> list[dict]:
         fns = [functools.partial(call_shrink, st, v) for st, v in zip(sets, views, strict=True)]
         bm = sets[0]["meta"].block_m
         configs = [stream_config(bm, rank, 2, LAYERS[layer][0])]
-        configs += [ShrinkConfig(bk, 4, True, st, w) for bk, st, w in STACKED]
+        configs += [ShrinkConfig(bk, 4, True, st, w, stack_tail=tail) for bk, st, w in STACKED]
         want = None
         for cfg in configs:
             us = time_config(sh, "CONFIG_OVERRIDE", cfg, fns, memset)
@@ -86,9 +93,10 @@ def probe(bw: float) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--tail", action="store_true", help="qkv: q and k stacked, v its own dot")
     args = ap.parse_args()
     bw, result = probe_header()
-    result["rows"] = probe(bw)
+    result["rows"] = probe(bw, args.tail)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -43,6 +43,7 @@ from kernels.triton.shrink_plan import (
     default_config,
     lean_x_for,
     split_k,
+    stack_tail_for,
 )
 from kernels.triton.tiles import (
     load_tile,
@@ -67,25 +68,33 @@ def _shrink_tile(
     H, R, k_per_split, scale,
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
-    LEAN_X: tl.constexpr, BLOCK_S: tl.constexpr,
+    LEAN_X: tl.constexpr, BLOCK_S: tl.constexpr, TAIL: tl.constexpr,
 ):  # fmt: skip
     """out[s0 + j, tile tokens, :rank] (+)= scale * x[tok, k-split] @ A_{s0+j}[slot, :rank, k-split]^T, j < NSL.
-    BLOCK_S > 0: the NSL slices' rows stacked into one [BLOCK_S]-row operand (s0 = 0)."""
+    BLOCK_S > 0: the NSL slices' rows stacked into one [BLOCK_S]-row operand (s0 = 0);
+    TAIL (0 or 1): all but the last slice stacked, the last one its own dot."""
     slot, rank, tok, m_mask = load_tile(
         tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr, R, BLOCK_M
     )
     if slot >= 0 and BLOCK_S > 0:
+        a_base = a_ptr + slot.to(tl.int64) * stride_al
         a_rows, j_mask, j_s, j_r = stacked_rows(
-            a_ptr + slot.to(tl.int64) * stride_al, off1, off2, rank, stride_ar, NSL, BLOCK_R,
-            BLOCK_S,
-        )  # fmt: skip
-        acc = shrink_acc_rows(
+            a_base, off1, off2, rank, stride_ar, NSL - TAIL, BLOCK_R, BLOCK_S
+        )
+        # TAIL: the last slice (not in the stacked operand) by a second dot per k-step
+        offs_r = tl.arange(0, BLOCK_R)
+        t_off = off1 if NSL == 2 else off2
+        acc, tail = shrink_acc_rows(
             x_ptr, a_rows, tok, m_mask, j_mask, k0, k_per_split, stride_xt, stride_xh,
-            stride_ah, H, BLOCK_M, BLOCK_S, BLOCK_K, EVEN_K, PRECISION, LEAN_X,
+            stride_ah, H, a_base + t_off + offs_r * stride_ar, offs_r < rank,
+            BLOCK_M, BLOCK_S, BLOCK_K, EVEN_K, PRECISION, LEAN_X, TAIL, BLOCK_R,
         )  # fmt: skip
         out_ptrs = out_ptr + j_s[None, :] * stride_os + tok[:, None] * stride_ot + j_r[None, :]
-        mask = m_mask[:, None] & ((j_s < NSL) & (j_r < R))[None, :]
+        mask = m_mask[:, None] & ((j_s < NSL - TAIL) & (j_r < R))[None, :]
         store(out_ptrs, acc * scale, mask, USE_ATOMIC)
+        if TAIL:
+            t_ptrs = out_ptr + (NSL - 1) * stride_os + tok[:, None] * stride_ot + offs_r[None, :]
+            store(t_ptrs, tail * scale, m_mask[:, None] & (offs_r < R)[None, :], USE_ATOMIC)
     if slot >= 0 and BLOCK_S == 0:
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < rank
@@ -112,13 +121,14 @@ def _shrink_kernel(
     NSL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, USE_ATOMIC: tl.constexpr, TILE_COPIES: tl.constexpr,
     DEPENDENTS: tl.constexpr, PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr, TAIL: tl.constexpr,
 ):  # fmt: skip
     """Semantics (one program = slice group g, k-split, its tiles):
     for s in group g, t in tile tokens, r < rank[slot]:
         out[s, t, r] (+)= scale * sum_{k in split} A_s[slot, r, k] * x[t, k]
     NSL == 1: group g is slice g. NSL == S: one group, all slices (BLOCK_S > 0: their
-    rows of A stacked into one operand, one dot per k-step; else one dot per slice).
+    rows of A stacked into one operand, one dot per k-step, or with TAIL all but the
+    last slice's, and one more dot for it; else one dot per slice).
     DEPENDENTS: let the next kernel (a programmatic dependent launch) start now.
     """
     if DEPENDENTS:
@@ -146,7 +156,7 @@ def _shrink_kernel(
                 pid_g, off_g, off1, off2, k0,
                 stride_xt, stride_xh, stride_al, stride_ar, stride_ah, stride_os, stride_ot,
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
-                PRECISION, LEAN_X, BLOCK_S,
+                PRECISION, LEAN_X, BLOCK_S, TAIL,
             )  # fmt: skip
 
 
@@ -222,6 +232,7 @@ def lora_shrink_triton(
         TILE_COPIES=tile_copies(tokens, num_slots, bm, programs),
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
         LEAN_X=lean_x_for(cfg, x), BLOCK_S=block_s_for(cfg, nsl, br),
+        TAIL=int(stack_tail_for(cfg, nsl, br)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

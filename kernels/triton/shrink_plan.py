@@ -37,6 +37,11 @@ class ShrinkConfig:
     next_pow2(S x BLOCK_R) rows instead of S dots of BLOCK_R rows each. H200
     (results/shrink_probe_h200.json, --ab): qkv r16 T=4096 n=1 in 32-row tiles 17.2 vs
     20.8 us; tune run 14 at n = 8-32: within +-5% either way."""
+    stack_tail: bool = False
+    """With stack_slices and S x BLOCK_R not a power of two (qkv: 3 x 64 = 192 rows): stack
+    the first S - 1 slices (a power of two of rows) and give the last its own dot per
+    k-step, instead of padding the stacked operand to the next power of two (256 rows,
+    a quarter of them padding)."""
     max_k_per_split: int = MAX_K_PER_SPLIT
     """K columns one program's serial loop may cover (the split-K grid: more splits when
     one program's share would be longer). A --tune knob (benchmarks/lora_tune.py
@@ -92,8 +97,8 @@ def default_config(
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
-    takes the fused split-K grid as at rank <= 32, and two rank-64 slices in 64-row tiles
-    (_stacks_pair), which take it with their A rows stacked.
+    takes the fused split-K grid as at rank <= 32, and rank-64 gate_up and qkv in 64-row
+    tiles (_stacks_rank64), which take it with their A rows stacked.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     over 4 prefill shapes within 1% of the best. Runs 8 and 10: the best stream-K config
@@ -101,21 +106,20 @@ def default_config(
     (not used there).
     """
     prefill = bm >= 32
-    if (
-        prefill
-        and br >= 64
-        and (bm >= 64 or hidden <= 8192)
-        and not _stacks_pair(bm, br, num_slices)
-    ):
+    stacked = _stacks_rank64(bm, br, num_slices)
+    if prefill and br >= 64 and (bm >= 64 or hidden <= 8192) and not stacked:
         return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
-    rows = bm + (_stacked_rows(num_slices, br) if fuse else br)
+    rows = bm + (_stacked_rows(num_slices, br, stacked) if fuse else br)
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
     if not prefill:
         return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
-    return ShrinkConfig(block_k=bk, programs_per_sm=4, fuse_slices=fuse)
+    # a tail slice's accumulator besides the stacked one: 254 registers at 4 warps, 128 at 8
+    # (Triton 3.9, sm_90, qkv r64 in 64-row tiles)
+    tail = stacked and _tail_fits(num_slices, br)
+    return ShrinkConfig(bk, 4, fuse, num_warps=8 if tail else 4, stack_tail=stacked)
 
 
 def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
@@ -136,27 +140,42 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
-def _stacks_pair(bm: int, br: int, num_slices: int) -> bool:
-    """Two rank-64 slices (gate_up) in 64-row prefill tiles: the fused split-K grid with the
-    slices' A rows stacked into one 128-row operand (no padding rows) instead of stream-K.
-    H200, 2026-12-04 (results/shrink_stack_h200.json), the shrink alone: gate_up r64
-    T=4096 n=8 26.9 vs 30.8 us, n=32 33.3 vs 41.2, n=1 24.7 vs 24.8. Three slices stack
-    into 256 rows for 192 (a quarter of the operand padding): qkv r64 T=4096 n=8 43.1 vs
-    34.4 us, so qkv keeps stream-K. In 32-row tiles (T <= 1024) the pair was 1-6% faster
-    too (gate_up r64 T=1024 n=8 16.5 vs 17.4 us) but no grid has timed it there yet."""
-    return bm >= 64 and br == 64 and num_slices == 2
+def _stacks_rank64(bm: int, br: int, num_slices: int) -> bool:
+    """Rank-64 slices in 64-row prefill tiles: the fused split-K grid with the slices' A rows
+    stacked (gate_up: one 128-row operand; qkv: 128 rows for q and k and one more dot for
+    v, ShrinkConfig.stack_tail) instead of stream-K. H200, 2026-12-04
+    (results/shrink_stack_h200.json), the shrink alone: gate_up r64 T=4096 n=8 26.9 vs
+    30.8 us, n=32 33.3 vs 41.2, n=1 24.7 vs 24.8. qkv stacked into one 256-row operand
+    for 192 rows (a quarter of it padding) lost: qkv r64 T=4096 n=8 43.1 vs 34.4 us. In
+    32-row tiles the pair was 1-6% faster too (gate_up r64 T=1024 n=8 16.5 vs 17.4 us)
+    but no grid has timed it there yet."""
+    return bm >= 64 and br == 64 and num_slices in (2, 3)
 
 
-def _stacked_rows(num_slices: int, br: int) -> int:
+def _tail_fits(nsl: int, br: int) -> bool:
+    """nsl x br rows would pad to a power of two, and nsl - 1 slices stack without padding."""
+    rows, head = nsl * br, (nsl - 1) * br
+    return nsl > 2 and rows != next_pow2(rows) and head == next_pow2(head)
+
+
+def _stacked_rows(num_slices: int, br: int, tail: bool = False) -> int:
     """Rows of A one fused-slices program reads per k-step: the stacked operand's
-    (ShrinkConfig.stack_slices), a power of two."""
-    return next_pow2(num_slices * br)
+    (ShrinkConfig.stack_slices: a power of two), or with a tail slice S x br."""
+    return num_slices * br if tail and _tail_fits(num_slices, br) else next_pow2(num_slices * br)
+
+
+def stack_tail_for(cfg: ShrinkConfig, nsl: int, br: int) -> bool:
+    """The kernel's TAIL: cfg.stack_tail where the slices' rows would pad their operand."""
+    return cfg.stack_tail and cfg.stack_slices and _tail_fits(nsl, br)
 
 
 def block_s_for(cfg: ShrinkConfig, nsl: int, br: int) -> int:
-    """The kernel's BLOCK_S: the stacked operand's rows, or 0 (one dot per slice). nsl > 1
-    only where cfg.fuse_slices (one program, all slices)."""
-    return _stacked_rows(nsl, br) if cfg.stack_slices and nsl > 1 else 0
+    """The kernel's BLOCK_S: the stacked operand's rows (with a tail slice, those of the
+    other slices), or 0 (one dot per slice). nsl > 1 only where cfg.fuse_slices (one
+    program, all slices)."""
+    if not cfg.stack_slices or nsl <= 1:
+        return 0
+    return (nsl - 1) * br if stack_tail_for(cfg, nsl, br) else next_pow2(nsl * br)
 
 
 def offsets_fit_i32(x: torch.Tensor) -> bool:

@@ -112,17 +112,22 @@ def stacked_rows(a_slot, off1, off2, rank, stride_ar, NSL: tl.constexpr, BLOCK_R
 @triton.jit
 def shrink_acc_rows(
     x_ptr, a_rows, tok, m_mask, j_mask, k0, k_len, stride_xt, stride_xh, stride_ah, H,
+    t_rows, t_mask,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    PRECISION: tl.constexpr, LEAN_X: tl.constexpr,
+    PRECISION: tl.constexpr, LEAN_X: tl.constexpr, TAIL: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """Semantics: acc[m, j] = sum_{k0 <= k < k0 + k_len, k < H} x[tok_m, k] * a_rows[j][k]
-    (j_mask rows; the others read as 0) -> float32 [BLOCK_M, BLOCK_J]: ONE dot per k-step
-    whatever the rows are (stacked_rows: every slice of a slot). LEAN_X as in shrink_acc.
+    (j_mask rows; the others read as 0) -> (float32 [BLOCK_M, BLOCK_J], tail): ONE dot per
+    k-step whatever the rows are (stacked_rows: every slice of a slot). TAIL: a second dot
+    per k-step of the same x block with t_rows ([BLOCK_T], t_mask), summed into the tail
+    float32 [BLOCK_M, BLOCK_T] (else it stays zero): the slice that would pad the stacked
+    operand to a power of two. LEAN_X as in shrink_acc.
     """
     # The 2-D pointer blocks are rebuilt from the row bases at each step rather than
     # carried through the loop: carried, [64, 128] x and A blocks took every register
     # and spilled (sm_90, BLOCK_S 64).
     acc = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_M, BLOCK_T), dtype=tl.float32)
     for i in range(0, tl.cdiv(k_len, BLOCK_K)):
         # k0 + i * BLOCK_K, not a loop variable stepping by BLOCK_K: the compiler proves
         # the alignment of this form (16-byte loads); of the other it saw 2-byte ones
@@ -131,7 +136,11 @@ def shrink_acc_rows(
                     offs_k, H, EVEN_K, not LEAN_X)  # fmt: skip
         av = load_k(a_rows[:, None] + offs_k[None, :] * stride_ah, j_mask, 0, offs_k, H, EVEN_K)
         acc += tl.dot(xv, tl.trans(av), input_precision=PRECISION)
-    return acc
+        if TAIL:
+            tv = load_k(t_rows[:, None] + offs_k[None, :] * stride_ah, t_mask, 0, offs_k, H,
+                        EVEN_K)  # fmt: skip
+            tail += tl.dot(xv, tl.trans(tv), input_precision=PRECISION)
+    return acc, tail
 
 
 @triton.jit

@@ -11,15 +11,13 @@ import torch
 @pytest.mark.parametrize("hidden", [4096, 14336])
 def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices, hidden):
     """Split-K: 3 pipeline stages of x and A tiles stay within ~120 KB (the H200 allows
-    227 KB). Stream-K (prefill, rank >= 64 but for rank-64 slice pairs in 64-row tiles):
-    all programs of an SM fit at once."""
+    227 KB). Stream-K (prefill, rank >= 64 but for rank-64 gate_up and qkv in 64-row
+    tiles): all programs of an SM fit at once."""
     from kernels.triton.shrink_plan import STREAM_SHARED_BYTES, default_config
 
     cfg = default_config(bm, br, elem, num_slices, hidden)
-    stacked_pair = bm == 64 and br == 64 and num_slices == 2  # gate_up: 128 stacked rows
-    assert cfg.stream_k == (
-        bm >= 32 and br >= 64 and (bm == 64 or hidden <= 8192) and not stacked_pair
-    )
+    stacked = bm == 64 and br == 64 and num_slices in (2, 3)  # gate_up 128 rows, qkv 128 + 64
+    assert cfg.stream_k == (bm >= 32 and br >= 64 and (bm == 64 or hidden <= 8192) and not stacked)
     rows = bm + (num_slices if cfg.fuse_slices else 1) * br
     if cfg.stream_k:
         assert not cfg.fuse_slices and cfg.num_stages == 5
@@ -27,6 +25,25 @@ def test_shrink_default_configs_fit_shared_memory(bm, br, elem, num_slices, hidd
     else:
         assert rows * cfg.block_k * elem * 3 <= 120_000
         assert cfg.fuse_slices == (bm >= 32 and br <= 64)
+
+
+def test_stacked_operands_pad_or_take_a_tail_slice():
+    """Stacked A rows (fused-slices split-K): a power of two of rows per dot. qkv rank 64 in
+    64-row tiles stacks q and k (128 rows) and gives v its own dot (ShrinkConfig.stack_tail)
+    rather than padding 192 rows to 256; gate_up rank 64 stacks 128 rows with no tail;
+    qkv rank 16 keeps one padded 64-row operand (48 rows)."""
+    from kernels.triton.shrink_plan import block_s_for, default_config, stack_tail_for
+
+    qkv64 = default_config(64, 64, 2, 3, 4096)
+    assert qkv64.fuse_slices and qkv64.stack_tail and not qkv64.stream_k
+    assert (block_s_for(qkv64, 3, 64), stack_tail_for(qkv64, 3, 64)) == (128, True)
+    gate_up64 = default_config(64, 64, 2, 2, 4096)
+    assert (block_s_for(gate_up64, 2, 64), stack_tail_for(gate_up64, 2, 64)) == (128, False)
+    qkv16 = default_config(64, 16, 2, 3, 4096)
+    assert not qkv16.stack_tail
+    assert (block_s_for(qkv16, 3, 16), stack_tail_for(qkv16, 3, 16)) == (64, False)
+    assert block_s_for(qkv64, 1, 64) == 0  # per-slice programs: nothing stacked
+    assert default_config(32, 64, 2, 3, 4096).stream_k  # 32-row tiles keep stream-K
 
 
 def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):

@@ -394,25 +394,33 @@ def test_stream_k_shrink_matches_oracle(
         (70, 128, 2, 16, (16, 16, 3, 16), 3, 16),  # 2 x 16 = 32 rows: no padding slice
         (45, 96, 3, 32, (32, 17, 2, 30), 2, 32),  # 3 x 32 into 128
         (70, 96, 2, 64, (64, 16, 33, 64), 2, 32),  # gate_up rank 64: 2 x 64 = 128 rows
+        (50, 96, 3, 64, (64, 20, 40, 64), 2, 32),  # qkv rank 64: 256 rows, or 128 + a tail
         (40, 64, 2, 8, (8, 8, 8, 8), 64, 16),  # rank 8 in 16-row blocks; more splits than steps
     ],
 )
-@pytest.mark.parametrize("stack", [True, False])
+@pytest.mark.parametrize("stack", ["pow2", "tail", None])
 def test_split_k_fused_slices_match_oracle(
     triton_backend, monkeypatch, dtype, tokens, hidden, num_slices, rank, ranks, per_sm, block_k,
     stack,
 ):  # fmt: skip
     """The fused-slices split-K grid, its slices' A rows stacked into one operand
-    (ShrinkConfig.stack_slices) or one dot per slice: per-slot ranks below the rank block,
-    the padding slice of a stacked operand, K splits meeting through atomics, strided x."""
+    (ShrinkConfig.stack_slices; "tail": the last of 3 slices its own dot, stack_tail) or
+    one dot per slice: per-slot ranks below the rank block, the padding slice of a stacked
+    operand, K splits meeting through atomics, strided x."""
     from kernels.triton import lora_shrink as sh
+    from kernels.triton.common import block_r
+    from kernels.triton.shrink_plan import stack_tail_for
 
     token_slots, x, lora_a, _ = _case(tokens, hidden, num_slices, rank, 4, 0.2, dtype)
     x = torch.cat([x, torch.randn_like(x)], 1)[:, :hidden]  # row stride 2H
     slot_ranks = torch.tensor(ranks, dtype=torch.int32)
     empty = SegmentMeta.empty(tokens, 4, x.device, block_m=32)
     meta = build_meta(token_slots, 4, slot_ranks=slot_ranks, out=empty)
-    cfg = sh.ShrinkConfig(block_k, per_sm, True, num_stages=2, stack_slices=stack)
+    cfg = sh.ShrinkConfig(
+        block_k, per_sm, True, num_stages=2, stack_slices=bool(stack), stack_tail=stack == "tail"
+    )
+    if stack == "tail" and num_slices == 3:  # every 3-slice case here pads a power of two
+        assert stack_tail_for(cfg, num_slices, block_r(rank))
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     out = torch.zeros(num_slices, tokens, rank)  # zeroed, as kernels.lora_shrink's out must be
     buf = lora_shrink(x, lora_a, meta, scale=0.5, out=out)
