@@ -212,10 +212,10 @@ def lora_shrink_triton(
         return out
     expected = expected_slots(meta)
     programs = tile_programs(tokens, num_slots, bm, expected)
-    # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
-    # grid of a step of all L slots
-    if cfg.split_for_expected:
-        tiles = expected_tiles(tokens, num_slots, bm, expected)
+    # K splits for the tiles expected (ShrinkConfig.split_for_expected / split_for_tiles),
+    # else as for the grid of a step of all L slots
+    if cfg.split_for_expected or cfg.split_for_tiles:
+        tiles = expected_tiles(tokens, num_slots, bm, meta.expected_slots)
     else:
         tiles = tile_programs(tokens, num_slots, bm)
     bk, k_per_split, split = split_k(cfg, groups, tiles, hidden, br, x.device)

@@ -55,6 +55,13 @@ class ShrinkConfig:
     programs launched: those include the empty ones that the tile-copy cap adds (tune
     run 23: down r64 T=64 n=1, 17 programs for 5 tiles, shrink 6.5 us with the 16 splits
     they gave, 5.2 with the 56 that 5 tiles give)."""
+    split_for_tiles: bool = False
+    """Prefill split-K: size the K splits for the tiles the step is expected to have
+    (kernels.meta.expected_tiles with SegmentMeta.expected_slots), programs_per_sm
+    programs with work per SM, instead of for the tile bound of a step of all L slots
+    (ceil(T / BLOCK_M) + L: at T=1024 in 64-row tiles with one adapter 80 against 17 tiles,
+    which left 96 programs with work for 132 SMs). Set for the stacked rank-64 grids,
+    which replace stream-K (balanced by construction) where tiles are few."""
     k_splits: int = 0
     """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
     _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
@@ -116,10 +123,7 @@ def default_config(
         bk //= 2
     if not prefill:
         return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
-    # a tail slice's accumulator besides the stacked one: 254 registers at 4 warps, 128 at 8
-    # (Triton 3.9, sm_90, qkv r64 in 64-row tiles)
-    tail = stacked and _tail_fits(num_slices, br)
-    return ShrinkConfig(bk, 4, fuse, num_warps=8 if tail else 4, stack_tail=stacked)
+    return ShrinkConfig(bk, 4, fuse, stack_tail=stacked, split_for_tiles=stacked)
 
 
 def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:

@@ -100,7 +100,7 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "shrink qkv r64 prefill, q and k stacked, v its own dot": (_shrink_kernel, dict(NSL=3,
                       BLOCK_M=64, BLOCK_R=64, BLOCK_K=64, EVEN_K=True, USE_ATOMIC=True,
                       TILE_COPIES=2, DEPENDENTS=False, PRECISION="tf32", LEAN_X=True,
-                      BLOCK_S=128, TAIL=1), 8, 3),
+                      BLOCK_S=128, TAIL=1), 4, 3),
     "shrink stream-K r64 prefill": (_shrink_stream_kernel, dict(NSL=1, BLOCK_M=64,
                       BLOCK_R=64, BLOCK_K=128, K_STEPS=32, EVEN_K=True, DEPENDENTS=False,
                       PRECISION="tf32", LEAN_X=True), 4, 5),

@@ -431,6 +431,29 @@ def test_split_k_fused_slices_match_oracle(
     assert buf[:, torch.arange(rank)[None, :] >= per_tok[:, None]].abs().sum() == 0
 
 
+@pytest.mark.parametrize("expected", [1, 3, None])
+def test_stacked_tail_split_for_expected_tiles_matches_oracle(
+    triton_backend, monkeypatch, expected
+):
+    """The qkv rank-64 plan in 64-row tiles (q and k stacked, v its own dot, K split for the
+    tiles of the expected slots): right whether the step holds fewer, as many or more
+    slots than expected (3 here)."""
+    from kernels.triton import lora_shrink as sh
+
+    token_slots, x, lora_a, _ = _case(150, 256, 3, 64, 3, 0.1, torch.float32)
+    cfg = sh.default_config(64, 64, 4, 3, 256)
+    assert cfg.stack_tail and cfg.split_for_tiles
+    monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
+    ranks = torch.tensor([64, 40, 64, 9], dtype=torch.int32)
+    empty = SegmentMeta.empty(150, 4, x.device, block_m=64, expected_slots=expected)
+    meta = build_meta(token_slots, 4, slot_ranks=ranks, out=empty)
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
+    assert (
+        rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5, ranks)) < TOLERANCE[torch.float32]
+    )
+    assert buf[:, token_slots < 0].abs().sum() == 0
+
+
 @pytest.mark.parametrize("max_k", [32, 256])
 def test_max_k_per_split_matches_oracle(triton_backend, monkeypatch, max_k):
     """ShrinkConfig.max_k_per_split bounds one program's K: 32 over H = 200 makes 7 splits
