@@ -282,6 +282,7 @@ def default_shrink(st: dict, layer: str, rank: int):
     from kernels.triton.shrink_plan import default_config
 
     hidden, sizes = LAYERS[layer]
+    x = st["x"]
     return default_config(
-        st["meta"].block_m, block_r(rank), st["x"].element_size(), len(sizes), hidden
+        st["meta"].block_m, block_r(rank), x.element_size(), len(sizes), hidden, x.shape[0]
     )

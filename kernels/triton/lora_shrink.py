@@ -204,7 +204,7 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     br, bm = block_r(rank), meta.block_m
-    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices, hidden)
+    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices, hidden, tokens)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     dependents = dependents and pdl_enabled(x.device)
     if cfg.stream_k:
@@ -212,10 +212,10 @@ def lora_shrink_triton(
         return out
     expected = expected_slots(meta)
     programs = tile_programs(tokens, num_slots, bm, expected)
-    # K splits for the tiles expected (ShrinkConfig.split_for_expected / split_for_tiles),
-    # else as for the grid of a step of all L slots
-    if cfg.split_for_expected or cfg.split_for_tiles:
-        tiles = expected_tiles(tokens, num_slots, bm, meta.expected_slots)
+    # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
+    # grid of a step of all L slots
+    if cfg.split_for_expected:
+        tiles = expected_tiles(tokens, num_slots, bm, expected)
     else:
         tiles = tile_programs(tokens, num_slots, bm)
     bk, k_per_split, split = split_k(cfg, groups, tiles, hidden, br, x.device)

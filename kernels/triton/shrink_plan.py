@@ -55,13 +55,6 @@ class ShrinkConfig:
     programs launched: those include the empty ones that the tile-copy cap adds (tune
     run 23: down r64 T=64 n=1, 17 programs for 5 tiles, shrink 6.5 us with the 16 splits
     they gave, 5.2 with the 56 that 5 tiles give)."""
-    split_for_tiles: bool = False
-    """Prefill split-K: size the K splits for the tiles the step is expected to have
-    (kernels.meta.expected_tiles with SegmentMeta.expected_slots), programs_per_sm
-    programs with work per SM, instead of for the tile bound of a step of all L slots
-    (ceil(T / BLOCK_M) + L: at T=1024 in 64-row tiles with one adapter 80 against 17 tiles,
-    which left 96 programs with work for 132 SMs). Set for the stacked rank-64 grids,
-    which replace stream-K (balanced by construction) where tiles are few."""
     k_splits: int = 0
     """K splits of the split-K grid, fixed (a --tune knob: benchmarks/lora_tune.py
     _decode_shrink_configs); 0: from programs_per_sm and max_k_per_split."""
@@ -93,7 +86,7 @@ STREAM_SHARED_BYTES = 220_000
 
 
 def default_config(
-    bm: int, br: int, elem: int, num_slices: int = 3, hidden: int = 4096
+    bm: int, br: int, elem: int, num_slices: int = 3, hidden: int = 4096, tokens: int | None = None
 ) -> ShrinkConfig:
     """Decode (bm 16): per-slice programs of 2 warps, K split for the step's expected tiles
     (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM). Tune run 22 against the
@@ -113,7 +106,7 @@ def default_config(
     (not used there).
     """
     prefill = bm >= 32
-    stacked = _stacks_rank64(bm, br, num_slices)
+    stacked = _stacks_rank64(bm, br, num_slices, tokens)
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192) and not stacked:
         return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
@@ -123,7 +116,7 @@ def default_config(
         bk //= 2
     if not prefill:
         return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
-    return ShrinkConfig(bk, 4, fuse, stack_tail=stacked, split_for_tiles=stacked)
+    return ShrinkConfig(bk, 4, fuse, stack_tail=stacked)
 
 
 def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
@@ -144,16 +137,19 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
-def _stacks_rank64(bm: int, br: int, num_slices: int) -> bool:
-    """Rank-64 slices in 64-row prefill tiles: the fused split-K grid with the slices' A rows
-    stacked (gate_up: one 128-row operand; qkv: 128 rows for q and k and one more dot for
-    v, ShrinkConfig.stack_tail) instead of stream-K. H200, 2026-12-04
-    (results/shrink_stack_h200.json), the shrink alone: gate_up r64 T=4096 n=8 26.9 vs
-    30.8 us, n=32 33.3 vs 41.2, n=1 24.7 vs 24.8. qkv stacked into one 256-row operand
-    for 192 rows (a quarter of it padding) lost: qkv r64 T=4096 n=8 43.1 vs 34.4 us. In
-    32-row tiles the pair was 1-6% faster too (gate_up r64 T=1024 n=8 16.5 vs 17.4 us)
-    but no grid has timed it there yet."""
-    return bm >= 64 and br == 64 and num_slices in (2, 3)
+def _stacks_rank64(bm: int, br: int, num_slices: int, tokens: int | None = None) -> bool:
+    """Rank-64 slices in 64-row prefill tiles of steps over 1024 tokens (tokens None: such a
+    step): the fused split-K grid with the slices' A rows stacked (gate_up: one 128-row
+    operand; qkv: 128 rows for q and k and one more dot for v, ShrinkConfig.stack_tail)
+    instead of stream-K. H200, 2026-12-04, the shrink alone against stream-K in the same
+    session: gate_up r64 T=4096 n=8 26.9 vs 30.8 us, n=32 33.3 vs 41.2, n=1 24.7 vs 24.8
+    (results/shrink_stack_h200.json); qkv r64 T=4096 n=1 24.1 vs 29.1, n=8 34.6 vs 39.3,
+    n=64 57.8 vs 62.1, T=2048 n=32 30.4 vs 35.0 (results/shrink_tail_h200.json; one
+    256-row operand for qkv's 192 rows had lost, 43.1 vs 34.4 at n=8). Steps of at most
+    1024 tokens keep stream-K: in 64-row tiles (few adapters, kernels.meta.default_block_m)
+    their 16-17 tiles leave the split-K grid short of programs (qkv r64 T=1024 n=1 15.7
+    vs 12.7 us with stream-K), and splitting K finer for them was slower still (18.7)."""
+    return bm >= 64 and br == 64 and num_slices in (2, 3) and (tokens is None or tokens > 1024)
 
 
 def _tail_fits(nsl: int, br: int) -> bool:

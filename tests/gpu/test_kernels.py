@@ -415,8 +415,8 @@ def test_expand_adds_old_y_early_or_late_matching_reference(
         ("o4096", 4096, 64, 40, BF16),  # 64-row tiles (a grid for all slots), stream-K shrink
         # 257-1024 tokens, rank 64: 64-row tiles when expecting >= 64 tokens per slot
         # (expected 1 and 8; kernels.meta.default_block_m), else 32 rows
-        ("qkv4096", 768, 64, 6, BF16),  # stream-K shrink
-        ("gate_up4096", 1000, 64, 3, F16),  # the stacked pair
+        ("qkv4096", 768, 64, 6, BF16),  # stream-K shrink (<= 1024 tokens: not stacked)
+        ("gate_up4096", 1000, 64, 3, F16),
     ],
 )
 def test_expected_slots_size_the_grid_and_keep_every_tile(

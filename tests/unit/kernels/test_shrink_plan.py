@@ -44,21 +44,10 @@ def test_stacked_operands_pad_or_take_a_tail_slice():
     assert (block_s_for(qkv16, 3, 16), stack_tail_for(qkv16, 3, 16)) == (64, False)
     assert block_s_for(qkv64, 1, 64) == 0  # per-slice programs: nothing stacked
     assert default_config(32, 64, 2, 3, 4096).stream_k  # 32-row tiles keep stream-K
-    assert qkv64.split_for_tiles and gate_up64.split_for_tiles and not qkv16.split_for_tiles
-
-
-def test_stacked_grids_split_k_for_the_expected_tiles(monkeypatch):
-    """The stacked rank-64 grids (ShrinkConfig.split_for_tiles) split K for the tiles the
-    step is expected to have: qkv r64 T=1024 with one adapter has 17 tiles of 64 rows
-    (not the 80 a step of all 64 slots could have), so ~4 programs per SM of 132 need 22
-    splits of 3 k-steps, not 6."""
-    from kernels.triton import shrink_plan as sh
-
-    monkeypatch.setattr(sh, "num_sms", lambda device: 132)
-    cfg = sh.default_config(64, 64, 2, 3, 4096)
-    cpu = torch.device("cpu")
-    assert sh.split_k(cfg, 1, 17, 4096, 64, cpu) == (64, 192, 22)
-    assert sh.split_k(cfg, 1, 80, 4096, 64, cpu) == (64, 704, 6)
+    # steps of at most 1024 tokens keep stream-K, in 64-row tiles too (few tiles)
+    assert default_config(64, 64, 2, 3, 4096, 1024).stream_k
+    assert default_config(64, 64, 2, 2, 4096, 1024).stream_k
+    assert default_config(64, 64, 2, 3, 4096, 1025).stack_tail
 
 
 def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):

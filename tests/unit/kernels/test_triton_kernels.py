@@ -442,7 +442,7 @@ def test_stacked_tail_split_for_expected_tiles_matches_oracle(
 
     token_slots, x, lora_a, _ = _case(150, 256, 3, 64, 3, 0.1, torch.float32)
     cfg = sh.default_config(64, 64, 4, 3, 256)
-    assert cfg.stack_tail and cfg.split_for_tiles
+    assert cfg.stack_tail and not cfg.stream_k
     monkeypatch.setattr(sh, "CONFIG_OVERRIDE", cfg)
     ranks = torch.tensor([64, 40, 64, 9], dtype=torch.int32)
     empty = SegmentMeta.empty(150, 4, x.device, block_m=64, expected_slots=expected)
