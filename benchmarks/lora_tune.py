@@ -273,7 +273,8 @@ def tune(
     shapes=None,
 ) -> list[dict]:
     """Graph-replay us of the separate shrink and expand kernels per launch config on
-    `shapes` (default TUNE_SHAPES) (what kernels/triton/shrink_plan.py / lora_expand.py default_config use).
+    `shapes` (default TUNE_SHAPES): what kernels/triton/shrink_plan.py / lora_expand.py
+    default_config use.
     kinds: "both" (shrink + expand with and without PDL), "shrink", "expand", and
     "layout" (also B n-major, the layout before rank-major), "lean" (the default shrink
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"

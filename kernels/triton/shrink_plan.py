@@ -98,7 +98,8 @@ def default_config(
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
     takes the fused split-K grid as at rank <= 32, and rank-64 gate_up and qkv in 64-row
-    tiles (_stacks_rank64), which take it with their A rows stacked.
+    tiles of steps over 1024 tokens (_stacks_rank64; tokens: the step's T, None for such a
+    step), which take it with their A rows stacked.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     over 4 prefill shapes within 1% of the best. Runs 8 and 10: the best stream-K config
