@@ -8,9 +8,10 @@ Decode-sized batches put each slice in its own program and split K over H, so en
 programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
 zeroed output); prefill-sized batches give one program all slices so each x tile is
 read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py),
-but for two rank-64 slices in 64-row tiles (gate_up), stacked here into one operand;
-the launch configs are planned in shrink_plan.py. Rows r >= rank of the slot are masked: a low-rank adapter reads only its
-rows of A.
+but for rank-64 gate_up and qkv in 64-row tiles of steps over 1024 tokens, whose slices'
+A rows are stacked here (gate_up into one 128-row operand; qkv q and k into 128 rows and
+v its own dot, TAIL). The launch configs are planned in shrink_plan.py. Rows r >= rank
+of the slot are masked: a low-rank adapter reads only its rows of A.
 
 Stores mask columns by the pool's rank R, not the slot's: the columns between them hold
 exact zeros (their rows of A read as 0), and a mask that is constant over runs of 4
