@@ -282,6 +282,9 @@ def main() -> None:
     ap.add_argument("--tune-min-tokens", type=int, default=0, help="--tune shapes' T floor")
     ap.add_argument("--no-fused", action="store_true", help="skip the opt-in fused kernel")
     ap.add_argument(
+        "--grid-tokens", help="grid rows of these T only, e.g. 1024,4096 (default: all)"
+    )
+    ap.add_argument(
         "--no-hint", action="store_true", help="tile grids for all slots (no expected_slots)"
     )
     ap.add_argument("--table", type=Path, help="print the README table of a results file; no GPU")
@@ -335,6 +338,9 @@ def main() -> None:
         runs = [(t, n, False) for t, n in grid]
         if rank == 64:
             runs += [(t, 32, True) for t in (64, 256, 1024, 4096)]
+        if args.grid_tokens:
+            keep = {int(t) for t in args.grid_tokens.split(",")}
+            runs = [run for run in runs if run[0] in keep]
         for tokens, n, mixed in runs:
             try:
                 r = run_case(

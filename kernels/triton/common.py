@@ -194,8 +194,22 @@ def _pdl_capable(device: torch.device) -> bool:
 # Programmatic dependent launch helps steps of at most this many tokens (H200 grid: the
 # expand's launch and its B / old-y loads hide behind the shrink, median 1.0 us per layer
 # call; some wide r64 gate_up expands lose up to 3 us). In larger steps the expand's early
-# programs take SM room the shrink still needs (up to 11% slower).
-PDL_MAX_TOKENS = 256
+# programs take SM room the shrink still needs (up to 11% slower). LORAFLEET_PDL_MAX_TOKENS
+# overrides it.
+PDL_MAX_TOKENS = int(os.environ.get("LORAFLEET_PDL_MAX_TOKENS", "256"))
+
+# Where a shrink lets its dependent expand launch (the DEPENDENTS constexpr): at the start
+# of each program (the expand's programs start as soon as the shrink's last ones have)
+# or at the end (as they finish).
+TRIGGER_START, TRIGGER_END = 1, 2
+
+
+def pdl_trigger(tokens: int) -> int:
+    """The shrink's trigger point for a step of `tokens` (LORAFLEET_PDL_TRIGGER=start|end
+    for steps over 256 tokens; decode-sized steps trigger at the start)."""
+    if tokens > 256 and os.environ.get("LORAFLEET_PDL_TRIGGER", "start") == "end":
+        return TRIGGER_END
+    return TRIGGER_START
 
 
 def pdl_enabled(device: torch.device) -> bool:

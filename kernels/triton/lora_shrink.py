@@ -35,6 +35,7 @@ from kernels.triton.common import (
     dot_precision,
     expected_slots,
     pdl_enabled,
+    pdl_trigger,
     slices_of,
 )
 from kernels.triton.lora_shrink_stream import launch_stream
@@ -130,9 +131,10 @@ def _shrink_kernel(
     NSL == 1: group g is slice g. NSL == S: one group, all slices (BLOCK_S > 0: their
     rows of A stacked into one operand, one dot per k-step, or with TAIL all but the
     last slice's, and one more dot for it; else one dot per slice).
-    DEPENDENTS: let the next kernel (a programmatic dependent launch) start now.
+    DEPENDENTS: let the next kernel (a programmatic dependent launch) start: 1 (common.
+    TRIGGER_START) when this program starts, 2 (TRIGGER_END) when it has done its tiles.
     """
-    if DEPENDENTS:
+    if DEPENDENTS == 1:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
     k0 = tl.program_id(1).to(tl.int64) * k_per_split
@@ -159,6 +161,8 @@ def _shrink_kernel(
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
                 PRECISION, LEAN_X, BLOCK_S, TAIL,
             )  # fmt: skip
+    if DEPENDENTS == 2:
+        gdc_launch_dependents()
 
 
 def check_x_a(x: torch.Tensor, lora_a) -> Slices:
@@ -207,7 +211,7 @@ def lora_shrink_triton(
     br, bm = block_r(rank), meta.block_m
     cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices, hidden, tokens)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
-    dependents = dependents and pdl_enabled(x.device)
+    dependents = pdl_trigger(tokens) if dependents and pdl_enabled(x.device) else 0
     if cfg.stream_k:
         launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out

@@ -5,6 +5,7 @@ the H200 tune runs, and how K is split over programs. Plain Python, no kernels.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +151,14 @@ def _stacks_rank64(bm: int, br: int, num_slices: int, tokens: int | None = None)
     1024 tokens keep stream-K: in 64-row tiles (few adapters, kernels.meta.default_block_m)
     their 16-17 tiles leave the split-K grid short of programs (qkv r64 T=1024 n=1 15.7
     vs 12.7 us with stream-K), and splitting K finer for them was slower still (18.7)."""
-    return bm >= 64 and br == 64 and num_slices in (2, 3) and (tokens is None or tokens > 1024)
+    if br != 64 or num_slices not in (2, 3):
+        return False
+    if bm == 32 and STACK_32_ROWS:
+        return tokens is not None and tokens <= 1024
+    return bm >= 64 and (tokens is None or tokens > 1024)
+
+
+STACK_32_ROWS = os.environ.get("LORAFLEET_STACK32", "0") == "1"  # experiment
 
 
 def _tail_fits(nsl: int, br: int) -> bool:
