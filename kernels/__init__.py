@@ -143,15 +143,14 @@ def lora_shrink_expand(
             return lora_shrink_expand_triton(
                 y, x, lora_a, lora_b, token_slots, scale=scale, add_inputs=add_inputs
             )
-        # Two launches; in decode-sized steps the expand overlaps the shrink's tail
-        # (programmatic dependent launch where the GPU allows: lora_expand_triton's after_shrink).
-        from kernels.triton.common import PDL_MAX_TOKENS
+        # Two launches; where lora_shrink.overlaps_expand says so the expand overlaps the
+        # shrink's tail (programmatic dependent launch: lora_expand_triton's after_shrink).
         from kernels.triton.lora_expand import lora_expand_triton
-        from kernels.triton.lora_shrink import lora_shrink_triton
+        from kernels.triton.lora_shrink import lora_shrink_triton, overlaps_expand
 
         if workspace is not None:
             check_out(workspace, len(lora_a), x.shape[0], lora_a[0].shape[1], x.device)
-        pdl = x.shape[0] <= PDL_MAX_TOKENS
+        pdl, token_slots = overlaps_expand(x, lora_a, token_slots, y.shape[1])
         buf = lora_shrink_triton(x, lora_a, token_slots, scale=scale, out=workspace, dependents=pdl)
         return lora_expand_triton(
             y, buf, lora_b, token_slots, add_inputs=add_inputs, after_shrink=pdl

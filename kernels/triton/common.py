@@ -191,25 +191,23 @@ def _pdl_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-# Programmatic dependent launch helps steps of at most this many tokens (H200 grid: the
+# Programmatic dependent launch of the expand behind its shrink (kernels.lora_shrink_expand,
+# lora_shrink.overlaps_expand): every step of at most PDL_MAX_TOKENS tokens (H200 grid: the
 # expand's launch and its B / old-y loads hide behind the shrink, median 1.0 us per layer
-# call; some wide r64 gate_up expands lose up to 3 us). In larger steps the expand's early
-# programs take SM room the shrink still needs (up to 11% slower). LORAFLEET_PDL_MAX_TOKENS
-# overrides it.
-PDL_MAX_TOKENS = int(os.environ.get("LORAFLEET_PDL_MAX_TOKENS", "256"))
-
-# Where a shrink lets its dependent expand launch (the DEPENDENTS constexpr): at the start
-# of each program (the expand's programs start as soon as the shrink's last ones have)
-# or at the end (as they finish).
-TRIGGER_START, TRIGGER_END = 1, 2
-
-
-def pdl_trigger(tokens: int) -> int:
-    """The shrink's trigger point for a step of `tokens` (LORAFLEET_PDL_TRIGGER=start|end
-    for steps over 256 tokens; decode-sized steps trigger at the start)."""
-    if tokens > 256 and os.environ.get("LORAFLEET_PDL_TRIGGER", "start") == "end":
-        return TRIGGER_END
-    return TRIGGER_START
+# call), and steps of at most PDL_PREFILL_MAX_TOKENS whose expand is at most
+# PDL_MAX_WIDTH_RATIO times as wide as the shrink's input and whose shrink is not stream-K
+# in 32-row tiles. H200, fourteenth sitting (results/logs/lora_kernels_h200_pdl_start.json,
+# shrink + expand with and without PDL in the same run): at T=1024 down 0.94-0.99x, qkv
+# r16 0.96-0.99x, o r16 0.95-1.03x, qkv / o r64 in 64-row tiles 0.93-1.005x; slower with
+# it: gate_up's wide expands (1.04-1.13x: their early programs crowd the shrink) and the
+# rank-64 stream-K shrinks in 32-row tiles (qkv / o r64 T=1024 n=32-64 1.04-1.07x). Above
+# 1024 tokens it moved rows by -3% to +2% (o r16 T=4096 1.00-1.02x): 0.989x in geometric
+# mean over 75 prefill rows against 0.990x with the 1024-token cap, so the cap stays.
+# Triggering the expand at the end of the shrink's programs instead of the start was
+# slower than no PDL (1.014x). LORAFLEET_PDL_MAX_TOKENS overrides the prefill cap.
+PDL_MAX_TOKENS = 256
+PDL_PREFILL_MAX_TOKENS = int(os.environ.get("LORAFLEET_PDL_MAX_TOKENS", "1024"))
+PDL_MAX_WIDTH_RATIO = 2
 
 
 def pdl_enabled(device: torch.device) -> bool:

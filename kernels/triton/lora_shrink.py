@@ -28,6 +28,9 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels.meta import SegmentMeta, expected_tiles, tile_copies, tile_programs
 from kernels.triton.common import (
+    PDL_MAX_TOKENS,
+    PDL_MAX_WIDTH_RATIO,
+    PDL_PREFILL_MAX_TOKENS,
     Slices,
     as_meta,
     block_r,
@@ -35,7 +38,6 @@ from kernels.triton.common import (
     dot_precision,
     expected_slots,
     pdl_enabled,
-    pdl_trigger,
     slices_of,
 )
 from kernels.triton.lora_shrink_stream import launch_stream
@@ -57,7 +59,15 @@ from kernels.triton.tiles import (
     store_slices,
 )
 
-__all__ = ["CONFIG_OVERRIDE", "ShrinkConfig", "check_x_a", "default_config", "lora_shrink_triton"]
+__all__ = [
+    "CONFIG_OVERRIDE",
+    "ShrinkConfig",
+    "check_x_a",
+    "default_config",
+    "lora_shrink_triton",
+    "overlaps_expand",
+    "shrink_config",
+]
 
 CONFIG_OVERRIDE: ShrinkConfig | None = None
 
@@ -131,10 +141,9 @@ def _shrink_kernel(
     NSL == 1: group g is slice g. NSL == S: one group, all slices (BLOCK_S > 0: their
     rows of A stacked into one operand, one dot per k-step, or with TAIL all but the
     last slice's, and one more dot for it; else one dot per slice).
-    DEPENDENTS: let the next kernel (a programmatic dependent launch) start: 1 (common.
-    TRIGGER_START) when this program starts, 2 (TRIGGER_END) when it has done its tiles.
+    DEPENDENTS: let the next kernel (a programmatic dependent launch) start now.
     """
-    if DEPENDENTS == 1:
+    if DEPENDENTS:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
     k0 = tl.program_id(1).to(tl.int64) * k_per_split
@@ -161,8 +170,6 @@ def _shrink_kernel(
                 H, R, k_per_split, scale, NSL, BLOCK_M, BLOCK_R, BLOCK_K, EVEN_K, USE_ATOMIC,
                 PRECISION, LEAN_X, BLOCK_S, TAIL,
             )  # fmt: skip
-    if DEPENDENTS == 2:
-        gdc_launch_dependents()
 
 
 def check_x_a(x: torch.Tensor, lora_a) -> Slices:
@@ -180,6 +187,34 @@ def check_x_a(x: torch.Tensor, lora_a) -> Slices:
     if sl.shapes[0][2] != x.shape[1]:
         raise ValueError(f"lora_a: H={sl.shapes[0][2]}; x has H={x.shape[1]}")
     return sl
+
+
+def shrink_config(x: torch.Tensor, sl: Slices, meta: SegmentMeta) -> ShrinkConfig:
+    """The launch config of a shrink of x by the slices sl over meta's tiles."""
+    if CONFIG_OVERRIDE is not None:
+        return CONFIG_OVERRIDE
+    num_slots, rank, hidden = sl.shapes[0]
+    return default_config(meta.block_m, block_r(rank), x.element_size(), sl.count, hidden,
+                          x.shape[0], expected_slots(meta))  # fmt: skip
+
+
+def overlaps_expand(
+    x: torch.Tensor, lora_a, token_slots_or_meta, out_width: int
+) -> tuple[bool, torch.Tensor | SegmentMeta]:
+    """(whether the expand of out_width columns after this shrink should be a programmatic
+    dependent launch, the step's SegmentMeta): common.PDL_MAX_TOKENS and the prefill rule
+    beside it. The meta is built here when given a slot map, for both launches."""
+    tokens, hidden = x.shape
+    if not pdl_enabled(x.device) or tokens == 0:
+        return False, token_slots_or_meta
+    if tokens <= PDL_MAX_TOKENS:
+        return True, token_slots_or_meta
+    if tokens > PDL_PREFILL_MAX_TOKENS or out_width > PDL_MAX_WIDTH_RATIO * hidden:
+        return False, token_slots_or_meta
+    sl = check_x_a(x, lora_a)
+    meta = as_meta(token_slots_or_meta, tokens, sl.shapes[0][0], x.device, sl.shapes[0][1])
+    cfg = shrink_config(x, sl, meta)
+    return not (cfg.stream_k and meta.block_m < 64), meta
 
 
 def lora_shrink_triton(
@@ -209,13 +244,13 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     br, bm = block_r(rank), meta.block_m
-    cfg = CONFIG_OVERRIDE or default_config(bm, br, x.element_size(), num_slices, hidden, tokens)
+    expected = expected_slots(meta)
+    cfg = shrink_config(x, sl, meta)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
-    dependents = pdl_trigger(tokens) if dependents and pdl_enabled(x.device) else 0
+    dependents = dependents and pdl_enabled(x.device)
     if cfg.stream_k:
         launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
-    expected = expected_slots(meta)
     programs = tile_programs(tokens, num_slots, bm, expected)
     # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
     # grid of a step of all L slots

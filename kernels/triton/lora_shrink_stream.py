@@ -34,7 +34,7 @@ def _shrink_stream_kernel(
     touched into out: a plain store where it covered the tile's whole K, else fp32
     atomics (out is zeroed). Semantics as _shrink_kernel's.
     """
-    if DEPENDENTS == 1:  # as _shrink_kernel's
+    if DEPENDENTS:
         gdc_launch_dependents()
     pid_g = tl.program_id(0)
     total = tl.load(num_tiles_ptr) * K_STEPS
@@ -82,12 +82,10 @@ def _shrink_stream_kernel(
             acc0 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
             acc1 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    if DEPENDENTS == 2:
-        gdc_launch_dependents()
 
 
 def launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, groups: int,
-                  nsl: int, br: int, scale: float, dependents: int) -> None:  # fmt: skip
+                  nsl: int, br: int, scale: float, dependents: bool) -> None:  # fmt: skip
     """_shrink_stream_kernel over (groups, programs): programs_per_sm per SM in all, at
     most one per work item of the tile bound."""
     tokens, hidden = x.shape

@@ -5,7 +5,6 @@ the H200 tune runs, and how K is split over programs. Plain Python, no kernels.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +86,13 @@ STREAM_SHARED_BYTES = 220_000
 
 
 def default_config(
-    bm: int, br: int, elem: int, num_slices: int = 3, hidden: int = 4096, tokens: int | None = None
+    bm: int,
+    br: int,
+    elem: int,
+    num_slices: int = 3,
+    hidden: int = 4096,
+    tokens: int | None = None,
+    expected: int | None = None,
 ) -> ShrinkConfig:
     """Decode (bm 16): per-slice programs of 2 warps, K split for the step's expected tiles
     (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM). Tune run 22 against the
@@ -99,8 +104,9 @@ def default_config(
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
     takes the fused split-K grid as at rank <= 32, and rank-64 gate_up and qkv in 64-row
-    tiles of steps over 1024 tokens (_stacks_rank64; tokens: the step's T, None for such a
-    step), which take it with their A rows stacked.
+    tiles of steps over 1024 tokens, and qkv in 32-row tiles of 1024-token steps whose
+    expected slots fill them (_stacks_rank64; tokens: the step's T, None for a step over
+    1024; expected: its expected slots), which take it with their A rows stacked.
 
     From `benchmarks/lora_kernels.py --tune` on the H200 (results/lora_kernels_tune_h200.json):
     over 4 prefill shapes within 1% of the best. Runs 8 and 10: the best stream-K config
@@ -108,7 +114,7 @@ def default_config(
     (not used there).
     """
     prefill = bm >= 32
-    stacked = _stacks_rank64(bm, br, num_slices, tokens)
+    stacked = _stacks_rank64(bm, br, num_slices, tokens, expected)
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192) and not stacked:
         return stream_config(bm, br, elem, hidden)
     fuse = prefill and br <= 64
@@ -139,7 +145,9 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
 
 
-def _stacks_rank64(bm: int, br: int, num_slices: int, tokens: int | None = None) -> bool:
+def _stacks_rank64(
+    bm: int, br: int, num_slices: int, tokens: int | None = None, expected: int | None = None
+) -> bool:
     """Rank-64 slices in 64-row prefill tiles of steps over 1024 tokens (tokens None: such a
     step): the fused split-K grid with the slices' A rows stacked (gate_up: one 128-row
     operand; qkv: 128 rows for q and k and one more dot for v, ShrinkConfig.stack_tail)
@@ -148,17 +156,28 @@ def _stacks_rank64(bm: int, br: int, num_slices: int, tokens: int | None = None)
     (results/shrink_stack_h200.json); qkv r64 T=4096 n=1 24.1 vs 29.1, n=8 34.6 vs 39.3,
     n=64 57.8 vs 62.1, T=2048 n=32 30.4 vs 35.0 (results/shrink_tail_h200.json; one
     256-row operand for qkv's 192 rows had lost, 43.1 vs 34.4 at n=8). Steps of at most
-    1024 tokens keep stream-K: in 64-row tiles (few adapters, kernels.meta.default_block_m)
+    1024 tokens keep stream-K in 64-row tiles (few adapters, kernels.meta.default_block_m):
     their 16-17 tiles leave the split-K grid short of programs (qkv r64 T=1024 n=1 15.7
-    vs 12.7 us with stream-K), and splitting K finer for them was slower still (18.7)."""
+    vs 12.7 us with stream-K), and splitting K finer for them was slower still (18.7).
+
+    Also qkv (the tail stack) in 32-row tiles of 1024-token steps with at least 32 tokens
+    per expected slot (`expected`: SegmentMeta.expected_slots), so every slot fills a
+    tile: H200 grid, 2026-12-04 (fourteenth sitting, logs/lora_kernels_h200_stack32.json),
+    the shrink alone against stream-K in the same session: qkv r64 T=1024 n=32 26.3 vs
+    28.7 us, the 16/64 mix 20.9 vs 25.0; with 16 tokens per slot it lost (n=64 47.0 vs
+    43.0), and so did gate_up's pair (n=32 24.0 vs 23.6; n=64 33.5 vs 35.2).
+    """
     if br != 64 or num_slices not in (2, 3):
         return False
-    if bm == 32 and STACK_32_ROWS:
-        return tokens is not None and tokens <= 1024
+    if bm == 32:
+        full = expected is not None and tokens is not None and tokens >= 32 * expected
+        return num_slices == 3 and full and tokens >= STACK_32_MIN_TOKENS
     return bm >= 64 and (tokens is None or tokens > 1024)
 
 
-STACK_32_ROWS = os.environ.get("LORAFLEET_STACK32", "0") == "1"  # experiment
+STACK_32_MIN_TOKENS = 1024
+"""_stacks_rank64 in 32-row tiles: measured at 1024-token steps only (32-row rank-64 tiles
+exist between 257 and 1024 tokens)."""
 
 
 def _tail_fits(nsl: int, br: int) -> bool:

@@ -50,6 +50,60 @@ def test_stacked_operands_pad_or_take_a_tail_slice():
     assert default_config(64, 64, 2, 3, 4096, 1025).stack_tail
 
 
+@pytest.mark.parametrize(
+    "slices,tokens,expected,stacked",
+    [
+        (3, 1024, 32, True),  # qkv: every slot fills its 32-row tile
+        (3, 1024, 16, True),
+        (3, 1024, 33, False),  # a slot of 31 tokens: stream-K (n=64 lost)
+        (3, 1024, None, False),  # expected slots unknown
+        (3, 768, 16, False),  # under STACK_32_MIN_TOKENS: not measured
+        (2, 1024, 32, False),  # gate_up's pair lost in 32-row tiles
+    ],
+)
+def test_qkv_tail_in_32_row_tiles_when_slots_fill_them(slices, tokens, expected, stacked):
+    """Rank-64 qkv in 32-row tiles of 1024-token steps stacks q and k with v as a tail
+    when the step has >= 32 tokens per expected slot; otherwise stream-K as before."""
+    from kernels.triton.shrink_plan import default_config
+
+    cfg = default_config(32, 64, 2, slices, 4096, tokens, expected)
+    assert cfg.stream_k != stacked
+    assert cfg.stack_tail == stacked and cfg.fuse_slices == stacked
+    if stacked:  # 32 + 192 rows of x and A per k-step, 3 stages in ~120 KB
+        assert cfg.block_k == 64
+
+
+@pytest.mark.parametrize(
+    "tokens,hidden,width,rank,expected,pdl",
+    [
+        (1, 4096, 28672, 16, 1, True),  # decode: every layer
+        (256, 4096, 28672, 64, 64, True),
+        (1024, 4096, 6144, 16, 8, True),  # qkv r16 prefill (split-K)
+        (1024, 14336, 4096, 64, 32, True),  # down r64 32-row tiles: split-K (long K)
+        (1024, 4096, 4096, 64, 1, True),  # o r64, 64-row tiles (stream-K)
+        (1024, 4096, 4096, 64, 32, False),  # o r64, 32-row tiles: stream-K
+        (1024, 4096, 28672, 16, 8, False),  # gate_up: wide expand
+        (1025, 4096, 6144, 16, 8, False),  # over PDL_PREFILL_MAX_TOKENS
+    ],
+)
+def test_expand_overlaps_shrink_where_measured_faster(
+    monkeypatch, tokens, hidden, width, rank, expected, pdl
+):
+    """lora_shrink.overlaps_expand: programmatic dependent launch of the expand for decode
+    steps, and for prefill steps up to PDL_PREFILL_MAX_TOKENS unless the expand is wide
+    (gate_up) or the shrink is stream-K in 32-row tiles (pdl_enabled stubbed: the CPU
+    has no PDL; no kernel runs)."""
+    from kernels.meta import SegmentMeta
+    from kernels.triton import lora_shrink as sh
+
+    monkeypatch.setattr(sh, "pdl_enabled", lambda device: True)
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    a = (torch.empty(64, rank, hidden, dtype=torch.bfloat16),)
+    meta = SegmentMeta.empty(tokens, 64, x.device, max_rank=rank, expected_slots=expected)
+    got, meta_out = sh.overlaps_expand(x, a, meta, width)
+    assert got == pdl and meta_out is meta
+
+
 def test_decode_shrink_splits_k_for_the_expected_tiles(monkeypatch):
     """Decode shrinks size their K splits for the tiles the step is expected to have
     (ShrinkConfig.split_for_expected): ~16 programs with work per SM at rank 16, a quarter
