@@ -195,7 +195,7 @@ def shrink_config(x: torch.Tensor, sl: Slices, meta: SegmentMeta) -> ShrinkConfi
         return CONFIG_OVERRIDE
     num_slots, rank, hidden = sl.shapes[0]
     return default_config(meta.block_m, block_r(rank), x.element_size(), sl.count, hidden,
-                          x.shape[0], expected_slots(meta))  # fmt: skip
+                          x.shape[0], meta.expected_slots)  # fmt: skip
 
 
 def overlaps_expand(
