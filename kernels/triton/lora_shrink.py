@@ -8,9 +8,10 @@ Decode-sized batches put each slice in its own program and split K over H, so en
 programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
 zeroed output); prefill-sized batches give one program all slices so each x tile is
 read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py),
-but for rank-64 gate_up and qkv in 64-row tiles of steps over 1024 tokens, whose slices'
-A rows are stacked here (gate_up into one 128-row operand; qkv q and k into 128 rows and
-v its own dot, TAIL). The launch configs are planned in shrink_plan.py. Rows r >= rank
+but for rank-64 gate_up and qkv in 64-row tiles of steps over 1024 tokens, and qkv in
+32-row tiles of 1024-token steps whose expected slots fill them, whose slices' A rows
+are stacked here (gate_up into one 128-row operand; qkv q and k into 128 rows and v its
+own dot, TAIL). The launch configs are planned in shrink_plan.py. Rows r >= rank
 of the slot are masked: a low-rank adapter reads only its rows of A.
 
 Stores mask columns by the pool's rank R, not the slot's: the columns between them hold
@@ -193,7 +194,7 @@ def shrink_config(x: torch.Tensor, sl: Slices, meta: SegmentMeta) -> ShrinkConfi
     """The launch config of a shrink of x by the slices sl over meta's tiles."""
     if CONFIG_OVERRIDE is not None:
         return CONFIG_OVERRIDE
-    num_slots, rank, hidden = sl.shapes[0]
+    _, rank, hidden = sl.shapes[0]
     return default_config(meta.block_m, block_r(rank), x.element_size(), sl.count, hidden,
                           x.shape[0], meta.expected_slots)  # fmt: skip
 
@@ -244,13 +245,13 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     br, bm = block_r(rank), meta.block_m
-    expected = expected_slots(meta)
     cfg = shrink_config(x, sl, meta)
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     dependents = dependents and pdl_enabled(x.device)
     if cfg.stream_k:
         launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
         return out
+    expected = expected_slots(meta)
     programs = tile_programs(tokens, num_slots, bm, expected)
     # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
     # grid of a step of all L slots
