@@ -277,12 +277,26 @@ def config_expand_err(mod, cfg, st: dict) -> float:
     return expand_err(st, run)
 
 
+def config_shrink_err(mod, cfg, st: dict) -> float:
+    """Max |out - out_default| / max |out_default| of one shrink call with launch config
+    cfg against the default config's, on set st."""
+    want = lora_shrink(st["x"], st["pool"].a, st["meta"])
+    mod.CONFIG_OVERRIDE = cfg
+    try:
+        got = lora_shrink(st["x"], st["pool"].a, st["meta"])
+    finally:
+        mod.CONFIG_OVERRIDE = None
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
 def default_shrink(st: dict, layer: str, rank: int):
     from kernels.triton.common import block_r
     from kernels.triton.shrink_plan import default_config
 
     hidden, sizes = LAYERS[layer]
     x = st["x"]
+    meta = st["meta"]
     return default_config(
-        st["meta"].block_m, block_r(rank), x.element_size(), len(sizes), hidden, x.shape[0]
-    )
+        meta.block_m, block_r(rank), x.element_size(), len(sizes), hidden, x.shape[0],
+        meta.expected_slots,
+    )  # fmt: skip

@@ -280,7 +280,8 @@ def tune(
     config with ShrinkConfig.lean_x on and off), "stack" (_stack_configs), "longk"
     (_long_k_configs), "late" / "lateboth" (the default expand config with
     ExpandConfig.late_add on and off: the expand alone / shrink + expand as the engine
-    runs them), "hint" (tune_hint, its own shapes), "copies" (tune_hint's decode shapes
+    runs them), "hint" (tune_hint, its own shapes), "decode" / "decodestack" (tune_decode: decode
+    launch configs / stacked all-slice decode shrinks), "copies" (tune_hint's decode shapes
     with kernels.meta.MAX_TILE_COPIES 2 / 4 / 8)."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
@@ -288,9 +289,11 @@ def tune(
     rows, t0 = tune_hint(bw) if "hint" in kinds else [], time.monotonic()
     if "decode" in kinds:
         rows += tune_decode(bw, budget_s, ranks)
+    if "decodestack" in kinds:
+        rows += tune_decode(bw, budget_s, ranks, shapes, stacked_only=True)
     if "copies" in kinds:
         rows += tune_hint(bw, copies=True)
-    if set(kinds) <= {"hint", "copies", "decode"}:
+    if set(kinds) <= {"hint", "copies", "decode", "decodestack"}:
         return rows
     for layer, rank, tokens, n in shapes or TUNE_SHAPES:
         if not min_tokens <= tokens <= max_tokens or rank not in ranks:

@@ -26,6 +26,7 @@ from benchmarks.lora_bench import (
     call_expand,
     call_shrink,
     config_expand_err,
+    config_shrink_err,
     default_shrink,
     expecting,
     floor_bytes,
@@ -68,6 +69,24 @@ def _decode_shrink_configs(st: dict, layer: str, rank: int):
         + [replace(base, block_k=128, k_splits=k) for k in (1, 2, 4, 8, 16, 32, 64)]
         + [replace(base, block_k=256, k_splits=k) for k in (2, 4, 8, 16)]
         + [replace(base, block_k=128, k_splits=k, num_warps=2) for k in (4, 8, 16, 32)]
+        + _decode_stacked_configs(base, layer)
+    )
+
+
+def _decode_stacked_configs(base, layer: str):
+    """Multi-slice layers (qkv, gate_up): one program for all slices with their A rows
+    stacked (qkv at rank 16: q and k in one 32-row operand, v a second dot), so each
+    decode x tile and tile's metadata is read once instead of once per slice; K split
+    by the expected tiles (3x the splits of per-slice programs for qkv) and fixed."""
+    from dataclasses import replace
+
+    if len(LAYERS[layer][1]) == 1:
+        return []
+    fused = replace(base, fuse_slices=True, stack_tail=True)
+    return (
+        [fused, replace(fused, num_warps=4)]
+        + [replace(fused, k_splits=k) for k in (8, 16, 32, 64)]
+        + [replace(fused, k_splits=k, num_warps=4) for k in (16, 32)]
     )
 
 
@@ -88,16 +107,28 @@ def _decode_expand_configs(st: dict, layer: str, rank: int):
     ]
 
 
-def tune_decode(bw: float, budget_s: float, ranks: tuple[int, ...] = (16, 64)) -> list[dict]:
-    """Shrink alone and expand alone per launch config on DECODE_SHAPES of these ranks, each step
-    expecting its n adapters (SegmentMeta.expected_slots, as the engine runs them), and
-    shrink + expand with the default configs: how many bytes one program should move
-    at decode (_decode_shrink_configs, _decode_expand_configs)."""
+def tune_decode(
+    bw: float,
+    budget_s: float,
+    ranks: tuple[int, ...] = (16, 64),
+    shapes=None,
+    stacked_only: bool = False,
+) -> list[dict]:
+    """Shrink alone and expand alone per launch config on `shapes` (default DECODE_SHAPES)
+    of these ranks, each step expecting its n adapters (SegmentMeta.expected_slots, as
+    the engine runs them), and shrink + expand with the default configs: how many bytes
+    one program should move at decode (_decode_shrink_configs, _decode_expand_configs).
+
+    stacked_only (kind "decodestack"): multi-slice shapes only, the default shrink config
+    against _decode_stacked_configs, each timed alone and as the shrink of shrink +
+    expand (PDL as the engine runs it); no expand configs."""
     from kernels.triton import lora_expand as ex
     from kernels.triton import lora_shrink as sh
 
     rows, t0 = [], time.monotonic()
-    for layer, rank, tokens, n in DECODE_SHAPES:
+    for layer, rank, tokens, n in shapes or DECODE_SHAPES:
+        if stacked_only and len(LAYERS[layer][1]) == 1:
+            continue
         if rank not in ranks:
             continue
         shape = f"{layer} r{rank} T={tokens} n={n}"
@@ -111,20 +142,31 @@ def tune_decode(bw: float, budget_s: float, ranks: tuple[int, ...] = (16, 64)) -
         )
         memset, views = workspaces(sets, layer, rank)
         pairs = list(zip(sets, views, strict=True))
-        trials = [("both", sh, None, [functools.partial(call_both, st, v) for st, v in pairs])]
+        both = [functools.partial(call_both, st, v) for st, v in pairs]
+        trials = [("both", sh, None, both)]
         shrink = [functools.partial(call_shrink, st, v) for st, v in pairs]
-        trials += [("shrink", sh, c, shrink) for c in _decode_shrink_configs(sets[0], layer, rank)]
         expand = [functools.partial(call_expand, st) for st in sets]
-        trials += [("expand", ex, c, expand) for c in _decode_expand_configs(sets[0], layer, rank)]
+        if stacked_only:
+            base = default_shrink(sets[0], layer, rank)
+            for c in [base] + _decode_stacked_configs(base, layer):
+                trials += [("shrink", sh, c, shrink), ("both", sh, c, both)]
+        else:
+            configs = _decode_shrink_configs(sets[0], layer, rank)
+            trials += [("shrink", sh, c, shrink) for c in configs]
+            configs = _decode_expand_configs(sets[0], layer, rank)
+            trials += [("expand", ex, c, expand) for c in configs]
         for kind, mod, cfg, fns in trials:
             us = time_config(mod, "CONFIG_OVERRIDE", cfg, fns, None if kind == "expand" else memset)
             row = {"shape": shape, "kind": f"decode_{kind}", "config": repr(cfg), "graph_us": us,
                    "floor_us": fb[kind] / bw * 1e6}  # fmt: skip
             if kind == "expand" and cfg is not None:
                 row["err_vs_default"] = config_expand_err(mod, cfg, sets[0])
+            if kind == "shrink" and stacked_only:
+                row["err_vs_default"] = config_shrink_err(mod, cfg, sets[0])
             rows.append(row)
+            err = f" err {row['err_vs_default']:.1e}" if "err_vs_default" in row else ""
             print(f"{shape:24s} {kind:6s} {us:7.1f} us (floor {row['floor_us']:.1f}) "
-                  f"{cfg or 'default'}", flush=True)  # fmt: skip
+                  f"{cfg or 'default'}{err}", flush=True)  # fmt: skip
         del sets, views, pools, pairs, trials, shrink, expand
         torch.cuda.empty_cache()
     return rows

@@ -95,7 +95,8 @@ def default_config(
     expected: int | None = None,
 ) -> ShrinkConfig:
     """Decode (bm 16): per-slice programs of 2 warps, K split for the step's expected tiles
-    (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM). Tune run 22 against the
+    (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM); steps of many adapters
+    with 1-2 tokens each stack all slices in one program (_stacks_decode). Tune run 22 against the
     previous rule (K split until ~32 programs per SM at rank 16, ~16 above, over the grid
     for all L slots, 4 warps): qkv r16 T=64 n=64 16.9 -> 13.8 us, n=32 9.5 -> 8.9, n=1
     3.9 -> 3.5; down r16 T=64 n=64 16.4 -> 14.8 (2 warps: 0.85-1.0x of 4 at 8 or more
@@ -122,6 +123,10 @@ def default_config(
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
+    if not prefill and _stacks_decode(num_slices, tokens, expected):
+        warps = 2 if br <= 16 else 4
+        return ShrinkConfig(128, DECODE_PROGRAMS_PER_SM, True, num_warps=warps,
+                            split_for_expected=True, stack_tail=True)  # fmt: skip
     if not prefill:
         return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
     return ShrinkConfig(bk, 4, fuse, stack_tail=stacked)
@@ -143,6 +148,27 @@ def stream_config(bm: int, br: int, elem: int, hidden: int) -> ShrinkConfig:
         bk //= 2
     fit = STREAM_SHARED_BYTES // (3 * (bm + br) * bk * elem)
     return ShrinkConfig(bk, max(1, min(per_sm, fit)), False, num_stages=5, stream_k=True)
+
+
+def _stacks_decode(num_slices: int, tokens: int | None, expected: int | None) -> bool:
+    """Decode tiles of a multi-slice layer (qkv, gate_up) in a step of at least
+    STACK_DECODE_MIN_SLOTS expected slots with at most 2 tokens each: one program for all
+    slices, their A rows stacked (qkv: q and k one operand, v a second dot), so each x
+    tile and tile's metadata is read once instead of once per slice, with the K split
+    for the expected tiles (3x the splits of per-slice programs for qkv); BLOCK_K 128,
+    2 warps at rank 16 and 4 above. H200, 2026-12-04 (fifteenth sitting, tune run 27,
+    results/lora_kernels_tune_h200.json), shrink + expand against per-slice programs in
+    the same session: qkv r16 T=64 n=64 18.5 vs 19.8 us, n=32 11.2 vs 11.6; gate_up r16
+    T=64 n=64 36.8 vs 39.0; qkv r64 T=64 n=64 48.9 vs 50.7, n=32 28.5 vs 28.9. It lost
+    with fewer adapters or more tokens per adapter (qkv r64 T=1 n=1 6.4 vs 5.1, T=256
+    n=8 17.4 vs 16.6; qkv r16 T=256 n=32 12.4 vs 12.1) and was even at T=256 n=64."""
+    if num_slices < 2 or tokens is None or expected is None:
+        return False
+    return expected >= STACK_DECODE_MIN_SLOTS and tokens <= 2 * expected
+
+
+STACK_DECODE_MIN_SLOTS = 32
+"""_stacks_decode: the fewest expected slots (tune run 27 measured 32 and 64)."""
 
 
 def _stacks_rank64(

@@ -417,6 +417,10 @@ def test_expand_adds_old_y_early_or_late_matching_reference(
         # (expected 1 and 8; kernels.meta.default_block_m), else 32 rows
         ("qkv4096", 768, 64, 6, BF16),  # stream-K shrink (<= 1024 tokens: not stacked)
         ("gate_up4096", 1000, 64, 3, F16),
+        # decode, many adapters of 1-2 tokens: expecting 64, all slices stacked in one
+        # program (shrink_plan._stacks_decode); fewer expected, per-slice programs
+        ("qkv4096", 64, 16, 60, BF16),
+        ("gate_up4096", 48, 64, 40, BF16),
     ],
 )
 def test_expected_slots_size_the_grid_and_keep_every_tile(

@@ -74,6 +74,40 @@ def test_qkv_tail_in_32_row_tiles_when_slots_fill_them(slices, tokens, expected,
 
 
 @pytest.mark.parametrize(
+    "slices,br,tokens,expected,stacked",
+    [
+        (3, 16, 64, 64, True),  # qkv r16: one token per slot
+        (3, 16, 64, 32, True),  # two tokens per slot
+        (2, 16, 64, 64, True),  # gate_up
+        (3, 64, 64, 32, True),  # rank 64: 4 warps
+        (3, 16, 65, 32, False),  # over 2 tokens per slot
+        (3, 16, 256, 64, False),  # 4 tokens per slot: even in run 27
+        (3, 64, 1, 1, False),  # few adapters: per-slice programs (lost 6.4 vs 5.1 us)
+        (3, 16, 16, 8, False),
+        (3, 16, 64, None, False),  # expected slots unknown
+        (1, 16, 64, 64, False),  # one slice: nothing to stack
+    ],
+)
+def test_decode_stacks_slices_for_many_adapters_of_few_tokens(
+    slices, br, tokens, expected, stacked
+):
+    """Decode shrinks of multi-slice layers stack all slices in one program when the step
+    has >= 32 expected slots of <= 2 tokens each (shrink_plan._stacks_decode); otherwise
+    per-slice programs."""
+    from kernels.triton.shrink_plan import block_s_for, default_config, stack_tail_for
+
+    cfg = default_config(16, br, 2, slices, 4096, tokens, expected)
+    assert cfg.split_for_expected and cfg.fuse_slices == stacked and cfg.stack_tail == stacked
+    if stacked:
+        assert cfg.block_k == 128 and cfg.num_warps == (2 if br == 16 else 4)
+        tail = slices == 3
+        assert stack_tail_for(cfg, slices, br) == tail
+        assert block_s_for(cfg, slices, br) == (2 * br if tail else slices * br)
+    else:
+        assert cfg.num_warps == 2
+
+
+@pytest.mark.parametrize(
     "tokens,hidden,width,rank,expected,pdl",
     [
         (1, 4096, 28672, 16, 1, True),  # decode: every layer

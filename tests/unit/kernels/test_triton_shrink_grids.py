@@ -110,6 +110,28 @@ def test_stacked_tail_in_64_row_tiles_matches_oracle(triton_backend, monkeypatch
     assert buf[:, token_slots < 0].abs().sum() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_slices,rank", [(3, 16), (2, 16), (3, 64)])
+def test_stacked_decode_tiles_match_oracle(triton_backend, dtype, num_slices, rank):
+    """The default plan for a decode step of many adapters with 1-2 tokens each (all
+    slices stacked in one program, shrink_plan._stacks_decode; qkv's v a tail dot) in
+    16-row tiles, per-slot ranks, slot -1 rows, K split for the expected tiles."""
+    from kernels.triton import lora_shrink as sh
+
+    slots, tokens = 32, 48
+    token_slots, x, lora_a, _ = case(tokens, 256, num_slices, rank, 30, 0.1, dtype, slots)
+    ranks = torch.randint(1, rank + 1, (slots,), dtype=torch.int32)
+    empty = SegmentMeta.empty(tokens, slots, x.device, block_m=16, expected_slots=32)
+    meta = build_meta(token_slots, slots, slot_ranks=ranks, out=empty)
+    cfg = sh.shrink_config(x, sh.check_x_a(x, lora_a), meta)
+    assert cfg.fuse_slices and cfg.stack_tail and cfg.split_for_expected
+    buf = lora_shrink(x, lora_a, meta, scale=0.5)
+    assert rel_err(buf, oracle_shrink(x, lora_a, token_slots, 0.5, ranks)) < TOLERANCE[dtype]
+    assert buf[:, token_slots < 0].abs().sum() == 0
+    per_tok = ranks[token_slots.clamp_min(0)]
+    assert buf[:, torch.arange(rank)[None, :] >= per_tok[:, None]].abs().sum() == 0
+
+
 @pytest.mark.parametrize("max_k", [32, 256])
 def test_max_k_per_split_matches_oracle(triton_backend, monkeypatch, max_k):
     """ShrinkConfig.max_k_per_split bounds one program's K: 32 over H = 200 makes 7 splits
