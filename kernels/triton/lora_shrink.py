@@ -6,8 +6,9 @@ slowest, so the GPU starts the programs of the tiles with work (they come first)
 before those past the device-side tile count, which only read it and exit.
 Decode-sized batches put each slice in its own program and split K over H, so enough
 programs stream A at full bandwidth (partial sums meet through fp32 atomics in the
-zeroed output); prefill-sized batches give one program all slices so each x tile is
-read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py),
+zeroed output), but for steps of many adapters with 1-2 tokens each, whose programs
+stack all slices' A rows; prefill-sized batches give one program all slices so each x
+tile is read once. Rank >= 64 prefill runs the stream-K kernel instead (lora_shrink_stream.py),
 but for rank-64 gate_up and qkv in 64-row tiles of steps over 1024 tokens, and qkv in
 32-row tiles of 1024-token steps whose expected slots fill them, whose slices' A rows
 are stacked here (gate_up into one 128-row operand; qkv q and k into 128 rows and v its

@@ -96,11 +96,11 @@ def default_config(
 ) -> ShrinkConfig:
     """Decode (bm 16): per-slice programs of 2 warps, K split for the step's expected tiles
     (ShrinkConfig.split_for_expected, DECODE_PROGRAMS_PER_SM); steps of many adapters
-    with 1-2 tokens each stack all slices in one program (_stacks_decode). Tune run 22 against the
-    previous rule (K split until ~32 programs per SM at rank 16, ~16 above, over the grid
-    for all L slots, 4 warps): qkv r16 T=64 n=64 16.9 -> 13.8 us, n=32 9.5 -> 8.9, n=1
-    3.9 -> 3.5; down r16 T=64 n=64 16.4 -> 14.8 (2 warps: 0.85-1.0x of 4 at 8 or more
-    splits, 1.1-1.4x at 4). Prefill at rank <= 32: fused slices
+    with 1-2 tokens each stack all slices in one program (_stacks_decode). Tune run 22
+    against the previous rule (K split until ~32 programs per SM at rank 16, ~16 above,
+    over the grid for all L slots, 4 warps): qkv r16 T=64 n=64 16.9 -> 13.8 us, n=32
+    9.5 -> 8.9, n=1 3.9 -> 3.5; down r16 T=64 n=64 16.4 -> 14.8 (2 warps: 0.85-1.0x of 4
+    at 8 or more splits, 1.1-1.4x at 4). Prefill at rank <= 32: fused slices
     (the S accumulators fit in registers), ~4 per SM; BLOCK_K 128, halved until 3
     pipeline stages of the x and A tiles fit in ~120 KB of shared memory. Prefill at rank
     >= 64: stream-K (stream_config), except long K (H > 8192) in 32-row tiles, which
