@@ -21,10 +21,13 @@ _SESSION: dict = {}
 def _exit_before_native_teardown() -> None:
     """The suite's process ends here, with pytest's exit status, once Python's other
     atexit handlers have run (this one is registered before torch, Ray and grpc are
-    imported, so it runs after theirs): module teardown and the C++ static destructors
-    of torch / Ray / grpc, which run after this, are skipped. One pytest run of about
-    ten (2026-12-02 here, and CI on 2026-12-04) segfaulted there after every test had
-    passed, with no Python traceback (faulthandler is already gone by then).
+    imported, so it runs after theirs): the C++ static destructors, which run after
+    this, are skipped. About one pytest run in ten (2026-12-02 here, CI on 2026-12-04)
+    segfaulted there after every test had passed: Ray 2.60's OpenTelemetry metric
+    exporter thread, which the driver's ray.shutdown() leaves running, logged through
+    spdlog while exit() was destroying its logger registry (core dump of 2026-12-04:
+    that thread in RayLog::~RayLog <- OpenTelemetryMetricExporter::Export, the main
+    thread in __run_exit_handlers; ray-project/ray#60048 is a sibling of this race).
     LORAFLEET_TEST_FULL_EXIT=1 keeps the normal interpreter shutdown."""
     session = _SESSION.get("session")
     if session is None or os.environ.get("LORAFLEET_TEST_FULL_EXIT") == "1":
