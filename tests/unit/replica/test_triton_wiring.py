@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -59,3 +61,51 @@ def test_triton_interpreter_path_equals_reference(tmp_path, llama_dir, llama_ada
     )
     assert tri == ref
     assert len({tuple(t) for t in ref}) >= 3
+
+
+def test_stacked_decode_shrinks_in_the_engine_equal_reference(
+    monkeypatch, llama_dir, llama_adapters
+):
+    """Decode steps whose shrinks stack all slices in one program (shrink_plan._stacks_decode;
+    its slot threshold lowered so that this 2-slot engine's decode steps take it: 3 tokens,
+    2 adapters) give the reference kernels' greedy tokens, in the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter (a CPU machine)")
+    from kernels.triton import lora_shrink, shrink_plan
+    from replica.config import EngineConfig
+    from replica.engine import LLMEngine
+    from replica.offline import adapter_ref
+    from replica.sampling_params import SamplingParams
+
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    refs = {n: adapter_ref(n, llama_adapters[n], max_rank=16) for n in ("all16rs", "qv8")}
+    reqs = [("a", "hello world how", refs["all16rs"]), ("b", "the quick", refs["qv8"]),
+            ("c", "what is", None)]  # fmt: skip
+
+    def run() -> dict[str, list[int]]:
+        engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu", max_loras=2,
+                                        max_cpu_loras=2, max_lora_rank=16))  # fmt: skip
+        for rid, prompt, ref in reqs:
+            engine.add_request(rid, engine.tokenizer(prompt).input_ids, greedy, ref)
+        out: dict[str, list[int]] = {rid: [] for rid, *_ in reqs}
+        while engine.has_unfinished():
+            for o in engine.step():
+                out[o.request_id] += o.new_token_ids
+        return out
+
+    monkeypatch.setenv("LORAFLEET_KERNELS", "reference")
+    want = run()
+    monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    monkeypatch.setattr(shrink_plan, "STACK_DECODE_MIN_SLOTS", 1)
+    stacked = []
+    real = lora_shrink.shrink_config
+
+    def spy(x, sl, meta):
+        cfg = real(x, sl, meta)
+        stacked.append(meta.block_m == 16 and sl.count > 1 and cfg.fuse_slices)
+        return cfg
+
+    monkeypatch.setattr(lora_shrink, "shrink_config", spy)
+    assert run() == want
+    assert any(stacked)  # the stacked decode plan ran
+    assert len({tuple(t) for t in want.values()}) == 3
