@@ -1,4 +1,5 @@
-"""Builders of tiny models and PEFT adapters shared by the test suite.
+"""Builders of tiny models and PEFT adapters shared by the test suite, and a runner of
+engine requests to completion.
 
 Every test builds what it needs from these (no hub access): a random-init HF model
 of a given architecture with a locally trained byte-level BPE tokenizer, and PEFT
@@ -73,3 +74,15 @@ ADAPTER_SPECS: dict[str, dict] = {
     ),
     "regex12": dict(r=12, lora_alpha=24, target_modules=r".*\.(k_proj|down_proj)"),
 }
+
+
+def run_requests(engine, requests) -> dict[str, list[int]]:
+    """Add requests [(rid, prompt, params, adapter ref or None)] to an LLMEngine and step
+    it until all finish -> {rid: generated token ids}."""
+    for rid, prompt, params, ref in requests:
+        engine.add_request(rid, engine.tokenizer(prompt).input_ids, params, ref)
+    out: dict[str, list[int]] = {rid: [] for rid, *_ in requests}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    return out

@@ -115,6 +115,10 @@ def default_config(
     (not used there).
     """
     prefill = bm >= 32
+    if not prefill and _stacks_decode(num_slices, tokens, expected):  # BLOCK_K 128 as tuned
+        warps = 2 if br <= 16 else 4
+        return ShrinkConfig(128, DECODE_PROGRAMS_PER_SM, True, num_warps=warps,
+                            split_for_expected=True, stack_tail=True)  # fmt: skip
     stacked = _stacks_rank64(bm, br, num_slices, tokens, expected)
     if prefill and br >= 64 and (bm >= 64 or hidden <= 8192) and not stacked:
         return stream_config(bm, br, elem, hidden)
@@ -123,10 +127,6 @@ def default_config(
     bk = 128
     while bk > 32 and rows * bk * elem * 3 > 120_000:
         bk //= 2
-    if not prefill and _stacks_decode(num_slices, tokens, expected):
-        warps = 2 if br <= 16 else 4
-        return ShrinkConfig(128, DECODE_PROGRAMS_PER_SM, True, num_warps=warps,
-                            split_for_expected=True, stack_tail=True)  # fmt: skip
     if not prefill:
         return ShrinkConfig(bk, DECODE_PROGRAMS_PER_SM, False, num_warps=2, split_for_expected=True)
     return ShrinkConfig(bk, 4, fuse, stack_tail=stacked)

@@ -13,6 +13,7 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from tests.tiny import run_requests
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [
@@ -35,17 +36,6 @@ def _engine(model_dir, **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(**{**cfg, **kw}))
 
 
-def _run(engine, requests) -> dict[str, list[int]]:
-    """requests: [(rid, prompt, params, ref)] -> {rid: tokens}."""
-    for rid, prompt, params, ref in requests:
-        engine.add_request(rid, engine.tokenizer(prompt).input_ids, params, ref)
-    out: dict[str, list[int]] = {rid: [] for rid, *_ in requests}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
-    return out
-
-
 @pytest.fixture(scope="module")
 def refs(llama_adapters):
     return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
@@ -57,10 +47,10 @@ def test_mixed_batch_equals_each_request_alone(llama_dir, refs):
     reqs = [
         (f"{i}", PROMPTS[i % 4], GREEDY, refs[n] if n else None) for i, n in enumerate(names * 2)
     ]
-    together = _run(engine, reqs)
+    together = run_requests(engine, reqs)
     alone = {}
     for req in reqs:
-        alone.update(_run(_engine(llama_dir), [req]))
+        alone.update(run_requests(_engine(llama_dir), [req]))
     assert together == alone
     assert len({tuple(v) for v in together.values()}) > 4  # adapters change outputs
 
@@ -68,17 +58,17 @@ def test_mixed_batch_equals_each_request_alone(llama_dir, refs):
 def test_same_prompt_two_adapters_share_no_blocks(llama_dir, refs):
     engine = _engine(llama_dir)
     prompt = PROMPTS[1]
-    _run(engine, [("a1", prompt, GREEDY, refs["qv8"])])
+    run_requests(engine, [("a1", prompt, GREEDY, refs["qv8"])])
     assert engine.blocks.prefix_hit_tokens == 0
-    _run(engine, [("b1", prompt, GREEDY, refs["mlp4"])])
+    run_requests(engine, [("b1", prompt, GREEDY, refs["mlp4"])])
     assert engine.blocks.prefix_hit_tokens == 0  # other adapter: no reuse
-    _run(engine, [("base", prompt, GREEDY, None)])
+    run_requests(engine, [("base", prompt, GREEDY, None)])
     assert engine.blocks.prefix_hit_tokens == 0  # base model: no reuse either
-    again = _run(engine, [("a2", prompt, GREEDY, refs["qv8"])])
+    again = run_requests(engine, [("a2", prompt, GREEDY, refs["qv8"])])
     assert engine.blocks.prefix_hit_tokens > 0  # same adapter: reused
     assert (
         again["a2"]
-        == _run(
+        == run_requests(
             _engine(llama_dir, enable_prefix_caching=False), [("x", prompt, GREEDY, refs["qv8"])]
         )["x"]
     )
@@ -88,20 +78,20 @@ def test_seeded_sampling_is_reproducible(llama_dir, refs):
     p = SamplingParams(
         max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=42, ignore_eos=True
     )
-    a = _run(
+    a = run_requests(
         _engine(llama_dir), [("x", PROMPTS[0], p, refs["qv8"]), ("y", PROMPTS[1], GREEDY, None)]
     )["x"]
-    b = _run(_engine(llama_dir), [("x", PROMPTS[0], p, refs["qv8"])])["x"]
+    b = run_requests(_engine(llama_dir), [("x", PROMPTS[0], p, refs["qv8"])])["x"]
     assert a == b
     other = SamplingParams(
         max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=43, ignore_eos=True
     )
-    assert _run(_engine(llama_dir), [("x", PROMPTS[0], other, refs["qv8"])])["x"] != a
+    assert run_requests(_engine(llama_dir), [("x", PROMPTS[0], other, refs["qv8"])])["x"] != a
 
 
 def test_stop_strings_stop_token_ids_and_finish_reasons(llama_dir):
     engine = _engine(llama_dir)
-    base = _run(
+    base = run_requests(
         engine,
         [
             (
@@ -189,9 +179,9 @@ def test_preemption_gives_the_same_tokens(llama_dir, refs):
         for i in range(4)
     ]
     tight = _engine(llama_dir, num_kv_blocks=14)
-    got = _run(tight, reqs)
+    got = run_requests(tight, reqs)
     assert tight.scheduler.num_preemptions > 0
-    assert got == _run(_engine(llama_dir), reqs)
+    assert got == run_requests(_engine(llama_dir), reqs)
 
 
 def test_unload_refuses_new_lets_inflight_finish_then_frees(llama_dir, refs):
@@ -244,7 +234,7 @@ def test_async_engine_streams_and_cancel_aborts(llama_dir, refs):
 
     try:
         (a, b), first = asyncio.run(main())
-        expected = _run(
+        expected = run_requests(
             _engine(llama_dir),
             [("a", PROMPTS[0], GREEDY, refs["qv8"]), ("b", PROMPTS[0], GREEDY, None)],
         )

@@ -76,22 +76,17 @@ def test_stacked_decode_shrinks_in_the_engine_equal_reference(
     from replica.engine import LLMEngine
     from replica.offline import adapter_ref
     from replica.sampling_params import SamplingParams
+    from tests.tiny import run_requests
 
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     refs = {n: adapter_ref(n, llama_adapters[n], max_rank=16) for n in ("all16rs", "qv8")}
-    reqs = [("a", "hello world how", refs["all16rs"]), ("b", "the quick", refs["qv8"]),
-            ("c", "what is", None)]  # fmt: skip
+    reqs = [("a", "hello world how", greedy, refs["all16rs"]),
+            ("b", "the quick", greedy, refs["qv8"]), ("c", "what is", greedy, None)]  # fmt: skip
 
     def run() -> dict[str, list[int]]:
         engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu", max_loras=2,
                                         max_cpu_loras=2, max_lora_rank=16))  # fmt: skip
-        for rid, prompt, ref in reqs:
-            engine.add_request(rid, engine.tokenizer(prompt).input_ids, greedy, ref)
-        out: dict[str, list[int]] = {rid: [] for rid, *_ in reqs}
-        while engine.has_unfinished():
-            for o in engine.step():
-                out[o.request_id] += o.new_token_ids
-        return out
+        return run_requests(engine, reqs)
 
     monkeypatch.setenv("LORAFLEET_KERNELS", "reference")
     want = run()
