@@ -19,8 +19,12 @@ Tenants and API keys
     {ns}:apikey:{sha256}          string tenant owning the key (the key itself is never stored)
 
 Base models
-    {ns}:base:{model_id}          string JSON of lora_core.base_shape.BaseShape, stored by
-                                         replicas so `register` can check shape fit
+    {ns}:served                   string JSON of cluster.records.ServedBase: the base model
+                                         this cluster serves (id, shapes, max adapter
+                                         rank), stored by the deployment at start;
+                                         `register` checks every adapter against it
+    {ns}:base:{model_id}          string JSON of lora_core.base_shape.BaseShape, for
+                                         `register --base-model` outside a cluster
 
 Replicas, leases and residency
     {ns}:replicas                 set    every replica id ever registered (live or not;
@@ -110,6 +114,10 @@ class Keys:
 
     def base(self, model_id: str) -> str:
         return f"{self.ns}:base:{model_id}"
+
+    @property
+    def served(self) -> str:
+        return f"{self.ns}:served"
 
     @property
     def replicas(self) -> str:

@@ -23,6 +23,7 @@ from cluster.records import (
     RegistryStatus,
     ReplicaInfo,
     ResolvedRequest,
+    ServedBase,
     WarmTarget,
 )
 from lora_core.base_shape import BaseShape
@@ -147,6 +148,14 @@ def get_base_shape(keys: Keys, model_id: str) -> Plan[BaseShape | None]:
     return Plan(
         None, ("GET", keys.base(model_id)), lambda v: BaseShape(**json.loads(v)) if v else None
     )
+
+
+def set_served(keys: Keys, served: ServedBase) -> Plan[None]:
+    return Plan(None, ("SET", keys.served, served.to_json()), lambda _: None)
+
+
+def get_served(keys: Keys) -> Plan[ServedBase | None]:
+    return Plan(None, ("GET", keys.served), lambda v: ServedBase.from_json(v) if v else None)
 
 
 def adapter_names(keys: Keys) -> Plan[list[str]]:

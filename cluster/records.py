@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, NamedTuple
 
+from lora_core.base_shape import BaseShape
 from lora_core.identity import AdapterRef
 
 Tier = Literal["gpu", "cpu"]
@@ -93,6 +96,41 @@ class AdapterRecord:
             created=float(h.get("created", "0")),
             state=h.get("state", "active"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ServedBase:
+    """The base model a cluster serves, as its deployment published it at start.
+
+    model_id: the base model's id in requests' `model` (no adapter may take it).
+    shape: its projections' shapes (every adapter must fit them).
+    max_lora_rank: the largest adapter rank its replicas take.
+    """
+
+    model_id: str
+    shape: BaseShape
+    max_lora_rank: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "model_id": self.model_id,
+                "shape": dataclasses.asdict(self.shape),
+                "max_lora_rank": self.max_lora_rank,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str) -> ServedBase:
+        d = json.loads(raw)
+        return cls(d["model_id"], BaseShape(**d["shape"]), int(d["max_lora_rank"]))
+
+    @classmethod
+    def from_model_dir(cls, model_id: str, model_dir: str, max_lora_rank: int) -> ServedBase:
+        """The ServedBase of the HF model directory model_dir (its config.json)."""
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        return cls(model_id, BaseShape.from_hf_config(cfg), max_lora_rank)
 
 
 @dataclass(frozen=True, slots=True)

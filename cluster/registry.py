@@ -37,10 +37,11 @@ from cluster.records import (
     RegistryStatus,
     ReplicaInfo,
     ResolvedRequest,
+    ServedBase,
     check_choice,
 )
 from lora_core.base_shape import BaseShape
-from lora_core.errors import AdapterNotFound
+from lora_core.errors import AdapterIncompatible, AdapterNotFound, InvalidRequest
 from lora_core.identity import AdapterRef
 
 T = TypeVar("T")
@@ -75,6 +76,20 @@ def _name_version(adapter: AdapterVersion) -> tuple[str, int, str]:
     return name, int(version), ""
 
 
+def _check_served(name: str, base_model: str | None, served: ServedBase) -> None:
+    if name == served.model_id:
+        raise InvalidRequest(
+            f"adapter name {name!r} is the base model's id (requests for it get the base "
+            "model); allowed: any other name"
+        )
+    if base_model is not None and base_model != served.model_id:
+        raise AdapterIncompatible(
+            "base_model",
+            f"{base_model!r} is not the model this cluster serves",
+            f"{served.model_id!r}, or leave it out",
+        )
+
+
 class _Api:
     """The registry methods, shared by the sync and asyncio registries."""
 
@@ -101,6 +116,7 @@ class _Api:
         public: bool = False,
         replace: bool = False,
         base: BaseShape | None = None,
+        served: ServedBase | None = None,
     ) -> Reply[AdapterRecord]:
         """Validate the PEFT directory at path, then record it as name's next version.
 
@@ -109,11 +125,21 @@ class _Api:
         shape that does not fit `base` when given), an existing name without replace
         (AdapterAlreadyExists), an unknown tenant (InvalidRequest). tenant becomes the
         owner (always authorized). Returns the stored record.
+
+        served (the cluster's base model, `get_served`): the adapter must fit its shapes
+        and rank limit, may not take its id as name, and is recorded as adapting it
+        (a different explicit base_model is refused: the cluster serves one base).
         """
         check_name("adapter", name)
         if tenant is not None:
             check_name("tenant", tenant)
-        manifest = validate_for_registry(path, self.max_lora_rank, base)
+        max_rank = self.max_lora_rank
+        if served is not None:
+            _check_served(name, base_model, served)
+            base = base or served.shape
+            max_rank = min(max_rank, served.max_lora_rank)
+            base_model = served.model_id
+        manifest = validate_for_registry(path, max_rank, base)
         record = AdapterRecord(
             name=name,
             version=0,
@@ -129,12 +155,21 @@ class _Api:
         )
         return self._run(ops.register_adapter(record, replace))
 
+    def set_served(self, served: ServedBase) -> Reply[None]:
+        """Publish the base model this cluster serves (the deployment does this at start)."""
+        check_name("base model", served.model_id)
+        return self._run(ops.set_served(self.keys, served))
+
+    def get_served(self) -> Reply[ServedBase | None]:
+        """The base model this cluster serves, or None before a deployment published it."""
+        return self._run(ops.get_served(self.keys))
+
     def set_base_shape(self, model_id: str, shape: BaseShape) -> Reply[None]:
-        """Store a base model's shapes (replicas do this at start) for register's fit check."""
+        """Store a base model's shapes, for `register --base-model` outside a cluster."""
         return self._run(ops.set_base_shape(self.keys, check_name("base model", model_id), shape))
 
     def get_base_shape(self, model_id: str) -> Reply[BaseShape | None]:
-        """The shapes a replica stored for model_id, or None."""
+        """The shapes stored for model_id, or None."""
         return self._run(ops.get_base_shape(self.keys, model_id))
 
     def get_adapter(self, name: str) -> Reply[AdapterRecord]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from cluster.records import ServedBase
 from lora_core.errors import AdapterAlreadyExists, InvalidRequest
 from replica.config import EngineConfig
 from replica.deployment import ReplicaDeployment, ReplicaSettings
@@ -111,17 +112,22 @@ def prepare_model(args: ClusterArgs) -> tuple[str, dict[str, Path]]:
     return str(assets.model_dir), dict(assets.adapters)
 
 
+def served_model_name(cfg: ClusterArgs, model_dir: str) -> str:
+    """The base model's id in requests: served_model_name, else the directory's name."""
+    return cfg.served_model_name or Path(model_dir).name
+
+
 def register_demo(
-    redis_url: str, namespace: str, adapters: dict[str, Path], max_lora_rank: int
+    redis_url: str, namespace: str, adapters: dict[str, Path], served: ServedBase
 ) -> None:
     """Register each demo adapter (public) unless a version of it exists already."""
     from cluster.registry import Registry
 
-    registry = Registry(redis_url, namespace, max_lora_rank=max_lora_rank)
+    registry = Registry(redis_url, namespace, max_lora_rank=served.max_lora_rank)
     try:
         for name, path in sorted(adapters.items()):
             try:
-                registry.register_adapter(name, str(path), public=True)
+                registry.register_adapter(name, str(path), public=True, served=served)
             except AdapterAlreadyExists:
                 pass
     finally:
@@ -144,7 +150,10 @@ def build_app(args: dict) -> serve.Application:
             flush=True,
         )
     if demo_adapters and cfg.register_demo_adapters:
-        register_demo(redis_url, cfg.namespace, demo_adapters, cfg.max_lora_rank)
+        served = ServedBase.from_model_dir(
+            served_model_name(cfg, model_dir), model_dir, cfg.max_lora_rank
+        )
+        register_demo(redis_url, cfg.namespace, demo_adapters, served)
     return bind_app(cfg, model_dir, redis_url)
 
 
@@ -193,12 +202,13 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
     ).bind(replica)
     ingress = IngressSettings(
         model_dir=model_dir,
-        served_model_name=cfg.served_model_name or Path(model_dir).name,
+        served_model_name=served_model_name(cfg, model_dir),
         redis_url=redis_url,
         namespace=cfg.namespace,
         auth=cfg.auth,
         admin_key=cfg.admin_key,
         max_model_len=cfg.max_model_len,
+        max_lora_rank=cfg.max_lora_rank,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

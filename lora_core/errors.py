@@ -9,9 +9,24 @@ from __future__ import annotations
 
 
 class LoraFleetError(Exception):
-    """Base of every lorafleet error. `retryable` tells clients whether to retry."""
+    """Base of every lorafleet error. `retryable` tells clients whether to retry.
+
+    Errors cross process boundaries (a replica's error reaches the ingress through Ray's
+    pickling): they pickle as (class, message, attributes) and unpickle without calling
+    the subclass's __init__, whose arguments differ from the message in `args`.
+    """
 
     retryable: bool = False
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[LoraFleetError], args: tuple, state: dict) -> LoraFleetError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class InvalidRequest(LoraFleetError):

@@ -1,7 +1,8 @@
 """Validate a PEFT LoRA adapter directory without torch (the registry calls this too).
 
-Nothing is loaded: the config is parsed, the safetensors header is read, and every
-tensor name and shape is checked against the config (and the base model when given).
+Nothing is loaded into torch: the config is parsed, the safetensors header is read, every
+tensor name and shape is checked against the config (and the base model when given), and
+the weights are scanned (memory-mapped) for NaN and infinities.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from lora_core.module_names import (
     unsupported_keys,
 )
 from lora_core.peft_config import LoraSpec
-from lora_core.safetensors_header import TensorInfo, read_safetensors_header
+from lora_core.safetensors_header import TensorInfo, first_nonfinite, read_safetensors_header
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -116,6 +117,10 @@ def validate_adapter_dir(
     pairs = _pair_tensors(tensors)
     modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
     _check_coverage(expected, set(modules))
+    nonfinite = first_nonfinite(root / WEIGHTS_FILE)
+    if nonfinite is not None:
+        # A NaN would not fail a request: it would silently turn every answer to garbage.
+        raise AdapterIncompatible(nonfinite, "holds NaN or infinite values", "finite weights")
     return AdapterManifest(
         path=str(root),
         spec=spec,

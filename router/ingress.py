@@ -9,6 +9,7 @@ LoRA-affinity request router picks the replica.
 
 # No `from __future__ import annotations` here: FastAPI must see the real `Request`
 # annotation of the routes to inject the request.
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ class IngressSettings:
     served_model_name: the base model's id in `model`. redis_url / namespace: the
     registry. auth: require tenant API keys. admin_key: key of the admin endpoints
     ("" disables them). max_model_len: prompt + output tokens per request at most
-    (0 = the model config's max_position_embeddings)."""
+    (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
+    largest adapter rank (registration refuses larger)."""
 
     model_dir: str
     served_model_name: str
@@ -55,6 +57,7 @@ class IngressSettings:
     auth: bool = False
     admin_key: str = ""
     max_model_len: int = 0
+    max_lora_rank: int = 64
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -83,11 +86,21 @@ class LoraIngress(GrpcInferenceMixin):
     def __init__(self, replicas: DeploymentHandle, settings: IngressSettings):
         from transformers import AutoTokenizer
 
+        from cluster.records import ServedBase
+
+        self.served = ServedBase.from_model_dir(
+            settings.served_model_name, settings.model_dir, settings.max_lora_rank
+        )
         registry = None
         if settings.redis_url:
-            from cluster.registry import AsyncRegistry
+            from cluster.registry import AsyncRegistry, Registry
 
-            registry = AsyncRegistry(settings.redis_url, settings.namespace)
+            # Published for `lorafleet adapters register`, which checks adapters against it.
+            with contextlib.closing(Registry(settings.redis_url, settings.namespace)) as sync:
+                sync.set_served(self.served)
+            registry = AsyncRegistry(
+                settings.redis_url, settings.namespace, max_lora_rank=settings.max_lora_rank
+            )
         self.registry = registry
         self.replicas = replicas
         resolver = AdapterResolver(
@@ -170,6 +183,7 @@ class LoraIngress(GrpcInferenceMixin):
                 tenant=req.tenant,
                 public=req.public,
                 replace=req.replace,
+                served=self.served,
             )
             return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
 

@@ -19,7 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("name")
     p.add_argument("path")
-    p.add_argument("--base-model", default=None, help="base model id (default: the adapter's)")
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="base model id (default: the cluster's; without a cluster, the adapter config's)",
+    )
     p.add_argument("--tenant", default=None, help="owning tenant (always authorized)")
     p.add_argument("--public", action="store_true", help="any tenant may use it")
     p.add_argument("--replace", action="store_true", help="register a new version of NAME")
@@ -41,11 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register(reg: Registry, args: argparse.Namespace) -> int:
-    base_id = args.base_model
-    if base_id is None:
-        base_id = validate_for_registry(args.path, args.max_lora_rank, None).base_model
-    # a base model some replica described: check the adapter's shapes fit it too
-    base = reg.get_base_shape(base_id) if base_id else None
+    # The cluster's own base model (published by its deployment) decides shapes and
+    # rank; without a cluster, a base model whose shapes were stored under its id.
+    served = reg.get_served()
+    base = None
+    if served is None:
+        base_id = args.base_model
+        if base_id is None:
+            base_id = validate_for_registry(args.path, args.max_lora_rank, None).base_model
+        base = reg.get_base_shape(base_id) if base_id else None
     rec = reg.register_adapter(
         args.name,
         args.path,
@@ -54,6 +62,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
         public=args.public,
         replace=args.replace,
         base=base,
+        served=served,
     )
     if args.json:
         print_json(AdapterListing(rec, None, None, ()).to_json())

@@ -33,8 +33,8 @@ def connection_parent() -> argparse.ArgumentParser:
         "--max-lora-rank",
         type=int,
         default=int(os.environ.get("LORAFLEET_MAX_LORA_RANK", "64")),
-        help="cluster max LoRA rank checked by register (env LORAFLEET_MAX_LORA_RANK; "
-        "default %(default)s)",
+        help="max LoRA rank checked by register; a running cluster's own limit applies "
+        "too (env LORAFLEET_MAX_LORA_RANK; default %(default)s)",
     )
     return p
 

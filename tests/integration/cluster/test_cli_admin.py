@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from cluster.records import ServedBase
 from cluster.registry import Registry
 from lora_core.base_shape import BaseShape
 from lora_core.validate import content_hash
@@ -217,3 +219,25 @@ def test_lorafleet_entry_point_has_admin_verbs(cli, registry: Registry):
     pytest.importorskip("replica.offline_cli", reason="deploy/cli.py needs replica.offline_cli")
     registry.create_tenant("acme")
     assert json.loads(ok(cli("tenants", "list", "--json", module="deploy.cli"))) == ["acme"]
+
+
+def test_register_checks_the_clusters_served_base(cli, adapters, registry: Registry, redis_url):
+    fits = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4, num_kv_heads=2,
+                     head_dim=16, intermediate=128)  # fmt: skip
+    registry.set_served(ServedBase("tiny-base", replace(fits, hidden=128), max_lora_rank=16))
+    before = dump_redis(redis_url)
+    assert "do not fit the base model" in error_line(
+        cli("adapters", "register", "a", str(adapters["a"]))
+    )
+    assert dump_redis(redis_url) == before
+    registry.set_served(ServedBase("tiny-base", fits, max_lora_rank=4))
+    before = dump_redis(redis_url)
+    # the client's --max-lora-rank cannot lift the cluster's own limit
+    msg = error_line(cli("adapters", "register", "a", str(adapters["a"]), "--max-lora-rank", "256"))
+    assert "rank <= 4" in msg
+    assert "base model's id" in error_line(
+        cli("adapters", "register", "tiny-base", str(adapters["small"]))
+    )
+    assert dump_redis(redis_url) == before
+    ok(cli("adapters", "register", "s", str(adapters["small"])))
+    assert registry.get_adapter("s").base_model == "tiny-base"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.records import ServedBase
 from cluster.registry import Registry
 from lora_core.base_shape import BaseShape
 from lora_core.errors import (
@@ -175,3 +176,37 @@ def test_base_shape_fit_checked_when_known(registry: Registry, adapters, redis_u
         registry.register_adapter("w", str(adapters["a"]), base_model="wide",
                                   base=registry.get_base_shape("wide"))  # fmt: skip
     assert dump_redis(redis_url) == before
+
+
+def test_served_base_round_trips(registry: Registry):
+    assert registry.get_served() is None
+    served = ServedBase("tiny", _shape(64), max_lora_rank=8)
+    registry.set_served(served)
+    assert registry.get_served() == served
+
+
+@pytest.mark.parametrize(
+    "name,path,kwargs,error,match",
+    [
+        ("tiny", "a", {}, InvalidRequest, "base model's id"),
+        ("w", "a", {"shape": _shape(128)}, AdapterIncompatible, "do not fit the base model"),
+        ("w", "a", {"max_lora_rank": 4}, AdapterIncompatible, "rank <= 4"),
+        ("w", "a", {"base_model": "llama-7b"}, AdapterIncompatible, "not the model this cluster"),
+    ],
+)
+def test_served_base_refusals(registry: Registry, adapters, redis_url, name, path, kwargs,
+                              error, match):  # fmt: skip
+    served = ServedBase("tiny", kwargs.get("shape", _shape(64)), kwargs.get("max_lora_rank", 16))
+    before = dump_redis(redis_url)
+    with pytest.raises(error, match=match):
+        registry.register_adapter(name, str(adapters[path]), served=served,
+                                  base_model=kwargs.get("base_model"))  # fmt: skip
+    assert dump_redis(redis_url) == before
+
+
+def test_served_base_is_recorded_as_the_adapters_base(registry: Registry, adapters):
+    served = ServedBase("tiny", _shape(64), max_lora_rank=16)
+    rec = registry.register_adapter("a", str(adapters["a"]), served=served)
+    assert rec.base_model == "tiny"  # not the adapter config's base_model_name_or_path
+    rec = registry.register_adapter("b", str(adapters["b"]), served=served, base_model="tiny")
+    assert rec.base_model == "tiny"

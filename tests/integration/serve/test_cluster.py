@@ -266,6 +266,52 @@ def test_bad_input_is_400_never_500(cluster, body):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
+def _misfit_adapters(cluster, root) -> dict[str, str]:
+    """Adapters the demo base cannot take: twice its width; NaN weights."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from deploy.demo import write_peft_adapter
+
+    cfg = json.loads((cluster.demo.model_dir / "config.json").read_text())
+    h, layers = 2 * cfg["hidden_size"], cfg["num_hidden_layers"]
+    write_peft_adapter(root / "wide", num_layers=layers, shapes={"q_proj": (h, h)}, rank=4,
+                       alpha=8, seed=0, base_model="x")  # fmt: skip
+    nan = cluster.adapters["extra-1"]
+    weights = load_file(str(nan / "adapter_model.safetensors"))
+    weights = {k: torch.full_like(v, float("nan")) for k, v in weights.items()}
+    (root / "nan").mkdir()
+    save_file(weights, str(root / "nan" / "adapter_model.safetensors"))
+    (root / "nan" / "adapter_config.json").write_bytes((nan / "adapter_config.json").read_bytes())
+    return {"wide": str(root / "wide"), "nan": str(root / "nan")}
+
+
+def test_adapters_that_cannot_serve_are_refused_not_500(cluster, tmp_path):
+    reg = cluster.registry()
+    assert reg.get_served().model_id == cluster.base  # the ingress published it
+    names = reg.list_adapter_names()
+    paths = _misfit_adapters(cluster, tmp_path)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for name, path, code in [
+        ("wide", paths["wide"], "adapter_incompatible"),
+        ("nan", paths["nan"], "adapter_incompatible"),
+        (cluster.base, str(cluster.adapters["extra-1"]), "invalid_request"),
+    ]:
+        body = {"lora_name": name, "lora_path": path, "public": True}
+        r = httpx.post(f"{cluster.http}/v1/load_lora_adapter", json=body, headers=admin, timeout=30)
+        assert (r.status_code, r.json()["error"]["code"]) == (400, code), r.text
+    assert reg.list_adapter_names() == names
+    # Registered past the check (a registry client that knows no base): the replica's own
+    # validation refuses it, and its error reaches the client as the same 400, not a 500.
+    reg.register_adapter("sneaky-wide", paths["wide"], public=True)
+    with pytest.raises(openai.BadRequestError, match="do not fit the base model"):
+        complete(cluster, "sneaky-wide")
+    assert reg.unregister_adapter("sneaky-wide") in ("draining", "removed")
+    reg.close()
+
+
 def test_admin_endpoints(cluster):
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     path = str(cluster.adapters["extra-1"])

@@ -252,3 +252,35 @@ def test_validate_is_torch_free() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_weights_are_refused(make_adapter, base, dtype, bad) -> None:
+    path = make_adapter(target_modules=["q_proj", "v_proj"])
+    name = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+
+    def poison(tensors):
+        for k in tensors:
+            tensors[k] = tensors[k].to(dtype)
+        flat = tensors[name].view(-1)
+        flat[torch.randint(flat.numel(), ()).item()] = bad
+
+    _edit_tensors(path, poison)
+    err = _incompatible(path, name, base)
+    assert "NaN or infinite" in str(err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_extreme_finite_weights_pass(make_adapter, base, dtype) -> None:
+    path = make_adapter(target_modules=["q_proj"])
+
+    def extremes(tensors):
+        info = torch.finfo(dtype)
+        for k in tensors:
+            t = tensors[k].to(dtype)
+            t.view(-1)[:4] = torch.tensor([info.max, -info.max, info.tiny, 0.0], dtype=dtype)
+            tensors[k] = t
+
+    _edit_tensors(path, extremes)
+    validate_adapter_dir(path, max_rank=8, base=base)
