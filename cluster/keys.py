@@ -16,7 +16,13 @@ Tenants and API keys
     {ns}:tenants                  set    tenant names
     {ns}:tenant:{tenant}          hash   name, created
     {ns}:tenant:{tenant}:keys     set    sha256 hex of each key issued to tenant
+    {ns}:tenant:{tenant}:key_created
+                                  hash   sha256 hex -> unix s the key was issued (keys issued
+                                         before this field existed have no entry)
     {ns}:apikey:{sha256}          string tenant owning the key (the key itself is never stored)
+
+    A key's id (what `tenants keys` shows and `tenants revoke-key` takes) is the first
+    12 hex characters of its sha256: not secret, and derivable for every stored key.
 
 Base models
     {ns}:served                   string JSON of cluster.records.ServedBase: the base model
@@ -108,6 +114,9 @@ class Keys:
 
     def tenant_keys(self, tenant: str) -> str:
         return f"{self.ns}:tenant:{tenant}:keys"
+
+    def tenant_key_created(self, tenant: str) -> str:
+        return f"{self.ns}:tenant:{tenant}:key_created"
 
     def apikey(self, key_hash: str) -> str:
         return f"{self.ns}:apikey:{key_hash}"

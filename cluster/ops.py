@@ -18,6 +18,7 @@ from cluster.keys import Keys
 from cluster.records import (
     AdapterListing,
     AdapterRecord,
+    ApiKeyInfo,
     DesiredState,
     Location,
     RegistryStatus,
@@ -25,6 +26,7 @@ from cluster.records import (
     ResolvedRequest,
     ServedBase,
     WarmTarget,
+    key_id,
 )
 from lora_core.base_shape import BaseShape
 from lora_core.errors import (
@@ -218,6 +220,37 @@ def create_tenant(name: str, now: float) -> Plan[None]:
             raise InvalidRequest(f"tenant {name!r} already exists")
 
     return Plan("create_tenant", (name, now), _parse)
+
+
+def list_api_keys(tenant: str) -> Plan[list[ApiKeyInfo]]:
+    """tenant's keys sorted by issue time (keys without one first), then id."""
+
+    def _parse(rest: list[Any]) -> list[ApiKeyInfo]:
+        keys = [ApiKeyInfo(key_id(h), float(c) if c else None) for h, c in _list(rest[0])]
+        return sorted(keys, key=lambda k: (k.created or 0.0, k.key_id))
+
+    return script("list_api_keys", (tenant,), _parse, "")
+
+
+def revoke_api_keys(tenant: str, prefix: str) -> Plan[list[str]]:
+    """Delete tenant's key whose id starts with prefix ('' = all of them); the ids deleted."""
+
+    def _parse(raw: str) -> list[str]:
+        reply = json.loads(raw)
+        if reply[0] == "no_key":
+            raise InvalidRequest(
+                f"tenant {tenant!r} has no key with id {prefix!r}; "
+                f"allowed: an id listed by `tenants keys {tenant}`"
+            )
+        if reply[0] == "ambiguous":
+            ids = ", ".join(sorted(key_id(h) for h in reply[1]))
+            raise InvalidRequest(
+                f"key id {prefix!r} matches {len(reply[1])} keys of tenant {tenant!r} "
+                f"({ids}); allowed: a longer prefix that matches one"
+            )
+        return sorted(key_id(h) for h in _list(_status("", reply)[0]))
+
+    return Plan("revoke_api_keys", (tenant, prefix), _parse)
 
 
 def listing(rest: list[Any]) -> list[AdapterListing]:

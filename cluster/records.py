@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -17,6 +18,8 @@ PinPool = Literal["all", "prefill", "decode"]
 TIERS: tuple[str, ...] = ("gpu", "cpu")
 REPLICA_POOLS: tuple[str, ...] = ("prefill", "decode", "mixed")
 PIN_POOLS: tuple[str, ...] = ("all", "prefill", "decode")
+KEY_ID_LEN = 12
+_KEY_ID = re.compile(r"^[0-9a-f]{6,64}$")
 
 
 def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -33,6 +36,26 @@ def pin_applies(pin_pool: str, replica_pool: str) -> bool:
     (which run both phases).
     """
     return pin_pool == "all" or replica_pool in (pin_pool, "mixed")
+
+
+def key_id(key_hash: str) -> str:
+    """The id of an API key: the first KEY_ID_LEN hex chars of its sha256 (not secret).
+
+    Example: key_id("3f2a9c1b7d04e5...") == "3f2a9c1b7d04"; a key holder gets the same
+    with `printf %s "$KEY" | sha256sum | cut -c1-12`.
+    """
+    return key_hash[:KEY_ID_LEN]
+
+
+def check_key_id(text: str) -> str:
+    """text lower-cased if it can name a key (a prefix of a key's sha256), else ValueError."""
+    prefix = text.strip().lower()
+    if not _KEY_ID.match(prefix):
+        raise ValueError(
+            f"key id {text!r} is invalid; allowed: 6-64 hex characters, the id shown by "
+            "`tenants key` / `tenants keys` or a prefix of it"
+        )
+    return prefix
 
 
 class Location(NamedTuple):
@@ -170,6 +193,21 @@ class AdapterListing:
             "warm_pool": self.warm.pool if self.warm else None,
             "locations": [loc._asdict() for loc in self.locations],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyInfo:
+    """One API key of a tenant, as `tenants keys` lists it (never the key itself).
+
+    key_id: first KEY_ID_LEN hex chars of the key's sha256.
+    created: unix seconds it was issued; None for keys issued before that was recorded.
+    """
+
+    key_id: str
+    created: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"key_id": self.key_id, "created": self.created}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from cluster.records import (
     TIERS,
     AdapterListing,
     AdapterRecord,
+    ApiKeyInfo,
     DesiredState,
     Location,
     RegistryStatus,
@@ -39,6 +40,7 @@ from cluster.records import (
     ResolvedRequest,
     ServedBase,
     check_choice,
+    check_key_id,
 )
 from lora_core.base_shape import BaseShape
 from lora_core.errors import AdapterIncompatible, AdapterNotFound, InvalidRequest
@@ -214,10 +216,26 @@ class _Api:
         return self._run(ops.list_tenants(self.keys))
 
     def issue_api_key(self, tenant: str) -> Reply[str]:
-        """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 is stored."""
+        """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 (and the time
+        it was issued) is stored. Its id is `records.key_id(hash_key(key))`."""
         key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        plan = ops.script("issue_api_key", (tenant, hash_key(key)), lambda _: key, "")
-        return self._run(plan)
+        args = (tenant, hash_key(key), time.time())
+        return self._run(ops.script("issue_api_key", args, lambda _: key, ""))
+
+    def list_api_keys(self, tenant: str) -> Reply[list[ApiKeyInfo]]:
+        """tenant's keys (ids and issue times, oldest first). InvalidRequest: no tenant."""
+        return self._run(ops.list_api_keys(check_name("tenant", tenant)))
+
+    def revoke_api_key(self, tenant: str, key_id: str) -> Reply[str]:
+        """Delete the one key of tenant whose id starts with key_id (6-64 hex chars);
+        it stops resolving at once. Returns its id. InvalidRequest: no tenant, no such
+        key, or a prefix matching several keys (nothing is deleted then)."""
+        plan = ops.revoke_api_keys(check_name("tenant", tenant), check_key_id(key_id))
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: plan.parse(raw)[0]))
+
+    def revoke_all_api_keys(self, tenant: str) -> Reply[list[str]]:
+        """Delete every key of tenant at once. Returns their ids, sorted."""
+        return self._run(ops.revoke_api_keys(check_name("tenant", tenant), ""))
 
     def grant(self, tenant: str, adapter: str) -> Reply[bool]:
         """Let tenant use adapter. True if newly granted. AdapterNotFound / InvalidRequest."""

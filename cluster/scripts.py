@@ -143,12 +143,42 @@ redis.call('HSET', k('tenant', ARGV[2]), 'name', ARGV[2], 'created', ARGV[3])
 redis.call('SADD', k('tenants'), ARGV[2])
 return ret('ok')
 """,
-    # ARGV: ns, tenant, key_hash
+    # ARGV: ns, tenant, key_hash, created
     "issue_api_key": r"""
 if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('no_tenant', ARGV[2]) end
 redis.call('SET', k('apikey', ARGV[3]), ARGV[2])
 redis.call('SADD', k('tenant', ARGV[2], 'keys'), ARGV[3])
+redis.call('HSET', k('tenant', ARGV[2], 'key_created'), ARGV[3], ARGV[4])
 return ret('ok')
+""",
+    # ARGV: ns, tenant
+    "list_api_keys": r"""
+if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('no_tenant', ARGV[2]) end
+local out = {}
+for _, h in ipairs(redis.call('SMEMBERS', k('tenant', ARGV[2], 'keys'))) do
+  out[#out + 1] = {h, redis.call('HGET', k('tenant', ARGV[2], 'key_created'), h) or ''}
+end
+return ret('ok', out)
+""",
+    # ARGV: ns, tenant, key id prefix ('' = every key of tenant). 'no_key' when the
+    # prefix matches none of tenant's keys, 'ambiguous' (with the matching hashes) when
+    # it matches several; nothing is deleted then. The apikey mapping and the set member
+    # go together, so a revoked key stops resolving at once.
+    "revoke_api_keys": r"""
+local tenant, prefix = ARGV[2], ARGV[3]
+if redis.call('EXISTS', k('tenant', tenant)) == 0 then return ret('no_tenant', tenant) end
+local hit = {}
+for _, h in ipairs(redis.call('SMEMBERS', k('tenant', tenant, 'keys'))) do
+  if string.sub(h, 1, #prefix) == prefix then hit[#hit + 1] = h end
+end
+if prefix ~= '' and #hit == 0 then return ret('no_key') end
+if prefix ~= '' and #hit > 1 then return ret('ambiguous', hit) end
+for _, h in ipairs(hit) do
+  redis.call('DEL', k('apikey', h))
+  redis.call('SREM', k('tenant', tenant, 'keys'), h)
+  redis.call('HDEL', k('tenant', tenant, 'key_created'), h)
+end
+return ret('ok', hit)
 """,
     # ARGV: ns, tenant, adapter, '1' grant / '0' revoke
     "grant": r"""

@@ -17,22 +17,28 @@ CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, conne
 Handler = Callable[[Registry, argparse.Namespace], int]
 
 
+def env_default(name: str, default: str) -> str:
+    """$name, or default when it is unset or empty (`VAR=` in a shell or an env file
+    means "not configured", not "the empty value")."""
+    return os.environ.get(name) or default
+
+
 def connection_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
         "--redis-url",
-        default=os.environ.get("LORAFLEET_REDIS_URL", DEFAULT_URL),
+        default=env_default("LORAFLEET_REDIS_URL", DEFAULT_URL),
         help="registry Redis (env LORAFLEET_REDIS_URL; default %(default)s)",
     )
     p.add_argument(
         "--namespace",
-        default=os.environ.get("LORAFLEET_NAMESPACE", "lorafleet"),
+        default=env_default("LORAFLEET_NAMESPACE", "lorafleet"),
         help="key prefix of this cluster (env LORAFLEET_NAMESPACE; default %(default)s)",
     )
     p.add_argument(
         "--max-lora-rank",
         type=int,
-        default=int(os.environ.get("LORAFLEET_MAX_LORA_RANK", "64")),
+        default=env_default("LORAFLEET_MAX_LORA_RANK", "64"),
         help="max LoRA rank checked by register; a running cluster's own limit applies "
         "too (env LORAFLEET_MAX_LORA_RANK; default %(default)s)",
     )

@@ -4,11 +4,13 @@
     lorafleet adapters list | show NAME | unregister NAME
     lorafleet adapters pin NAME [--pool P] | unpin NAME | warm NAME --replicas N [--pool P]
     lorafleet replicas list
-    lorafleet tenants create NAME | list | key NAME | grant NAME ADAPTER | revoke NAME ADAPTER
+    lorafleet tenants create NAME | list | grant NAME ADAPTER | revoke NAME ADAPTER
+    lorafleet tenants key NAME | keys NAME | revoke-key NAME (KEY_ID | --all)
     lorafleet status
 
 Every verb takes --redis-url (env LORAFLEET_REDIS_URL, default redis://127.0.0.1:6379/0)
-and --namespace (env LORAFLEET_NAMESPACE, default lorafleet); listings take --json.
+and --namespace (env LORAFLEET_NAMESPACE, default lorafleet); an empty variable counts as
+unset. Listings (and `tenants key`) take --json.
 Exit codes: 0 success, 1 error (one line on stderr), 2 usage error (argparse).
 """
 

@@ -1,11 +1,14 @@
-"""`lorafleet tenants ...`: create, list, key, grant, revoke."""
+"""`lorafleet tenants ...`: create, list, key, keys, revoke-key, grant, revoke."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from cluster.cli.common import add_verb, print_json, print_table
-from cluster.registry import Registry
+from cluster.records import key_id
+from cluster.registry import Registry, hash_key
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_verb(verbs, "create", _create, "create a tenant", listing=False).add_argument("name")
     add_verb(verbs, "list", _list, "list tenants", listing=True)
     add_verb(
-        verbs, "key", _key, "issue a new API key (printed once, stored hashed)", listing=False
+        verbs, "key", _key, "issue a new API key (printed once, stored hashed)", listing=True
     ).add_argument("name")
+    add_verb(verbs, "keys", _keys, "list a tenant's key ids", listing=True).add_argument("name")
+    p = add_verb(
+        verbs, "revoke-key", _revoke_key, "revoke an API key (or --all) at once", listing=False
+    )
+    p.add_argument("name")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("key_id", nargs="?", help="id from `tenants keys` (or a unique prefix)")
+    which.add_argument("--all", action="store_true", help="revoke every key of the tenant")
     for verb, handler in (("grant", _grant), ("revoke", _revoke)):
         p = add_verb(verbs, verb, handler, f"{verb} a tenant's access to an adapter", listing=False)
         p.add_argument("name")
@@ -38,7 +49,36 @@ def _list(reg: Registry, args: argparse.Namespace) -> int:
 
 
 def _key(reg: Registry, args: argparse.Namespace) -> int:
-    print(reg.issue_api_key(args.name))
+    key = reg.issue_api_key(args.name)
+    kid = key_id(hash_key(key))
+    if args.json:
+        print_json({"tenant": args.name, "key": key, "key_id": kid})
+        return 0
+    # stdout carries the key alone, so `KEY=$(lorafleet tenants key T)` keeps working
+    print(key)
+    print(f"key id {kid} (revoke: lorafleet tenants revoke-key {args.name} {kid})", file=sys.stderr)
+    return 0
+
+
+def _created(at: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + "Z" if at else "-"
+
+
+def _keys(reg: Registry, args: argparse.Namespace) -> int:
+    keys = reg.list_api_keys(args.name)
+    if args.json:
+        print_json([k.to_json() for k in keys])
+    else:
+        print_table(("KEY_ID", "CREATED"), [(k.key_id, _created(k.created)) for k in keys])
+    return 0
+
+
+def _revoke_key(reg: Registry, args: argparse.Namespace) -> int:
+    if args.all:
+        ids = reg.revoke_all_api_keys(args.name)
+        print(f"revoked {len(ids)} keys of {args.name}" + (f": {', '.join(ids)}" if ids else ""))
+    else:
+        print(f"revoked key {reg.revoke_api_key(args.name, args.key_id)} of {args.name}")
     return 0
 
 

@@ -126,7 +126,9 @@ def test_human_tables_are_aligned(cli, adapters, registry: Registry):
 def test_tenant_key_grant_revoke(cli, adapters, registry: Registry):
     registry.register_adapter("a", str(adapters["a"]))
     ok(cli("tenants", "create", "acme"))
-    key = ok(cli("tenants", "key", "acme")).strip()
+    proc = cli("tenants", "key", "acme")
+    key = proc.stdout.strip()
+    assert (proc.returncode, proc.stderr.split()[:2]) == (0, ["key", "id"])
     assert key.startswith("lf-") and registry.resolve_key(key) == "acme"
     assert ok(cli("tenants", "grant", "acme", "a")) == "granted acme -> a\n"
     assert registry.resolve_request(key, "a").tenant == "acme"

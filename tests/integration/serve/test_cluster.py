@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from cluster.records import key_id
+from cluster.registry import hash_key
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
@@ -381,6 +383,23 @@ def test_grpc_status_codes_mirror_rest(cluster, model, key, code):
     with pytest.raises(grpc.RpcError) as e:
         list(_stub(cluster).Generate(req, metadata=meta))
     assert e.value.code() == code
+
+
+def test_revoked_key_is_refused_on_rest_and_grpc(cluster):
+    reg = cluster.registry()
+    key = reg.issue_api_key("t1")
+    body = {"model": "demo-poet", "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    headers = {"Authorization": f"Bearer {key}"}
+    r = httpx.post(f"{cluster.http}/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    reg.revoke_api_key("t1", key_id(hash_key(key)))
+    reg.close()
+    r = httpx.post(f"{cluster.http}/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 401, r.text
+    req = pb.GenerateRequest(model="demo-poet", prompt=PROMPT, max_tokens=2)
+    with pytest.raises(grpc.RpcError) as e:
+        list(_stub(cluster).Generate(req, metadata=(("authorization", f"Bearer {key}"),)))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def _running(cluster) -> int:

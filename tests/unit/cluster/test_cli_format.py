@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.cli.common import print_table
-from cluster.client import redact
+import pytest
+
+from cluster.cli.common import connection_parent, print_table
+from cluster.client import DEFAULT_URL, redact
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,3 +42,24 @@ def test_cluster_never_imports_torch():
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("value", ["", None])
+def test_empty_or_unset_env_falls_back_to_defaults(monkeypatch, value: str | None):
+    for name in ("LORAFLEET_REDIS_URL", "LORAFLEET_NAMESPACE", "LORAFLEET_MAX_LORA_RANK"):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    args = connection_parent().parse_args([])
+    assert (args.redis_url, args.namespace, args.max_lora_rank) == (DEFAULT_URL, "lorafleet", 64)
+
+
+def test_env_and_flags_still_win(monkeypatch):
+    monkeypatch.setenv("LORAFLEET_REDIS_URL", "redis://h:1/2")
+    monkeypatch.setenv("LORAFLEET_MAX_LORA_RANK", "16")
+    args = connection_parent().parse_args(["--namespace", "ns"])
+    assert (args.redis_url, args.namespace, args.max_lora_rank) == ("redis://h:1/2", "ns", 16)
+    assert connection_parent().parse_args(["--redis-url", "redis://x:2/0"]).redis_url == (
+        "redis://x:2/0"
+    )

@@ -98,3 +98,30 @@ def test_listing_and_desired_decode():
     assert state.refs["a"].version == 3
     empty = ops.desired([0, {}, {}, {}, {}])
     assert (empty.pins, empty.warm, empty.draining, empty.refs) == ({}, {}, frozenset(), {})
+
+
+def test_list_api_keys_decode():
+    plan = ops.list_api_keys("t")
+    assert (plan.script, plan.args) == ("list_api_keys", ("t",))
+    got = plan.parse(reply("ok", [["b" * 64, "20.5"], ["c" * 64, ""], ["a" * 64, "10"]]))
+    assert [(k.key_id, k.created) for k in got] == [
+        ("c" * 12, None), ("a" * 12, 10.0), ("b" * 12, 20.5)
+    ]  # fmt: skip
+    assert plan.parse(reply("ok", {})) == []
+    with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):
+        plan.parse(reply("no_tenant", "x"))
+
+
+def test_revoke_api_keys_statuses():
+    plan = ops.revoke_api_keys("t", "abcdef")
+    assert (plan.script, plan.args) == ("revoke_api_keys", ("t", "abcdef"))
+    assert plan.parse(reply("ok", ["f" * 64, "a" * 64])) == ["a" * 12, "f" * 12]
+    assert plan.parse(reply("ok", {})) == []
+    with pytest.raises(InvalidRequest, match=r"no key with id 'abcdef'; allowed: .*tenants keys t"):
+        plan.parse(reply("no_key"))
+    with pytest.raises(
+        InvalidRequest, match=r"matches 2 keys .* \(abcdef000000, abcdef111111\); allowed: a longer"
+    ):
+        plan.parse(reply("ambiguous", ["abcdef1111119", "abcdef0000009"]))
+    with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):
+        plan.parse(reply("no_tenant", "x"))

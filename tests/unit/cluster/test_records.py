@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.records import AdapterRecord, check_choice, pin_applies
+from cluster.records import (
+    AdapterRecord,
+    ApiKeyInfo,
+    check_choice,
+    check_key_id,
+    key_id,
+    pin_applies,
+)
 
 
 @pytest.mark.parametrize(
@@ -33,3 +40,23 @@ def test_record_from_hash_and_ref():
     assert rec.target_modules == ("q_proj", "v_proj")
     assert rec.ref.key == "a@2:" + "f" * 16
     assert (rec.ref.path, rec.ref.base_model) == ("/p", "m")
+
+
+def test_key_id_and_info():
+    assert key_id("0123456789abcdef" * 4) == "0123456789ab"
+    assert ApiKeyInfo("0123456789ab", None).to_json() == {"key_id": "0123456789ab", "created": None}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("abcdef", "abcdef"), ("ABCDEF012345", "abcdef012345"), (" 0123456789ab\n", "0123456789ab"),
+     ("f" * 64, "f" * 64)],
+)  # fmt: skip
+def test_check_key_id_accepts_hex_prefixes(text: str, expected: str):
+    assert check_key_id(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abcde", "f" * 65, "lf-abcdef", "abcdeg", "abc def"])
+def test_check_key_id_refuses(text: str):
+    with pytest.raises(ValueError, match="key id .* is invalid; allowed: 6-64 hex characters"):
+        check_key_id(text)
