@@ -78,7 +78,9 @@ if owner ~= '' and redis.call('EXISTS', k('tenant', owner)) == 0 then
   return ret('no_tenant', owner)
 end
 local exists = redis.call('EXISTS', k('adapter', name)) == 1
-if exists and ARGV[3] ~= '1' then
+-- a draining name was unregistered: registering it again needs no replace
+local draining = redis.call('HGET', k('adapter', name), 'state') == 'draining'
+if exists and ARGV[3] ~= '1' and not draining then
   return ret('exists', redis.call('HGET', k('adapter', name), 'version'))
 end
 local v = redis.call('INCR', k('version', name))

@@ -146,12 +146,14 @@ def test_unregister_drains_until_last_copy_removed(registry: Registry, adapters)
     assert registry.desired_state().draining == frozenset()
 
 
-def test_replace_revives_draining_adapter(registry: Registry, adapters):
+@pytest.mark.parametrize("replace", [True, False], ids=["replace", "no-replace"])
+def test_registering_again_revives_draining_adapter(registry: Registry, adapters, replace):
     registry.register_adapter("a", str(adapters["a"]))
     e = registry.register_replica("r1", "mixed", "d", 4, 5.0)
     registry.report_resident("r1", e, ("a", 1), "gpu")
-    registry.unregister_adapter("a")
-    rec = registry.register_adapter("a", str(adapters["b"]), replace=True)
+    assert registry.unregister_adapter("a") == "draining"
+    # an unregistered name is free again: no replace needed while its old version drains
+    rec = registry.register_adapter("a", str(adapters["b"]), replace=replace)
     assert (rec.version, registry.get_adapter("a").state) == (2, "active")
     assert registry.resolve_request(None, "a", auth=False).ref == rec.ref
     # the replica still holds version 1: not a location of version 2
