@@ -1,4 +1,9 @@
-"""Per-request sampling parameters, validated once at construction."""
+"""Per-request sampling parameters, validated once at construction.
+
+These checks are the one rule set for sampling fields: REST, gRPC and the offline
+runner all build a `SamplingParams`, so every front door accepts the same ranges and
+answers with the same messages.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,26 @@ from dataclasses import dataclass, field
 
 from lora_core.errors import InvalidRequest
 
+MAX_TEMPERATURE = 2.0
+# Signed 64-bit: gRPC's seed is an int64, and torch.Generator.manual_seed, which also
+# takes [2**63, 2**64), maps a negative seed s to 2**64 + s, so the wider range would
+# let two seeds name one stream.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request.
 
     max_tokens: tokens to generate at most (>= 1).
-    temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 100).
+    temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 2, OpenAI's range).
     top_p: nucleus mass kept (0 < p <= 1).
     top_k: keep the k most likely tokens (0 = off).
-    seed: per-request seed; the same seed and inputs reproduce the same tokens.
+    seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
     stop: strings that end generation (the stop string is not included in the text).
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS).
     ignore_eos: keep going past EOS (benchmarks).
@@ -33,18 +48,20 @@ class SamplingParams:
     logprobs: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1")
-        if not 0.0 <= float(self.temperature) <= 100.0:
-            raise InvalidRequest(
-                f"temperature={self.temperature!r}; allowed: 0 <= temperature <= 100"
-            )
+        if not 0.0 <= float(self.temperature) <= MAX_TEMPERATURE:
+            allowed = f"0 <= temperature <= {MAX_TEMPERATURE:g}"
+            raise InvalidRequest(f"temperature={self.temperature!r}; allowed: {allowed}")
         if not 0.0 < float(self.top_p) <= 1.0:
             raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise InvalidRequest(f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidRequest(f"seed={self.seed!r}; allowed: an integer or null")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidRequest(
+                f"seed={self.seed!r}; allowed: null or an integer in {SEED_MIN} .. {SEED_MAX}"
+                " (signed 64-bit)"
+            )
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:

@@ -1,9 +1,10 @@
 """Adapter resolution and tenant auth through the registry (no Ray).
 
 One registry round trip per request resolves (API key, model name) to an immutable
-AdapterRef plus where it is resident. Unknown and forbidden adapters raise the same
-`AdapterNotFound`, so a tenant cannot probe which names exist. The base model's
-served name resolves to None (no adapter) without touching the adapter catalog.
+AdapterRef plus where it is resident. Unknown, forbidden and draining (being unloaded)
+adapters raise the same `AdapterNotFound`, so a tenant cannot probe which names exist
+and clients do not retry a name that is going away. The base model's served name
+resolves to None (no adapter) without touching the adapter catalog.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
-from lora_core.errors import RegistryUnavailable, Unauthorized
+from lora_core.errors import AdapterDraining, AdapterNotFound, RegistryUnavailable, Unauthorized
 from lora_core.identity import AdapterRef
+
+MISSING_KEY = "missing API key; send 'Authorization: Bearer <key>'"
+INVALID_KEY = "invalid API key; allowed: a key issued by `lorafleet tenants key`"
 
 
 class RegistryClient(Protocol):
@@ -66,21 +70,26 @@ class AdapterResolver:
         if not self.auth:
             return None
         if api_key is None:
-            raise Unauthorized("missing API key; send 'Authorization: Bearer <key>'")
+            raise Unauthorized(MISSING_KEY)
         tenant = await self._registry().resolve_key(api_key)
         if tenant is None:
-            raise Unauthorized("invalid API key")
+            raise Unauthorized(INVALID_KEY)
         return tenant
 
     async def resolve(self, api_key: str | None, model: str) -> Resolved:
         """Resolve one inference request's `model`. Raises Unauthorized / AdapterNotFound."""
         if self.auth and api_key is None:
-            raise Unauthorized("missing API key; send 'Authorization: Bearer <key>'")
+            raise Unauthorized(MISSING_KEY)
         if model == self.base_name:
             return Resolved(adapter=None, tenant=await self.tenant(api_key))
         # With auth off a client's key (OpenAI clients always send one) is ignored.
         key = api_key if self.auth else None
-        found = await self._registry().resolve_request(key, model, auth=self.auth)
+        try:
+            found = await self._registry().resolve_request(key, model, auth=self.auth)
+        except Unauthorized:  # the registry's wording differs; one answer on every route
+            raise Unauthorized(INVALID_KEY) from None
+        except AdapterDraining:
+            raise AdapterNotFound(model) from None
         residency = tuple((loc.replica, loc.tier) for loc in found.locations)
         return Resolved(adapter=found.ref, residency=residency, tenant=found.tenant)
 

@@ -6,7 +6,8 @@ check the tenant, tokenize, validate lengths) and read `RequestOutput`s back thr
 
 Errors raised before the first output surface as the request's status; a replica
 refusing an adapter version it does not hold (retryable) is retried once after
-resolving the name again.
+resolving the name again, and a replica refusing an adapter it is unloading answers
+like resolution does for a draining adapter: not found.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from lora_core.errors import AdapterVersionUnavailable, InvalidRequest
+from lora_core.errors import (
+    AdapterDraining,
+    AdapterNotFound,
+    AdapterVersionUnavailable,
+    InvalidRequest,
+)
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
@@ -109,6 +115,8 @@ class Frontend:
                 return
             except Exception as e:
                 err = unwrap(e)
+                if not started and isinstance(err, AdapterDraining):
+                    raise AdapterNotFound(prepared.model) from None
                 if (
                     started
                     or attempt == VERSION_RETRIES

@@ -36,6 +36,7 @@ from router.openai_protocol import (
     CompletionRequest,
     LoadAdapterRequest,
     UnloadAdapterRequest,
+    WarmAdapterRequest,
     parse_body,
 )
 from router.openai_responses import model_card
@@ -217,11 +218,11 @@ class LoraIngress(GrpcInferenceMixin):
 
     @app.post("/v1/warm_lora_adapter")
     async def warm_lora_adapter(self, request: Request) -> Response:
-        async def act(req: AdapterNameRequest):
+        async def act(req: WarmAdapterRequest):
             await self.registry.warm(req.lora_name, req.replicas)
             return {"lora_name": req.lora_name, "warm_replicas": req.replicas}
 
-        return await self._admin(request, AdapterNameRequest, act)
+        return await self._admin(request, WarmAdapterRequest, act)
 
     async def _admin(self, request: Request, model, act) -> Response:
         try:

@@ -1,7 +1,9 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, echo, top logprobs) are refused with a message naming what is allowed.
+(n > 1, best_of > 1, echo, suffix, top logprobs) are refused with a message naming what
+is allowed. Types are strict: "2" is not an integer and "yes" is not a boolean. Ranges of
+the sampling fields are `SamplingParams`'s, shared with gRPC.
 """
 
 from __future__ import annotations
@@ -9,28 +11,41 @@ from __future__ import annotations
 import json
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 
-MAX_TEMPERATURE = 2.0
+# A JSON integer still fits a float field; nothing else is coerced.
+BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
+PROMPT_ALLOWED = (
+    "allowed: a string or a list of token ids; batched prompts (a list of strings) "
+    "are not supported, send one request per prompt"
+)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     include_usage: bool = False
     """Send a last chunk with usage counts (and no choices)."""
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     model: str = Field(min_length=1)
     """Adapter name, or the base model's served name."""
-    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = 1.0
+    top_p: float = 1.0
     seed: int | None = None
     stop: str | list[str] | None = None
     user: str | None = None
@@ -40,6 +55,20 @@ class _Sampling(BaseModel):
     """Only one choice per request."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, body: object) -> object:
+        # OpenAI and vLLM read `"field": null` as "not given"
+        if isinstance(body, dict):
+            return {k: v for k, v in body.items() if v is not None}
+        return body
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _Sampling:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: allowed only with stream: true")
+        return self
 
     def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
         stop = () if self.stop is None else self.stop
@@ -63,29 +92,54 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[int]
     """A string, or a list of token ids."""
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = 16
     logprobs: int | None = Field(None, ge=0, le=1)
     """0 or 1: return the log-probability of each sampled token (no alternatives)."""
     echo: Literal[False] = False
+    best_of: int = Field(1, ge=1, le=1)
+    """Only one sample per choice."""
+    suffix: Literal[""] = ""
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: object) -> object:
+        ids = isinstance(prompt, list) and all(type(t) is int for t in prompt)
+        if isinstance(prompt, str) or ids:
+            return prompt
+        raise ValueError(PROMPT_ALLOWED)
 
     def to_sampling_params(self) -> SamplingParams:
         return self.sampling_params(self.max_tokens, self.logprobs is not None)
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None
+    """null only in an assistant turn (OpenAI allows it there), read as an empty string."""
+
+    @field_validator("content")
+    @classmethod
+    def _null_only_for_assistant(cls, content: object, info: ValidationInfo) -> object:
+        role = info.data.get("role")
+        if content is None and role != "assistant":
+            raise ValueError(
+                f"null in a {role!r} message; allowed: a string or a list of text parts "
+                "(null only for role 'assistant')"
+            )
+        return content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -95,7 +149,7 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     """Newer name of max_tokens; either may be given."""
     logprobs: bool = False
@@ -103,8 +157,8 @@ class ChatCompletionRequest(_Sampling):
     """Only 0: alternatives are not returned."""
 
     def to_sampling_params(self) -> SamplingParams:
-        max_tokens = self.max_completion_tokens or self.max_tokens or 16
-        return self.sampling_params(max_tokens, self.logprobs)
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        return self.sampling_params(16 if max_tokens is None else max_tokens, self.logprobs)
 
     def chat_dicts(self) -> list[dict[str, str]]:
         """Messages as the tokenizer's chat template expects them."""
@@ -114,7 +168,7 @@ class ChatCompletionRequest(_Sampling):
 class LoadAdapterRequest(BaseModel):
     """POST /v1/load_lora_adapter (vLLM-compatible body)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
@@ -127,20 +181,26 @@ class LoadAdapterRequest(BaseModel):
 class UnloadAdapterRequest(BaseModel):
     """POST /v1/unload_lora_adapter (vLLM-compatible body)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     lora_name: str = Field(min_length=1)
     lora_path: str | None = None
 
 
 class AdapterNameRequest(BaseModel):
-    """POST /v1/pin_lora_adapter, /v1/unpin_lora_adapter, /v1/warm_lora_adapter."""
+    """POST /v1/pin_lora_adapter, /v1/unpin_lora_adapter."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = BODY_CONFIG
 
     lora_name: str = Field(min_length=1)
-    replicas: int = Field(1, ge=1)
-    """warm only: on how many replicas to keep the adapter resident."""
+
+
+class WarmAdapterRequest(AdapterNameRequest):
+    """POST /v1/warm_lora_adapter."""
+
+    replicas: int
+    """On how many replicas to keep the adapter GPU-resident; 0 clears the target (the
+    registry checks the range, so REST and the CLI agree)."""
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -165,6 +225,9 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
 
 def _describe(e: ValidationError) -> str:
     first = e.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "body"
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "value_error":  # our validators' own text, without pydantic's prefix
+        msg = str(first["ctx"]["error"])
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{loc}: {first['msg']}{more}"
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"

@@ -57,6 +57,11 @@ def test_sampling_never_picks_filtered_tokens():
         ("top_p", 1.5),
         ("top_k", -1),
         ("stop", [""]),
+        ("max_tokens", True),
+        ("temperature", 2.5),
+        ("seed", 2**63),
+        ("seed", -(2**63) - 1),
+        ("seed", False),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value):

@@ -7,6 +7,7 @@ import pytest
 
 from deploy.demo import build_tokenizer
 from lora_core.errors import (
+    AdapterDraining,
     AdapterNotFound,
     AdapterVersionUnavailable,
     CapacityExceeded,
@@ -16,7 +17,7 @@ from lora_core.errors import (
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
-from router.auth import AdapterResolver, bearer_key
+from router.auth import INVALID_KEY, AdapterResolver, bearer_key
 from router.frontend import Frontend
 
 BASE = "base"
@@ -82,12 +83,14 @@ class FakeRegistry:
         self.resolves += 1
         tenant = self.keys.get(api_key) if api_key else None
         if (auth or api_key is not None) and tenant is None:
-            raise Unauthorized("bad key")
+            raise Unauthorized("missing or unknown API key")  # the real registry's wording
         rec = self.recs.get(model_name)
         if rec is None:
             raise AdapterNotFound(model_name)
         if auth and not (rec.public or rec.owner == tenant or (tenant, model_name) in self.grants):
             raise AdapterNotFound(model_name)
+        if rec.state == "draining":
+            raise AdapterDraining(model_name)
         version = self.versions.get(model_name, 1)
         return Found(ref(model_name, version), tenant, (Loc("r1", "gpu"), Loc("r2", "cpu")))
 
@@ -124,6 +127,7 @@ AUTH_MATRIX = [
     ("k2", "a2", "ok"),
     ("k2", "a3", "ok"),
     ("k2", "nope", AdapterNotFound),
+    ("k1", "gone", AdapterNotFound),
     ("k1", BASE, "ok"),
     ("bad", BASE, Unauthorized),
     (None, BASE, Unauthorized),
@@ -139,6 +143,28 @@ def test_auth_matrix(key, model, expected):
     else:
         with pytest.raises(expected):
             run(resolver.resolve(key, model))
+
+
+@pytest.mark.parametrize("model", [BASE, "a1", "nope"])
+def test_a_bad_key_gets_one_message_for_every_model(model):
+    resolver = AdapterResolver(FakeRegistry(), BASE, auth=True, admin_key="")
+    with pytest.raises(Unauthorized) as e:
+        run(resolver.resolve("bad", model))
+    assert str(e.value) == INVALID_KEY
+    with pytest.raises(Unauthorized) as e:
+        run(resolver.visible_adapters("bad"))
+    assert str(e.value) == INVALID_KEY
+
+
+@pytest.mark.parametrize("auth, key", [(False, None), (True, "k1"), (True, "k2")])
+def test_a_draining_adapter_answers_exactly_like_an_unknown_one(auth, key):
+    resolver = AdapterResolver(FakeRegistry(), BASE, auth=auth, admin_key="")
+    with pytest.raises(AdapterNotFound) as gone:
+        run(resolver.resolve(key, "gone"))
+    with pytest.raises(AdapterNotFound) as unknown:
+        run(resolver.resolve(key, "nope"))
+    assert str(gone.value) == str(AdapterNotFound("gone"))
+    assert str(unknown.value) == str(AdapterNotFound("nope"))
 
 
 def test_auth_off_resolves_everything_and_carries_residency():
@@ -266,6 +292,24 @@ def test_errors_after_the_first_output_are_not_retried(tokenizer):
     with pytest.raises(AdapterVersionUnavailable):
         collect(front, None, p)
     assert len(dispatch.calls) == 1
+
+
+def test_a_replica_refusing_a_draining_adapter_answers_not_found(tokenizer):
+    dispatch = Dispatcher(fail={1: AdapterDraining("a1")})
+    front = make_front(tokenizer, dispatch)
+    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    with pytest.raises(AdapterNotFound) as e:
+        collect(front, None, p)
+    assert str(e.value) == str(AdapterNotFound("a1"))
+    assert len(dispatch.calls) == 1
+
+
+def test_draining_after_the_first_output_is_not_rewritten(tokenizer):
+    dispatch = Dispatcher(fail={1: AdapterDraining("a1")}, fail_after_first=True)
+    front = make_front(tokenizer, dispatch)
+    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    with pytest.raises(AdapterDraining):
+        collect(front, None, p)
 
 
 def test_other_errors_pass_through_unretried(tokenizer):

@@ -3,11 +3,21 @@ import pytest
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.openai_protocol import (
+    PROMPT_ALLOWED,
+    AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
     LoadAdapterRequest,
+    WarmAdapterRequest,
     parse_body,
 )
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def sampling(model, body) -> SamplingParams:
+    """What the REST handlers do: parse the body, then build the sampling parameters."""
+    return parse_body(model, body).to_sampling_params()
 
 
 def test_completion_fields_map_to_sampling_params():
@@ -46,12 +56,72 @@ def test_completion_defaults():
         ({"model": "a", "prompt": "x", "echo": True}, "echo"),
         ({"model": "a", "prompt": "x", "seed": "s"}, "seed"),
         ({"model": "a", "prompt": "x", "stop": [1]}, "stop"),
+        ({"model": "a", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "a", "prompt": "x", "max_tokens": "2"}, "max_tokens"),
+        ({"model": "a", "prompt": "x", "max_tokens": 2.0}, "max_tokens"),
+        ({"model": "a", "prompt": "x", "temperature": "0.5"}, "temperature"),
+        ({"model": "a", "prompt": "x", "stream": "true"}, "stream"),
+        ({"model": "a", "prompt": "x", "seed": True}, "seed"),
+        ({"model": "a", "prompt": "x", "best_of": 2}, "best_of"),
+        ({"model": "a", "prompt": "x", "suffix": "tail"}, "suffix"),
+        (
+            {"model": "a", "prompt": "x", "stream_options": {"include_usage": True}},
+            "stream_options",
+        ),
+        (
+            {"model": "a", "prompt": "x", "stream": False, "stream_options": {}},
+            "stream_options",
+        ),
+        ({"model": "a", "prompt": [1, True]}, "prompt"),
     ],
 )
 def test_completion_rejects_bad_input_naming_the_field(body, where):
     with pytest.raises(InvalidRequest) as e:
-        parse_body(CompletionRequest, body)
+        sampling(CompletionRequest, body)
     assert where in str(e.value)
+
+
+@pytest.mark.parametrize("seed", [2**64, INT64_MIN - 1, 2**70, INT64_MAX + 1])
+@pytest.mark.parametrize("stream", [False, True])
+def test_seed_outside_int64_is_refused_naming_the_range(seed, stream):
+    body = {"model": "a", "prompt": "x", "seed": seed, "stream": stream}
+    with pytest.raises(InvalidRequest) as e:
+        sampling(CompletionRequest, body)
+    assert str(e.value) == (
+        f"seed={seed}; allowed: null or an integer in {INT64_MIN} .. {INT64_MAX} (signed 64-bit)"
+    )
+
+
+@pytest.mark.parametrize("seed", [INT64_MIN, -1, 0, INT64_MAX])
+def test_seed_range_is_int64(seed):
+    assert sampling(CompletionRequest, {"model": "a", "prompt": "x", "seed": seed}).seed == seed
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], {"text": "x"}, 3])
+def test_batched_or_odd_prompts_get_one_clear_message(prompt):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(CompletionRequest, {"model": "a", "prompt": prompt})
+    assert str(e.value) == f"prompt: {PROMPT_ALLOWED}"
+
+
+NULLS = ["temperature", "top_p", "seed", "stop", "user", "stream", "stream_options", "n"]
+
+
+def test_null_means_the_default():
+    nulls = dict.fromkeys(NULLS + ["max_tokens", "logprobs", "echo", "best_of", "suffix"])
+    req = parse_body(CompletionRequest, {"model": "a", "prompt": "x", **nulls})
+    assert not req.stream and req.to_sampling_params() == SamplingParams(max_tokens=16)
+    chat = {"model": "a", "messages": [{"role": "user", "content": "x"}]}
+    nulls = dict.fromkeys(NULLS + ["max_tokens", "max_completion_tokens", "top_logprobs"])
+    req = parse_body(ChatCompletionRequest, {**chat, **nulls})
+    assert req.to_sampling_params() == SamplingParams(max_tokens=16)
+
+
+def test_unsupported_fields_at_their_neutral_value_are_accepted():
+    body = {"model": "a", "prompt": "x", "best_of": 1, "suffix": "", "n": 1, "echo": False}
+    assert sampling(CompletionRequest, body) == SamplingParams(max_tokens=16)
+    body = {"model": "a", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    assert parse_body(CompletionRequest, body).include_usage
 
 
 def test_chat_request_messages_and_max_completion_tokens():
@@ -91,12 +161,31 @@ def test_chat_request_messages_and_max_completion_tokens():
             {"model": "a", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
             "top_logprobs",
         ),
+        ({"model": "a", "messages": [{"role": "user", "content": None}]}, "content"),
+        (
+            {"model": "a", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+            "max_tokens",
+        ),
+        (
+            {"model": "a", "messages": [{"role": "user", "content": "x"}], "logprobs": 1},
+            "logprobs",
+        ),
     ],
 )
 def test_chat_rejects_bad_input(body, where):
     with pytest.raises(InvalidRequest) as e:
-        parse_body(ChatCompletionRequest, body)
+        sampling(ChatCompletionRequest, body)
     assert where in str(e.value)
+
+
+def test_chat_assistant_content_null_reads_as_empty():
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "again"},
+    ]
+    req = parse_body(ChatCompletionRequest, {"model": "a", "messages": messages})
+    assert [m["content"] for m in req.chat_dicts()] == ["hi", "", "again"]
 
 
 def test_load_adapter_body_is_vllm_compatible():
@@ -104,3 +193,27 @@ def test_load_adapter_body_is_vllm_compatible():
     assert (req.lora_name, req.lora_path, req.public, req.replace) == ("t1", "/x", False, False)
     with pytest.raises(InvalidRequest, match="lora_path"):
         parse_body(LoadAdapterRequest, {"lora_name": "t1"})
+
+
+@pytest.mark.parametrize(
+    "model, body, where",
+    [
+        (LoadAdapterRequest, {"lora_name": "t1", "lora_path": "/x", "public": "yes"}, "public"),
+        (LoadAdapterRequest, {"lora_name": "t1", "lora_path": "/x", "replace": 1}, "replace"),
+        (WarmAdapterRequest, {"lora_name": "t1", "replicas": "2"}, "replicas"),
+        (WarmAdapterRequest, {"lora_name": "t1", "replicas": True}, "replicas"),
+        (WarmAdapterRequest, {"lora_name": "t1"}, "replicas"),
+    ],
+)
+def test_admin_bodies_are_strict(model, body, where):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(model, body)
+    assert str(e.value).startswith(f"{where}: ")
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 100_000])
+def test_warm_replicas_are_passed_on_as_given(replicas):
+    # the registry owns the range (0 clears the target, as in the CLI)
+    req = parse_body(WarmAdapterRequest, {"lora_name": "t1", "replicas": replicas})
+    assert req.replicas == replicas
+    assert not hasattr(parse_body(AdapterNameRequest, {"lora_name": "t1"}), "replicas")

@@ -8,6 +8,7 @@ import pytest
 from lora_core.errors import AdapterNotFound, CapacityExceeded, InvalidRequest, RegistryUnavailable
 from replica.sampling_params import SamplingParams
 from router.grpc_service import _fail, grpc_api_key, sampling_of
+from router.openai_protocol import CompletionRequest, parse_body
 from router.proto import lorafleet_pb2 as pb
 from router.rest import error_response
 
@@ -75,3 +76,37 @@ def test_grpc_metadata_key_and_sampling_defaults():
     assert sampling_of(req) == SamplingParams(
         max_tokens=3, temperature=0.5, top_p=0.5, seed=0, stop=("x",)
     )
+
+
+def _refusal(build) -> str:
+    with pytest.raises(InvalidRequest) as e:
+        build()
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("temperature", 5.0), ("temperature", -0.5), ("top_p", 1.5), ("top_p", -0.25)],
+)
+def test_rest_and_grpc_share_one_sampling_rule_set(field, value):
+    rest_body = {"model": "m", "prompt": "x", field: value}
+    rest = _refusal(lambda: parse_body(CompletionRequest, rest_body).to_sampling_params())
+    grpc_ = _refusal(lambda: sampling_of(pb.GenerateRequest(model="m", **{field: value})))
+    assert (
+        rest
+        == grpc_
+        == f"{field}={value!r}; allowed: "
+        + {
+            "temperature": "0 <= temperature <= 2",
+            "top_p": "0 < top_p <= 1",
+        }[field]
+    )
+
+
+@pytest.mark.parametrize("seed", [-(2**63), 2**63 - 1])
+def test_rest_and_grpc_accept_the_same_seed_range(seed):
+    rest_body = {"model": "m", "prompt": "x", "seed": seed}
+    assert parse_body(CompletionRequest, rest_body).to_sampling_params().seed == seed
+    assert sampling_of(pb.GenerateRequest(model="m", seed=seed)).seed == seed
+    with pytest.raises(ValueError):  # an int64 field: the client library refuses the rest
+        pb.GenerateRequest(model="m", seed=seed + (1 if seed > 0 else -1))

@@ -1,0 +1,194 @@
+"""Request validation end to end: REST and gRPC refuse the same user errors with 400 /
+INVALID_ARGUMENT naming the field, answer a bad key with one message, and answer a new
+request for an adapter being unloaded exactly like one for an unknown adapter while the
+in-flight request finishes.
+
+One module-scoped app with one replica (see cluster_fixture.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx
+import pytest
+
+from router.auth import INVALID_KEY
+from router.openai_protocol import PROMPT_ALLOWED
+from router.proto import lorafleet_pb2 as pb
+from router.proto import lorafleet_pb2_grpc as pb_grpc
+from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+PROMPT = "hello world how are"
+INT64 = "-9223372036854775808 .. 9223372036854775807"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1)
+    yield c
+    stop_cluster(c)
+
+
+def post(cluster, path, body, key="ops"):
+    token = ADMIN_KEY if key == "admin" else cluster.keys.get(key, "lf-not-a-key")
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.post(f"{cluster.http}{path}", json=body, headers=headers, timeout=60)
+
+
+def grpc_generate(cluster, key="ops", **fields) -> list[pb.GenerateChunk]:
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    token = cluster.keys.get(key, "lf-not-a-key")
+    req = pb.GenerateRequest(prompt=PROMPT, max_tokens=2, **fields)
+    return list(stub.Generate(req, metadata=(("authorization", f"Bearer {token}"),)))
+
+
+def completion(**fields) -> dict:
+    return {"model": "demo-poet", "prompt": PROMPT, "max_tokens": 2, **fields}
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (completion(seed=2**64), f"seed={2**64}; allowed: null or an integer in {INT64}"),
+        (completion(seed=-(2**63) - 1, stream=True), "seed=-9223372036854775809; allowed"),
+        (completion(seed=2**70, stream=True), "seed=1180591620717411303424; allowed"),
+        (completion(temperature=5), "temperature=5.0; allowed: 0 <= temperature <= 2"),
+        (completion(max_tokens=True), "max_tokens: Input should be a valid integer"),
+        (completion(best_of=2), "best_of: "),
+        (completion(suffix="tail"), "suffix: "),
+        (completion(stream_options={"include_usage": True}), "stream_options: allowed only"),
+        (completion(prompt=["a", "b"]), f"prompt: {PROMPT_ALLOWED}"),
+    ],
+)
+def test_rest_user_errors_are_400_naming_the_field(cluster, body, message):
+    r = post(cluster, "/v1/completions", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_request")
+    assert err["message"].startswith(message)
+
+
+def test_null_fields_mean_their_default(cluster):
+    nulls = dict.fromkeys(["max_tokens", "temperature", "seed", "stop", "stream_options"])
+    r = post(cluster, "/v1/completions", completion(ignore_eos=True, **nulls))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "again"},
+    ]
+    body = {"model": "demo-poet", "messages": messages, "max_tokens": None, "ignore_eos": True}
+    r = post(cluster, "/v1/chat/completions", {**body, "max_completion_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 5.0), ("top_p", 1.5)])
+def test_grpc_refuses_what_rest_refuses_with_the_same_message(cluster, field, value):
+    rest = post(cluster, "/v1/completions", completion(**{field: value}))
+    assert rest.status_code == 400, rest.text
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_generate(cluster, model="demo-poet", **{field: value})
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == rest.json()["error"]["message"]
+
+
+def test_a_bad_key_gets_one_message_everywhere(cluster):
+    answers = [
+        post(cluster, "/v1/completions", completion(model=cluster.base), key="bad"),
+        post(cluster, "/v1/completions", completion(), key="bad"),
+        post(cluster, "/v1/completions", completion(model="no-such-adapter"), key="bad"),
+        httpx.get(
+            f"{cluster.http}/v1/models", headers={"Authorization": "Bearer lf-bad"}, timeout=30
+        ),
+    ]
+    assert [r.status_code for r in answers] == [401] * 4
+    assert {r.json()["error"]["message"] for r in answers} == {INVALID_KEY}
+    for model in (cluster.base, "demo-poet"):
+        with pytest.raises(grpc.RpcError) as e:
+            grpc_generate(cluster, key="bad", model=model)
+        assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, INVALID_KEY)
+
+
+def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
+    warm = "/v1/warm_lora_adapter"
+    r = post(cluster, warm, {"lora_name": "demo-chef", "replicas": 1}, key="admin")
+    assert r.status_code == 200, r.text
+    reg = cluster.registry()
+    try:
+        assert "demo-chef" in reg.desired_state().warm
+        r = post(cluster, warm, {"lora_name": "demo-chef", "replicas": 0}, key="admin")
+        assert r.status_code == 200 and r.json()["warm_replicas"] == 0, r.text
+        assert "demo-chef" not in reg.desired_state().warm
+    finally:
+        reg.close()
+    for body, message in [
+        ({"lora_name": "demo-chef"}, "replicas: Field required"),
+        ({"lora_name": "demo-chef", "replicas": "2"}, "replicas: Input should be a valid integer"),
+        ({"lora_name": "demo-chef", "replicas": -1}, "replicas=-1; allowed: 0 .. 100000"),
+        ({"lora_name": "demo-chef", "replicas": 10**9}, f"replicas={10**9}; allowed: 0 .. 100000"),
+    ]:
+        r = post(cluster, warm, body, key="admin")
+        assert (r.status_code, r.json()["error"]["message"]) == (400, message)
+    body = {"lora_name": "x", "lora_path": "/nowhere", "public": "yes"}
+    r = post(cluster, "/v1/load_lora_adapter", body, key="admin")
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "public: Input should be a valid boolean"
+
+
+def _wait_resident(cluster, name: str) -> None:
+    reg = cluster.registry()
+    try:
+        deadline = time.monotonic() + 15
+        while not reg.locations(name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert reg.locations(name), f"{name} never reported resident"
+    finally:
+        reg.close()
+
+
+def _new_request_answers(cluster, model: str) -> list[httpx.Response]:
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return [
+        post(cluster, "/v1/completions", completion(model=model)),
+        post(cluster, "/v1/completions", completion(model=model, stream=True)),
+        post(cluster, "/v1/chat/completions", chat),
+    ]
+
+
+def test_an_adapter_being_unloaded_answers_like_an_unknown_one(cluster):
+    name = "extra-3"
+    body = completion(model=name, max_tokens=600, temperature=0, ignore_eos=True, stream=True)
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+    with httpx.stream(
+        "POST", f"{cluster.http}/v1/completions", json=body, headers=headers, timeout=120
+    ) as inflight:
+        lines = inflight.iter_lines()
+        assert next(lines).startswith("data: ")
+        _wait_resident(cluster, name)
+        r = post(cluster, "/v1/unload_lora_adapter", {"lora_name": name}, key="admin")
+        assert r.json()["state"] == "draining", r.text
+        unknown = _new_request_answers(cluster, "no-such-adapter")
+        unknown = [r.content.replace(b"no-such-adapter", name.encode()) for r in unknown]
+        answers = _new_request_answers(cluster, name)
+        assert [r.status_code for r in answers] == [404] * 3
+        assert [r.content for r in answers] == unknown
+        assert answers[0].json()["error"] == {
+            "message": f"adapter {name!r} not found",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+        assert "retry-after" not in answers[0].headers
+        with pytest.raises(grpc.RpcError) as e:
+            grpc_generate(cluster, model=name)
+        assert (e.value.code(), e.value.details()) == (
+            grpc.StatusCode.NOT_FOUND,
+            f"adapter {name!r} not found",
+        )
+        rest = "".join(line for line in lines if line)
+    assert '"finish_reason":"length"' in rest.replace(" ", "") and rest.endswith("data: [DONE]")
