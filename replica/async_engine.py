@@ -63,7 +63,7 @@ class AsyncEngine:
                 self._fail_all(outputs)
                 continue
             for out in outputs:
-                self._deliver(out.request_id, out, out.finished)
+                self._deliver(out.request_id, out if out.error is None else out.error, out.finished)
 
     def _deliver(self, request_id: str, item, last: bool) -> None:
         entry = self._queues.pop(request_id, None) if last else self._queues.get(request_id)

@@ -7,6 +7,7 @@ together) and returns incremental outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -110,6 +111,9 @@ class LLMEngine:
         """Run one batch; returns outputs of requests that produced tokens or finished."""
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
+        for seq, error in sched.failed:
+            self._seqs.pop(seq.request_id, None)
+            outputs.append(dataclasses.replace(self._output(seq, "", []), error=error))
         if not sched.scheduled:
             return outputs
         batch = self.runner.prepare(sched.scheduled)

@@ -98,6 +98,8 @@ class OfflineJob:
                 res["text"] += out.new_text
                 if out.new_logprobs:
                     res.setdefault("logprobs", []).extend(out.new_logprobs)
+                if out.error is not None:
+                    res["error"] = str(out.error)
                 if out.finished:
                     res["finish_reason"] = out.finish_reason
                     bar.update(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lora_core.errors import LoraFleetError
+
 
 @dataclass
 class RequestOutput:
@@ -13,7 +15,9 @@ class RequestOutput:
     new_token_ids: tokens generated since the previous output of this request.
     new_text: detokenized text for those tokens (stop strings removed).
     new_logprobs: log-probability of each new token (empty unless asked for).
-    finish_reason: None while running; then "stop", "length" or "abort".
+    finish_reason: None while running; then "stop", "length", "abort" or "error".
+    error: with finish_reason "error", why the request failed (e.g. its adapter was
+    unloaded while it waited); the async engine raises it to that request's caller.
     num_prompt_tokens / num_output_tokens: usage counts so far.
     """
 
@@ -24,6 +28,7 @@ class RequestOutput:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: LoraFleetError | None = None
 
     @property
     def finished(self) -> bool:

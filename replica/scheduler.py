@@ -3,7 +3,8 @@
 Each step: running sequences first (decode tokens or the next prefill chunk), then
 waiting ones in arrival order while the step has budget, sequence room and KV
 blocks. A waiting request whose adapter cannot be made slot-resident now (every
-slot busy with running requests or pinned) is skipped, not blocking others; KV
+slot busy with running requests or pinned) is skipped, not blocking others; one whose
+adapter is gone (unloaded while it waited) fails alone (SchedulerOutput.failed); KV
 shortage blocks admission in FIFO order. When a running sequence needs a block and
 none is free, the latest-arrived running sequence is preempted: its blocks are
 freed, its slot released, and it is recomputed from its tokens later.
@@ -15,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lora_core.errors import LoraFleetError
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager, block_hash
 from replica.sequence import Sequence, Status
@@ -32,10 +34,13 @@ class AdapterAdmission(Protocol):
 
 @dataclass
 class SchedulerOutput:
-    """scheduled: (sequence, tokens to compute this step), decode-like (1 token) first."""
+    """scheduled: (sequence, tokens to compute this step), decode-like (1 token) first.
+    failed: waiting sequences finished with an error because their adapter cannot be
+    served any more (unloaded while they waited, its files gone): only they fail."""
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    failed: list[tuple[Sequence, LoraFleetError]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -92,14 +97,26 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.adapter is not None and not self.adapters.can_admit(seq.adapter):
-                skipped.append(self.waiting.popleft())
+            try:
+                if seq.adapter is not None and not self.adapters.can_admit(seq.adapter):
+                    skipped.append(self.waiting.popleft())
+                    continue
+                admitted = self._admit(seq, budget, out)
+            except LoraFleetError as e:  # this request's adapter is gone: fail it alone
+                self.waiting.popleft()
+                self._fail(seq, e, out)
                 continue
-            if not self._admit(seq, budget, out):
+            if not admitted:
                 break
             self.waiting.popleft()
             budget -= out.scheduled[-1][1]
         self.waiting.extendleft(reversed(skipped))
+
+    def _fail(self, seq: Sequence, error: LoraFleetError, out: SchedulerOutput) -> None:
+        self._release(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = "error"
+        out.failed.append((seq, error))
 
     def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
         bs = self.blocks.block_size
@@ -114,7 +131,12 @@ class Scheduler:
             seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
             return False
         if seq.adapter is not None:
-            seq.lora_slot = self.adapters.acquire(seq.adapter)
+            try:
+                seq.lora_slot = self.adapters.acquire(seq.adapter)
+            except LoraFleetError:
+                self.blocks.free(seq.block_table)
+                seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
+                raise
             seq.holds_slot = True
         seq.status = Status.RUNNING
         self.running.append(seq)

@@ -115,7 +115,7 @@ class Frontend:
                 return
             except Exception as e:
                 err = unwrap(e)
-                if not started and isinstance(err, AdapterDraining):
+                if not started and isinstance(err, (AdapterDraining, AdapterNotFound)):
                     raise AdapterNotFound(prepared.model) from None
                 if (
                     started

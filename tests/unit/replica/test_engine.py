@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from lora_core.errors import AdapterDraining, InvalidRequest, PinRefused
+from lora_core.errors import AdapterDraining, AdapterNotFound, InvalidRequest, PinRefused
 from replica.async_engine import AsyncEngine
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
@@ -199,6 +199,74 @@ def test_unload_refuses_new_lets_inflight_finish_then_frees(llama_dir, refs):
     assert len(tokens) == GREEDY.max_tokens
     s = engine.stats()
     assert ref.key not in s.gpu_adapters and ref.key not in s.cpu_adapters and s.free_slots == 2
+
+
+# An unloaded adapter no request holds is purged at once (AdapterNotFound); one still held
+# drains (AdapterDraining). The ingress answers both with the same 404.
+GONE = (AdapterNotFound, AdapterDraining)
+
+
+def _unload_while_waiting(engine, refs, ids):
+    """qv8 runs in the only slot, mlp4 waits for it, a base request runs beside them;
+    then mlp4 is unloaded."""
+    engine.add_request("running", ids, GREEDY, refs["qv8"])
+    engine.add_request("base", ids, GREEDY, None)
+    engine.add_request("waiting", ids, GREEDY, refs["mlp4"])
+    first = engine.step()
+    assert engine.stats().num_waiting == 1
+    engine.adapters.unload(refs["mlp4"].name)
+    return first
+
+
+def test_unload_while_waiting_fails_that_request_alone(llama_dir, refs):
+    engine = _engine(llama_dir, max_loras=1)
+    ids = engine.tokenizer(PROMPTS[0]).input_ids
+    outs: dict[str, list] = {"running": [], "base": [], "waiting": []}
+    for o in _unload_while_waiting(engine, refs, ids):
+        outs[o.request_id].append(o)
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    (failed,) = outs["waiting"]
+    assert failed.finish_reason == "error" and isinstance(failed.error, GONE)
+    expected = run_requests(
+        _engine(llama_dir), [("running", PROMPTS[0], GREEDY, refs["qv8"]),
+                             ("base", PROMPTS[0], GREEDY, None)]
+    )  # fmt: skip
+    for rid in ("running", "base"):
+        assert outs[rid][-1].finish_reason == "length" and outs[rid][-1].error is None
+        assert [t for o in outs[rid] for t in o.new_token_ids] == expected[rid]
+    assert engine.stats().num_waiting == 0
+
+
+def test_async_unload_while_waiting_raises_to_that_caller_only(llama_dir, refs):
+    engine = AsyncEngine(
+        EngineConfig(model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=4,
+                     max_lora_rank=16)
+    )  # fmt: skip
+    ids = engine.tokenizer(PROMPTS[0]).input_ids
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+    async def collect(rid, ref):
+        try:
+            return [t async for o in engine.generate(rid, ids, long, ref) for t in o.new_token_ids]
+        except GONE as e:
+            return e
+
+    async def main():
+        tasks = [asyncio.create_task(collect(r, ref)) for r, ref in
+                 [("running", refs["qv8"]), ("base", None), ("waiting", refs["mlp4"])]]  # fmt: skip
+        while engine.stats().num_waiting != 1 or engine.stats().num_running != 2:
+            await asyncio.sleep(0.001)
+        await engine.unload_adapter(refs["mlp4"].name)
+        return await asyncio.gather(*tasks)
+
+    try:
+        running, base, waiting = asyncio.run(main())
+        assert isinstance(waiting, GONE)
+        assert len(running) == len(base) == long.max_tokens
+    finally:
+        engine.shutdown()
 
 
 def test_pinning_every_slot_is_refused(llama_dir, refs):
