@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+TopLogprobs = tuple[tuple[int, float], ...]
+"""The most likely (token id, logprob) at one sampled position, most likely first."""
+
 
 @dataclass
 class RequestOutput:
@@ -13,6 +16,8 @@ class RequestOutput:
     new_token_ids: tokens generated since the previous output of this request.
     new_text: detokenized text for those tokens (stop strings removed).
     new_logprobs: log-probability of each new token (empty unless asked for).
+    new_top_logprobs: the most likely alternatives at each new token's position
+        (empty unless top_logprobs > 0).
     finish_reason: None while running; then "stop", "length" or "abort".
     num_prompt_tokens / num_output_tokens: usage counts so far.
     """
@@ -21,6 +26,7 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     new_logprobs: list[float] = field(default_factory=list)
+    new_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
