@@ -1,20 +1,30 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, echo, top logprobs) are refused with a message naming what is allowed.
+(n > 1, echo) are refused with a message naming what is allowed.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import SamplingParams
+from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_TEMPERATURE = 2.0
+
+
+def _top_count(k: int | None) -> int | None:
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}")
+    return k
+
+
+TopCount = Annotated[int | None, AfterValidator(_top_count)]
+"""How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
 
 
 class StreamOptions(BaseModel):
@@ -41,7 +51,7 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
 
-    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: bool, top: int) -> SamplingParams:
         stop = () if self.stop is None else self.stop
         return SamplingParams(
             max_tokens=max_tokens,
@@ -50,6 +60,7 @@ class _Sampling(BaseModel):
             seed=self.seed,
             stop=stop,
             logprobs=logprobs,
+            top_logprobs=top,
             ignore_eos=self.ignore_eos,
         )
 
@@ -64,12 +75,12 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
     """A string, or a list of token ids."""
     max_tokens: int = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=1)
-    """0 or 1: return the log-probability of each sampled token (no alternatives)."""
+    logprobs: TopCount = None
+    """k: return each sampled token's logprob and the k most likely tokens per position."""
     echo: Literal[False] = False
 
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs is not None)
+        return self.sampling_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
 
 
 class TextPart(BaseModel):
@@ -99,12 +110,12 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     """Newer name of max_tokens; either may be given."""
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)
-    """Only 0: alternatives are not returned."""
+    top_logprobs: TopCount = None
+    """k: the k most likely tokens at each position (needs logprobs: true)."""
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens or 16
-        return self.sampling_params(max_tokens, self.logprobs)
+        return self.sampling_params(max_tokens, self.logprobs, self.top_logprobs or 0)
 
     def chat_dicts(self) -> list[dict[str, str]]:
         """Messages as the tokenizer's chat template expects them."""
