@@ -150,9 +150,9 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         batch = runner.prepare(out.scheduled)
         logits = runner.execute(batch)
         sched.after_step(out)
-        toks, _ = sample(
+        toks = sample(
             logits, [s.params for s in batch.sample_seqs], [None] * len(batch.sample_seqs)
-        )
+        ).tokens
         for s, t in zip(batch.sample_seqs, toks, strict=True):
             s.tokens.append(t)
         return out

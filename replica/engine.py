@@ -120,15 +120,17 @@ class LLMEngine:
         logits = self.runner.execute(batch)
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
-        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        sampled = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         for i, seq in enumerate(seqs):
-            outputs.append(self._append(seq, tokens[i], logprobs[i] if logprobs else None))
+            if seq.params.logprobs:
+                seq.logprobs.append(sampled.logprobs[i])
+            if seq.params.top_logprobs:
+                seq.top_logprobs.append(sampled.top[i])
+            outputs.append(self._append(seq, sampled.tokens[i]))
         return outputs
 
-    def _append(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.tokens.append(token)
-        if logprob is not None and seq.params.logprobs:
-            seq.logprobs.append(logprob)
         p = seq.params
         reason = None
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
@@ -147,11 +149,13 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, text: str, new_ids: list[int]) -> RequestOutput:
         n_lp = len(new_ids) if seq.params.logprobs else 0
+        n_top = len(new_ids) if seq.params.top_logprobs else 0
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new_ids,
             new_text=text,
             new_logprobs=seq.logprobs[len(seq.logprobs) - n_lp :] if n_lp else [],
+            new_top_logprobs=seq.top_logprobs[len(seq.top_logprobs) - n_top :] if n_top else [],
             finish_reason=seq.finish_reason if seq.status is Status.FINISHED else None,
             num_prompt_tokens=seq.prompt_len,
             num_output_tokens=seq.num_output,

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from lora_core.errors import LoraFleetError
 
+TopLogprobs = tuple[tuple[int, float], ...]
+"""The most likely (token id, logprob) at one sampled position, most likely first."""
+
 
 @dataclass
 class RequestOutput:
@@ -15,6 +18,8 @@ class RequestOutput:
     new_token_ids: tokens generated since the previous output of this request.
     new_text: detokenized text for those tokens (stop strings removed).
     new_logprobs: log-probability of each new token (empty unless asked for).
+    new_top_logprobs: the most likely alternatives at each new token's position
+        (empty unless top_logprobs > 0).
     finish_reason: None while running; then "stop", "length", "abort" or "error".
     error: with finish_reason "error", why the request failed (e.g. its adapter was
     unloaded while it waited); the async engine raises it to that request's caller.
@@ -25,6 +30,7 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     new_logprobs: list[float] = field(default_factory=list)
+    new_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0

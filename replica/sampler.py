@@ -3,14 +3,32 @@
 Each request draws from its own torch.Generator, exactly one draw per step, so a
 seeded request gives the same tokens whatever else shares its batch.
 Logprobs are of the sampled token under the model's raw distribution (log_softmax
-of the logits before temperature / top-k / top-p).
+of the logits before temperature / top-k / top-p); top logprobs are the most likely
+tokens of that same distribution. Neither is computed unless some row asks.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from replica.outputs import TopLogprobs
 from replica.sampling_params import SamplingParams
+
+
+class Sampled(NamedTuple):
+    """One step's samples, row by row.
+
+    tokens: the sampled token of each row.
+    logprobs: each row's sampled-token logprob; None when no row asked for logprobs.
+    top: each row's `top_logprobs` most likely (token, logprob), most likely first;
+        None when no row asked for alternatives.
+    """
+
+    tokens: list[int]
+    logprobs: list[float] | None
+    top: list[TopLogprobs] | None
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -32,8 +50,8 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-) -> tuple[list[int], list[float] | None]:
-    """logits: float32 [n, V] -> (token per row, logprob per row or None if none asked)."""
+) -> Sampled:
+    """logits: float32 [n, V] -> the sampled token of each row, with logprobs if asked."""
     greedy = logits.argmax(dim=-1)
     tokens = greedy.tolist()
     for i, p in enumerate(params):
@@ -46,7 +64,20 @@ def sample(
             probs = probs.to(gen.device)
         tokens[i] = int(torch.multinomial(probs, 1, generator=gen).item())
     if not any(p.logprobs for p in params):
-        return tokens, None
+        return Sampled(tokens, None, None)
     logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0]
-    return tokens, picked.tolist()
+    return Sampled(tokens, picked.tolist(), _top_logprobs(logp, params))
+
+
+def _top_logprobs(logp: torch.Tensor, params: list[SamplingParams]) -> list[TopLogprobs] | None:
+    """logp: float32 [n, V] log_softmax -> each row's top_logprobs best (token, logprob)."""
+    k = max(p.top_logprobs for p in params)
+    if not k:
+        return None
+    values, ids = logp.topk(k, dim=-1)
+    values, ids = values.tolist(), ids.tolist()
+    return [
+        tuple(zip(ids[i][: p.top_logprobs], values[i][: p.top_logprobs], strict=True))
+        for i, p in enumerate(params)
+    ]

@@ -22,6 +22,10 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives returned per sampled token (OpenAI's chat limit, vLLM's default)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request.
@@ -35,6 +39,8 @@ class SamplingParams:
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS).
     ignore_eos: keep going past EOS (benchmarks).
     logprobs: return the log-probability of each sampled token.
+    top_logprobs: also return the k most likely tokens at each sampled position
+        (0 <= k <= MAX_TOP_LOGPROBS; k > 0 needs logprobs).
     """
 
     max_tokens: int = 16
@@ -46,6 +52,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -69,6 +76,18 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("stop: allowed: a non-empty string or a list of non-empty strings")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_top_logprobs()
+
+    def _check_top_logprobs(self) -> None:
+        k = self.top_logprobs
+        if not _is_int(k) or not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"top_logprobs={k!r}; allowed: an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}"
+            )
+        if k and not self.logprobs:
+            raise InvalidRequest(
+                f"top_logprobs={k} needs logprobs; allowed: top_logprobs 0 without logprobs"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lora_core.identity import AdapterRef
+from replica.outputs import TopLogprobs
 from replica.sampling_params import SamplingParams
 
 
@@ -43,6 +44,7 @@ class Sequence:
     emitted_text_len: int = 0
     emitted_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     @property
     def adapter_key(self) -> str:

@@ -28,6 +28,7 @@ from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall
 from router.auth import AdapterResolver
 from router.errors import unwrap
+from router.logprobs import TokenTable
 
 Dispatch = Callable[[GenerateCall], AsyncIterator[RequestOutput]]
 VERSION_RETRIES = 1
@@ -59,6 +60,7 @@ class Frontend:
         self.dispatch = dispatch
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
+        self.token_table = TokenTable(tokenizer)
 
     def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):
@@ -131,6 +133,3 @@ class Frontend:
                 adapter=fresh.adapter,
                 residency=fresh.residency,
             )
-
-    def token_strings(self, token_ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([t]) for t in token_ids]

@@ -1,7 +1,7 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, best_of > 1, echo, suffix, top logprobs) are refused with a message naming what
+(n > 1, best_of > 1, echo, suffix) are refused with a message naming what
 is allowed. Types are strict: "2" is not an integer and "yes" is not a boolean. Ranges of
 the sampling fields are `SamplingParams`'s, shared with gRPC.
 """
@@ -9,9 +9,10 @@ the sampling fields are `SamplingParams`'s, shared with gRPC.
 from __future__ import annotations
 
 import json
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,7 +23,7 @@ from pydantic import (
 )
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import SamplingParams
+from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -30,6 +31,16 @@ PROMPT_ALLOWED = (
     "allowed: a string or a list of token ids; batched prompts (a list of strings) "
     "are not supported, send one request per prompt"
 )
+
+
+def _top_count(k: int | None) -> int | None:
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}")
+    return k
+
+
+TopCount = Annotated[int | None, AfterValidator(_top_count)]
+"""How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
 
 
 class StreamOptions(BaseModel):
@@ -70,7 +81,7 @@ class _Sampling(BaseModel):
             raise ValueError("stream_options: allowed only with stream: true")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: bool, top: int) -> SamplingParams:
         stop = () if self.stop is None else self.stop
         return SamplingParams(
             max_tokens=max_tokens,
@@ -79,6 +90,7 @@ class _Sampling(BaseModel):
             seed=self.seed,
             stop=stop,
             logprobs=logprobs,
+            top_logprobs=top,
             ignore_eos=self.ignore_eos,
         )
 
@@ -93,8 +105,8 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
     """A string, or a list of token ids."""
     max_tokens: int = 16
-    logprobs: int | None = Field(None, ge=0, le=1)
-    """0 or 1: return the log-probability of each sampled token (no alternatives)."""
+    logprobs: TopCount = None
+    """k: return each sampled token's logprob and the k most likely tokens per position."""
     echo: Literal[False] = False
     best_of: int = Field(1, ge=1, le=1)
     """Only one sample per choice."""
@@ -109,7 +121,7 @@ class CompletionRequest(_Sampling):
         raise ValueError(PROMPT_ALLOWED)
 
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs is not None)
+        return self.sampling_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
 
 
 class TextPart(BaseModel):
@@ -153,12 +165,14 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     """Newer name of max_tokens; either may be given."""
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)
-    """Only 0: alternatives are not returned."""
+    top_logprobs: TopCount = None
+    """k: the k most likely tokens at each position (needs logprobs: true)."""
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self.sampling_params(16 if max_tokens is None else max_tokens, self.logprobs)
+        return self.sampling_params(
+            16 if max_tokens is None else max_tokens, self.logprobs, self.top_logprobs or 0
+        )
 
     def chat_dicts(self) -> list[dict[str, str]]:
         """Messages as the tokenizer's chat template expects them."""

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.logprobs import Candidate, TokenLogprob
+
 
 @dataclass
 class Usage:
@@ -23,38 +25,49 @@ class Usage:
 
 @dataclass
 class Piece:
-    """One step of output: text, its tokens (as strings, for logprobs) and their logprobs."""
+    """One step of output: text, the logprobs of its tokens (if asked), finish reason."""
 
     text: str = ""
-    tokens: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
 
 
-def _completion_logprobs(piece: Piece, offset: int) -> dict[str, Any]:
-    offsets, pos = [], offset
-    for tok in piece.tokens:
-        offsets.append(pos)
-        pos += len(tok)
+def _completion_logprobs(piece: Piece) -> dict[str, Any]:
+    entries = piece.logprobs
     return {
-        "tokens": piece.tokens,
-        "token_logprobs": piece.logprobs,
-        "top_logprobs": None,
-        "text_offset": offsets,
+        "tokens": [e.sampled.token for e in entries],
+        "token_logprobs": [e.sampled.logprob for e in entries],
+        "top_logprobs": [_top_dict(e) for e in entries],
+        "text_offset": [e.text_offset for e in entries],
     }
+
+
+def _top_dict(entry: TokenLogprob) -> dict[str, float]:
+    """OpenAI legacy semantics: the k most likely tokens plus the sampled one (<= k + 1).
+
+    Tokens whose strings coincide (e.g. several U+FFFD) share a key: the likeliest keeps it.
+    """
+    top: dict[str, float] = {}
+    for c in (*entry.top, entry.sampled):
+        top.setdefault(c.token, c.logprob)
+    return top
+
+
+def _chat_token(c: Candidate) -> dict[str, Any]:
+    return {"token": c.token, "logprob": c.logprob, "bytes": list(c.raw)}
 
 
 def _chat_logprobs(piece: Piece) -> dict[str, Any]:
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(piece.tokens, piece.logprobs, strict=True)
+            {**_chat_token(e.sampled), "top_logprobs": [_chat_token(c) for c in e.top]}
+            for e in piece.logprobs
         ]
     }
 
 
 def completion_body(
-    rid: str, model: str, piece: Piece, usage: Usage | None, want_logprobs: bool, offset: int = 0
+    rid: str, model: str, piece: Piece, usage: Usage | None, want_logprobs: bool
 ) -> dict[str, Any]:
     """A whole response (usage set) or one stream chunk (usage None) of /v1/completions."""
     body: dict[str, Any] = {
@@ -66,7 +79,7 @@ def completion_body(
             {
                 "index": 0,
                 "text": piece.text,
-                "logprobs": _completion_logprobs(piece, offset) if want_logprobs else None,
+                "logprobs": _completion_logprobs(piece) if want_logprobs else None,
                 "finish_reason": piece.finish_reason,
             }
         ],

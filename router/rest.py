@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from replica.outputs import RequestOutput
 from router.errors import openai_error_body, status_for, unwrap
 from router.frontend import Frontend, Prepared
+from router.logprobs import LogprobReader
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import (
     Piece,
@@ -36,17 +37,21 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(openai_error_body(exc), status_code=status.http, headers=headers)
 
 
-def piece_of(front: Frontend, out: RequestOutput, logprobs: bool) -> Piece:
-    tokens = front.token_strings(out.new_token_ids) if logprobs else []
-    return Piece(out.new_text, tokens, list(out.new_logprobs), out.finish_reason)
+def piece_of(out: RequestOutput, reader: LogprobReader | None) -> Piece:
+    """reader: the request's logprob reader, None when logprobs were not asked for."""
+    entries = reader.read(out) if reader is not None else []
+    return Piece(out.new_text, entries, out.finish_reason)
 
 
-async def _collect(front: Frontend, outputs: AsyncIterator[RequestOutput], logprobs: bool):
+def _reader(front: Frontend, want_logprobs: bool) -> LogprobReader | None:
+    return LogprobReader(front.token_table) if want_logprobs else None
+
+
+async def _collect(outputs: AsyncIterator[RequestOutput], reader: LogprobReader | None):
     whole, usage = Piece(), Usage()
     async for out in outputs:
-        p = piece_of(front, out, logprobs)
+        p = piece_of(out, reader)
         whole.text += p.text
-        whole.tokens += p.tokens
         whole.logprobs += p.logprobs
         whole.finish_reason = p.finish_reason
         usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
@@ -80,25 +85,24 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     rid, want_lp = prepared.call.request_id.replace("req-", "cmpl-"), req.logprobs is not None
     if not req.stream:
         try:
-            whole, usage = await _collect(front, _chain(first, outputs), want_lp)
+            whole, usage = await _collect(_chain(first, outputs), _reader(front, want_lp))
         except Exception as e:
             return error_response(e)
         return JSONResponse(completion_body(rid, req.model, whole, usage, want_lp))
 
-    def chunk(p: Piece, offset: int) -> dict[str, Any]:
-        return completion_body(rid, req.model, p, None, want_lp, offset)
+    def chunk(p: Piece) -> dict[str, Any]:
+        return completion_body(rid, req.model, p, None, want_lp)
 
-    body = _completion_events(front, _chain(first, outputs), chunk, want_lp, req, rid)
+    reader = _reader(front, want_lp)
+    body = _completion_events(_chain(first, outputs), chunk, reader, req, rid)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _completion_events(front, outputs, chunk: Callable, want_lp, req, rid):
-    usage, offset = Usage(), 0
+async def _completion_events(outputs, chunk: Callable, reader, req, rid):
+    usage = Usage()
     try:
         async for out in outputs:
-            p = piece_of(front, out, want_lp)
-            yield sse(chunk(p, offset))
-            offset += len(p.text)
+            yield sse(chunk(piece_of(out, reader)))
             usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
             yield sse(usage_chunk(rid, req.model, "text_completion", usage))
@@ -119,7 +123,7 @@ async def chat_completions(
     rid = prepared.call.request_id.replace("req-", "chatcmpl-")
     if not req.stream:
         try:
-            whole, usage = await _collect(front, _chain(first, outputs), req.logprobs)
+            whole, usage = await _collect(_chain(first, outputs), _reader(front, req.logprobs))
         except Exception as e:
             return error_response(e)
         return JSONResponse(chat_body(rid, req.model, whole, usage, req.logprobs))
@@ -128,11 +132,11 @@ async def chat_completions(
 
 
 async def _chat_events(front: Frontend, outputs, req: ChatCompletionRequest, rid: str):
-    usage = Usage()
+    usage, reader = Usage(), _reader(front, req.logprobs)
     yield sse(chat_chunk(rid, req.model, {"role": "assistant", "content": ""}, None, False))
     try:
         async for out in outputs:
-            p = piece_of(front, out, req.logprobs)
+            p = piece_of(out, reader)
             delta = {"content": p.text} if p.text else {}
             yield sse(chat_chunk(rid, req.model, delta, p, req.logprobs))
             usage = Usage(out.num_prompt_tokens, out.num_output_tokens)

@@ -109,23 +109,50 @@ def test_streamed_equals_non_streamed(cluster):
         assert usage.prompt_tokens == chat.usage.prompt_tokens
 
 
+def _assert_offsets_match(text: str, tokens: list[str], offsets: list[int]) -> None:
+    assert offsets == sorted(offsets) and len(offsets) == len(tokens)
+    for tok, off in zip(tokens, offsets, strict=True):
+        if "\ufffd" not in tok:
+            assert text[off:].startswith(tok), (tok, off, text)
+
+
 def test_logprobs_cover_every_sampled_token(cluster):
-    r = complete(cluster, "demo-poet", logprobs=1)
-    lp = r.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == MAX_TOKENS
-    assert "".join(lp.tokens) == r.choices[0].text
+    r = complete(cluster, "demo-poet", logprobs=3)
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == MAX_TOKENS
     assert all(x <= 0.0 for x in lp.token_logprobs)
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(MAX_TOKENS)]
+    _assert_offsets_match(text, lp.tokens, lp.text_offset)
+    for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        # Greedy: the sampled token leads the 3 most likely (strings may coincide).
+        assert top[tok] == x == max(top.values()) and len(top) <= 3
+    stream = client(cluster).completions.create(
+        model="demo-poet",
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=3,
+        stream=True,
+    )
+    offsets = [o for ch in stream for o in ch.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset
     chat = client(cluster).chat.completions.create(
         model="demo-poet",
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=4,
         temperature=0,
         logprobs=True,
+        top_logprobs=2,
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens
-    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    # A random tiny model emits invalid UTF-8 too: the text shows it as U+FFFD.
+    raw = bytes(b for c in content for b in c.bytes)
+    assert raw.decode(errors="replace") == chat.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2
+        assert (c.top_logprobs[0].token, c.top_logprobs[0].logprob) == (c.token, c.logprob)
+    with pytest.raises(openai.BadRequestError, match="allowed: 0 to 20"):
+        complete(cluster, "demo-poet", logprobs=21)
 
 
 def test_eight_adapters_on_two_replicas_under_concurrent_load(cluster, offline):

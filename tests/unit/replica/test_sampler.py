@@ -14,10 +14,33 @@ def _gen(seed):
 def test_greedy_is_argmax_and_logprobs_are_raw_log_softmax():
     logits = torch.randn(3, 50)
     params = [SamplingParams(temperature=0.0, logprobs=True)] * 3
-    tokens, lps = sample(logits, params, [None] * 3)
+    tokens, lps, top = sample(logits, params, [None] * 3)
     assert tokens == logits.argmax(-1).tolist()
     ref = torch.log_softmax(logits, -1)[torch.arange(3), logits.argmax(-1)]
     assert lps == pytest.approx(ref.tolist(), abs=1e-6)
+    assert top is None
+
+
+def test_nothing_computed_when_no_row_asks():
+    logits = torch.randn(2, 50)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5)]
+    assert sample(logits, params, [None, _gen(0)])[1:] == (None, None)
+
+
+@pytest.mark.parametrize("ks", [(1,), (5, 0, 20), (0, 3)])
+def test_top_logprobs_are_topk_of_raw_log_softmax(ks):
+    logits = torch.randn(len(ks), 64) * 3
+    params = [
+        SamplingParams(temperature=0.7, top_k=10, logprobs=True, top_logprobs=k, seed=i)
+        for i, k in enumerate(ks)
+    ]
+    tokens, lps, top = sample(logits, params, [_gen(i) for i in range(len(ks))])
+    ref = torch.log_softmax(logits, -1)
+    assert lps == pytest.approx(ref[torch.arange(len(ks)), tokens].tolist(), abs=1e-6)
+    for i, k in enumerate(ks):
+        values, ids = ref[i].topk(k)
+        assert [t for t, _ in top[i]] == ids.tolist()
+        assert [lp for _, lp in top[i]] == pytest.approx(values.tolist(), abs=1e-6)
 
 
 def test_seeded_sampling_reproducible_and_batch_invariant():
@@ -62,11 +85,19 @@ def test_sampling_never_picks_filtered_tokens():
         ("seed", 2**63),
         ("seed", -(2**63) - 1),
         ("seed", False),
+        ("top_logprobs", -1),
+        ("top_logprobs", 21),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(InvalidRequest, match=field):
         SamplingParams(**{field: value})
+
+
+def test_top_logprobs_need_logprobs():
+    with pytest.raises(InvalidRequest, match="top_logprobs=3 needs logprobs"):
+        SamplingParams(top_logprobs=3)
+    assert SamplingParams(logprobs=True, top_logprobs=20).top_logprobs == 20
 
 
 def test_holdback_of_partial_stop_strings():

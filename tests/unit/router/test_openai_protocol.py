@@ -28,7 +28,13 @@ def test_completion_fields_map_to_sampling_params():
     )
     assert req.prompt == "hi"
     assert req.to_sampling_params() == SamplingParams(
-        max_tokens=5, temperature=0.0, top_p=0.5, seed=7, stop=("x",), logprobs=True
+        max_tokens=5,
+        temperature=0.0,
+        top_p=0.5,
+        seed=7,
+        stop=("x",),
+        logprobs=True,
+        top_logprobs=1,
     )
 
 
@@ -52,7 +58,14 @@ def test_completion_defaults():
         ({"model": "a", "prompt": "x", "temperature": 2.5}, "temperature"),
         ({"model": "a", "prompt": "x", "top_p": 0}, "top_p"),
         ({"model": "a", "prompt": "x", "n": 2}, "n"),
-        ({"model": "a", "prompt": "x", "logprobs": 3}, "logprobs"),
+        (
+            {"model": "a", "prompt": "x", "logprobs": 21},
+            "logprobs: 21 is out of range; allowed: 0 to 20",
+        ),
+        (
+            {"model": "a", "prompt": "x", "logprobs": -1},
+            "logprobs: -1 is out of range; allowed: 0 to 20",
+        ),
         ({"model": "a", "prompt": "x", "echo": True}, "echo"),
         ({"model": "a", "prompt": "x", "seed": "s"}, "seed"),
         ({"model": "a", "prompt": "x", "stop": [1]}, "stop"),
@@ -158,8 +171,8 @@ def test_chat_request_messages_and_max_completion_tokens():
         ({"model": "a", "messages": [{"role": "robot", "content": "x"}]}, "role"),
         ({"model": "a", "messages": [{"role": "user"}]}, "content"),
         (
-            {"model": "a", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-            "top_logprobs",
+            {"model": "a", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 21},
+            "top_logprobs: 21 is out of range; allowed: 0 to 20",
         ),
         ({"model": "a", "messages": [{"role": "user", "content": None}]}, "content"),
         (
@@ -186,6 +199,25 @@ def test_chat_assistant_content_null_reads_as_empty():
     ]
     req = parse_body(ChatCompletionRequest, {"model": "a", "messages": messages})
     assert [m["content"] for m in req.chat_dicts()] == ["hi", "", "again"]
+
+
+@pytest.mark.parametrize("k", [0, 1, 20])
+def test_top_logprobs_map_to_sampling_params(k):
+    msgs = [{"role": "user", "content": "x"}]
+    chat = parse_body(
+        ChatCompletionRequest,
+        {"model": "a", "messages": msgs, "logprobs": True, "top_logprobs": k},
+    )
+    assert (chat.to_sampling_params().logprobs, chat.to_sampling_params().top_logprobs) == (True, k)
+    comp = parse_body(CompletionRequest, {"model": "a", "prompt": "x", "logprobs": k})
+    assert (comp.to_sampling_params().logprobs, comp.to_sampling_params().top_logprobs) == (True, k)
+
+
+def test_chat_top_logprobs_need_logprobs():
+    body = {"model": "a", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}
+    req = parse_body(ChatCompletionRequest, body)
+    with pytest.raises(InvalidRequest, match="top_logprobs=2 needs logprobs"):
+        req.to_sampling_params()
 
 
 def test_load_adapter_body_is_vllm_compatible():
