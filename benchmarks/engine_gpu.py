@@ -59,6 +59,16 @@ SMOKE = {
 DEVICE = torch.device("cuda")
 PROFILE = False
 GRAPHS = True
+# --sampling: the requests' sampling fields (greedy by default, as the recorded runs)
+SAMPLINGS = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=0.8, top_p=0.95)}
+SAMPLING = SAMPLINGS["greedy"]
+
+
+def _tokens(logits, params, generators) -> list[int]:
+    return sample(logits, params, generators).tokens
+
+
+SAMPLER = _tokens
 
 
 class PreloadedSlots:
@@ -138,7 +148,7 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         )
     runner = ModelRunner(model, kv, bs, ctx, graphs)
     sched = Scheduler(BlockManager(blocks, bs, False), PreloadedSlots(num_adapters), num_seqs, 8192)
-    params = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=10**6, ignore_eos=True, **SAMPLING)
     g = torch.Generator().manual_seed(0)
     for i in range(num_seqs):
         ref = AdapterRef(str(i % num_adapters), 1, "0" * 64, "", 16) if num_adapters else None
@@ -150,9 +160,9 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         batch = runner.prepare(out.scheduled)
         logits = runner.execute(batch)
         sched.after_step(out)
-        toks = sample(
+        toks = SAMPLER(
             logits, [s.params for s in batch.sample_seqs], [None] * len(batch.sample_seqs)
-        ).tokens
+        )
         for s, t in zip(batch.sample_seqs, toks, strict=True):
             s.tokens.append(t)
         return out
@@ -215,7 +225,17 @@ def main() -> None:
     ap.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)"
     )
+    ap.add_argument("--sampling", choices=sorted(SAMPLINGS), default="greedy",
+                    help="top_p: temperature 0.8, top_p 0.95")  # fmt: skip
+    ap.add_argument("--per-row-sampler", action="store_true",
+                    help="the sampler before 2026-12-04 (a loop over rows), for comparison")  # fmt: skip
     args = ap.parse_args()
+    global SAMPLING, SAMPLER
+    SAMPLING = SAMPLINGS[args.sampling]
+    if args.per_row_sampler:
+        from sampler_gpu import per_row_baseline
+
+        SAMPLER = per_row_baseline
     if args.fused:
         from kernels.triton import lora_fused
 
@@ -284,6 +304,7 @@ def main() -> None:
                     "steps": args.steps,
                     "rounds": args.repeat,
                     "cuda_graphs": GRAPHS,
+                    "sampling": {**SAMPLING, "sampler": SAMPLER.__name__},
                     "results": rows,
                 },
                 indent=2,

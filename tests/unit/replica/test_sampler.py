@@ -3,7 +3,7 @@ import torch
 
 from lora_core.errors import InvalidRequest
 from replica.detokenizer import _holdback
-from replica.sampler import _filter_top_k_top_p, sample
+from replica.sampler import sample
 from replica.sampling_params import SamplingParams
 
 
@@ -53,15 +53,84 @@ def test_seeded_sampling_reproducible_and_batch_invariant():
     assert again == together
 
 
+def _kept_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The oracle: float64 [V] probabilities a row is sampled from, written the obvious
+    way (temperature, then top-k, then the smallest top-p prefix of the renormalised
+    rest, most likely first)."""
+    probs = torch.softmax(logits.double() / p.temperature, -1)
+    order = probs.argsort(descending=True, stable=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    k = p.top_k or len(probs)
+    keep[order[:k]] = True
+    kept = torch.where(keep, probs, 0.0)
+    kept = kept / kept.sum()
+    mass = 0.0
+    for t in order[:k].tolist():
+        if mass >= p.top_p:
+            keep[t] = False
+        mass += kept[t].item()
+    out = torch.where(keep, probs, 0.0)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=1.3, top_k=3),
+        SamplingParams(temperature=0.8, top_p=0.7),
+        SamplingParams(temperature=1.0, top_k=5, top_p=0.6),
+    ],
+    ids=["t1", "t0.5", "topk3", "topp0.7", "topk5-topp0.6"],
+)
+def test_draws_follow_the_kept_distribution(params):
+    torch.manual_seed(0)
+    logits = torch.randn(12) * 1.5
+    n = 40_000  # rows of one call: one batch, one draw per row
+    tokens = sample(logits.expand(n, -1).contiguous(), [params] * n, [None] * n).tokens
+    freq = torch.bincount(torch.tensor(tokens), minlength=12).double() / n
+    want = _kept_distribution(logits, params)
+    assert torch.all(freq[want == 0] == 0), (freq, want)
+    sigma = (want * (1 - want) / n).sqrt()
+    assert torch.all((freq - want).abs() <= 5 * sigma + 1e-12), (freq, want)
+
+
+def test_mixed_rows_each_follow_their_own_distribution():
+    torch.manual_seed(1)
+    logits = torch.randn(10) * 1.5
+    kinds = [
+        SamplingParams(temperature=1.0, top_k=2),
+        SamplingParams(temperature=1.0, top_k=6),
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=0.0),
+    ]
+    n = 20_000
+    params = [kinds[i % len(kinds)] for i in range(n * len(kinds))]
+    tokens = torch.tensor(sample(logits.expand(len(params), -1).contiguous(), params,
+                                 [None] * len(params)).tokens)  # fmt: skip
+    for j, p in enumerate(kinds):
+        freq = torch.bincount(tokens[j :: len(kinds)], minlength=10).double() / n
+        if p.greedy:
+            assert freq[logits.argmax()] == 1.0
+            continue
+        want = _kept_distribution(logits, p)
+        assert torch.all(freq[want == 0] == 0), (p, freq, want)
+        sigma = (want * (1 - want) / n).sqrt()
+        assert torch.all((freq - want).abs() <= 5 * sigma + 1e-12), (p, freq, want)
+
+
 def test_top_k_and_top_p_filtering():
-    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
-    assert torch.isinf(_filter_top_k_top_p(logits, 2, 1.0)).tolist() == [False, False, True, True]
-    probs = torch.softmax(logits, -1)  # ~[0.64, 0.24, 0.09, 0.03]
-    kept = ~torch.isinf(_filter_top_k_top_p(logits, 0, 0.8))
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])  # probs ~[0.64, 0.24, 0.09, 0.03]
+    kept = _kept_distribution(logits, SamplingParams(temperature=1.0, top_k=2)) > 0
     assert kept.tolist() == [True, True, False, False]
-    assert probs[0] < 0.8
-    only_first = ~torch.isinf(_filter_top_k_top_p(logits, 0, 0.5))
-    assert only_first.tolist() == [True, False, False, False]
+    kept = _kept_distribution(logits, SamplingParams(temperature=1.0, top_p=0.8)) > 0
+    assert kept.tolist() == [True, True, False, False]
+    kept = _kept_distribution(logits, SamplingParams(temperature=1.0, top_p=0.5)) > 0
+    assert kept.tolist() == [True, False, False, False]
+    for p in [SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, top_p=0.8)]:
+        picks = {sample(logits[None], [p], [_gen(s)]).tokens[0] for s in range(60)}
+        assert picks == {0, 1}
 
 
 def test_sampling_never_picks_filtered_tokens():
