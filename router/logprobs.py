@@ -2,7 +2,9 @@
 
 A token's `raw` bytes are what it contributes to the text, not the UTF-8 of its decoded
 string: a byte-level BPE token holding half of a multi-byte character decodes alone to
-U+FFFD, yet its raw bytes joined with its neighbours' rebuild the text exactly.
+U+FFFD, yet its raw bytes joined with its neighbours' rebuild the text exactly. Such a
+token's string is spelled "bytes:\\xNN..." (OpenAI's convention), so distinct pieces
+never share a string (as keys of completions' top_logprobs they would overwrite each other).
 
 A token's text offset is the character index in the response text where its
 contribution starts: the number of characters completed by the tokens before it,
@@ -44,7 +46,7 @@ _BYTE_DECODER = _byte_decoder()
 class TokenInfo:
     """One vocabulary entry as responses show it.
 
-    text: the token decoded alone (lossy: part of a multi-byte character is U+FFFD).
+    text: the token decoded alone; "bytes:\\xNN..." when its raw bytes are not UTF-8 alone.
     raw: the bytes it contributes to the text.
     in_text: False for special tokens, which the response text leaves out.
     """
@@ -81,7 +83,12 @@ class TokenTable:
         if not self._byte_level:
             return TokenInfo(text, text.encode(), True)
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        return TokenInfo(text, bytes(_BYTE_DECODER[c] for c in piece), True)
+        raw = bytes(_BYTE_DECODER[c] for c in piece)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return TokenInfo(text, raw, True)
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,13 @@ def _completion_logprobs(piece: Piece) -> dict[str, Any]:
 def _top_dict(entry: TokenLogprob) -> dict[str, float]:
     """OpenAI legacy semantics: the k most likely tokens plus the sampled one (<= k + 1).
 
-    Tokens whose strings coincide (e.g. several U+FFFD) share a key: the likeliest keeps it.
+    Token strings are distinct but for tokens that spell the same text; such a key keeps
+    the likeliest, and the sampled token's key always holds its own logprob.
     """
     top: dict[str, float] = {}
-    for c in (*entry.top, entry.sampled):
+    for c in entry.top:
         top.setdefault(c.token, c.logprob)
+    top[entry.sampled.token] = entry.sampled.logprob
     return top
 
 

@@ -112,7 +112,7 @@ def test_streamed_equals_non_streamed(cluster):
 def _assert_offsets_match(text: str, tokens: list[str], offsets: list[int]) -> None:
     assert offsets == sorted(offsets) and len(offsets) == len(tokens)
     for tok, off in zip(tokens, offsets, strict=True):
-        if "\ufffd" not in tok:
+        if "\ufffd" not in tok and not tok.startswith("bytes:"):
             assert text[off:].startswith(tok), (tok, off, text)
 
 
@@ -123,8 +123,8 @@ def test_logprobs_cover_every_sampled_token(cluster):
     assert all(x <= 0.0 for x in lp.token_logprobs)
     _assert_offsets_match(text, lp.tokens, lp.text_offset)
     for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
-        # Greedy: the sampled token leads the 3 most likely (strings may coincide).
-        assert top[tok] == x == max(top.values()) and len(top) <= 3
+        # Greedy: the sampled token leads the 3 most likely, each its own key.
+        assert top[tok] == x == max(top.values()) and len(top) == 3
     stream = client(cluster).completions.create(
         model="demo-poet",
         prompt=PROMPT,

@@ -50,7 +50,13 @@ def test_raw_bytes_rebuild_the_text(tokenizer, text):
     infos = [table[t] for t in tokenizer(text).input_ids]
     assert b"".join(i.raw for i in infos) == text.encode()
     assert all(i.in_text for i in infos)
-    assert any(i.text == "\ufffd" for i in infos) == (not text.isascii())
+    # pieces of a split character are spelled by their bytes, whole characters as text
+    for i in infos:
+        try:
+            assert i.text == i.raw.decode("utf-8")
+        except UnicodeDecodeError:
+            assert i.text == "bytes:" + "".join(f"\\x{b:02x}" for b in i.raw)
+    assert any(i.text.startswith("bytes:") for i in infos) == (not text.isascii())
 
 
 def test_special_tokens_are_left_out_of_the_text(tokenizer):
@@ -160,8 +166,8 @@ def test_completion_logprobs_with_top_alternatives(tokenizer, stream):
     text = "".join(c["text"] for c in choices)
     lps = {k: [x for c in choices for x in c["logprobs"][k]] for k in choices[0]["logprobs"]}
     ids = tokenizer(TEXTS[0]).input_ids
-    tokens = [tokenizer.decode([t]) for t in ids]
-    assert text == TEXTS[0]
+    tokens = ["f", "bytes:\\xef", "bytes:\\x81", "bytes:\\x83", " memory"]
+    assert len(ids) == len(tokens) and text == TEXTS[0]
     assert lps["tokens"] == tokens and lps["token_logprobs"] == [-0.25] * len(ids)
     assert lps["text_offset"] == [0, 1, 1, 1, 2]
     # OpenAI legacy semantics: the k most likely tokens plus the sampled one.
@@ -181,16 +187,24 @@ def test_chat_logprobs_carry_raw_bytes_and_top_alternatives(tokenizer, stream):
     assert bytes(b for c in content for b in c["bytes"]) == TEXTS[0].encode()
     assert [c["bytes"] for c in content] == [[0x66], [0xEF], [0x81], [0x83], list(b" memory")]
     assert [(c["token"], c["logprob"]) for c in content] == [
-        (tokenizer.decode([t]), -0.25) for t in ids
+        (t, -0.25) for t in ["f", "bytes:\\xef", "bytes:\\x81", "bytes:\\x83", " memory"]
     ]
+    assert len(ids) == len(content)
     top = [{"token": "a", "logprob": -0.5, "bytes": [0x61]}]
     assert all(c["top_logprobs"] == top for c in content)
 
 
-def test_coinciding_token_strings_keep_the_likeliest_logprob():
-    def fffd(lp):
-        return Candidate("\ufffd", b"\xef", lp)
+def test_top_logprobs_keys_keep_the_sampled_tokens_own_logprob():
+    def piece(raw, lp):
+        return Candidate("bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw, lp)
 
-    entry = TokenLogprob(fffd(-3.0), 0, (fffd(-1.0), Candidate("a", b"a", -2.0), fffd(-2.5)))
+    alts = (piece(b"\xef", -1.0), Candidate("a", b"a", -2.0), piece(b"\xe6", -2.5))
+    entry = TokenLogprob(piece(b"\x81", -3.0), 0, alts)
     body = completion_body("id", BASE, Piece("", [entry]), None, True)
-    assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"\ufffd": -1.0, "a": -2.0}]
+    assert body["choices"][0]["logprobs"]["top_logprobs"] == [
+        {"bytes:\\xef": -1.0, "a": -2.0, "bytes:\\xe6": -2.5, "bytes:\\x81": -3.0}
+    ]
+    # two tokens spelling the same text share a key; the sampled one keeps its own value
+    same = TokenLogprob(Candidate("x", b"x", -3.0), 0, (Candidate("x", b"x", -1.0),))
+    body = completion_body("id", BASE, Piece("", [same]), None, True)
+    assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"x": -3.0}]
