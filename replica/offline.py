@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lora_core.errors import AdapterNotFound, InvalidRequest
+from lora_core.errors import InvalidRequest, LoraFleetError
 from lora_core.identity import AdapterRef
 from lora_core.validate import validate_adapter_dir
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
-from replica.offline_cli import SAMPLING_FIELDS
+from replica.offline_cli import SAMPLING_FIELDS, InputLine
+from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams
 
 
@@ -69,42 +70,82 @@ class OfflineJob:
         }
         return cls(engine, refs, defaults)
 
-    def _params(self, row: dict, line: int) -> SamplingParams:
+    def _params(self, row: dict) -> SamplingParams:
         fields = {**self.defaults, **{k: row[k] for k in SAMPLING_FIELDS if k in row}}
         if isinstance(fields.get("stop"), list):
             fields["stop"] = tuple(fields["stop"])
-        try:
-            return SamplingParams(**fields)
-        except (InvalidRequest, TypeError) as e:
-            raise InvalidRequest(f"line {line}: {e}") from e
+        if isinstance(fields.get("stop_token_ids"), list):
+            fields["stop_token_ids"] = tuple(fields["stop_token_ids"])
+        return SamplingParams(**fields)
 
-    def run(self, rows: list[dict], progress: bool = True) -> list[dict]:
-        """Queue every row, step until all finish; returns rows + token_ids/text/finish_reason."""
-        results: list[dict] = [dict(r) for r in rows]
-        for i, row in enumerate(rows):
-            name = row.get("adapter")
-            if name is not None and name not in self.adapters:
-                raise AdapterNotFound(name)
-            ids = self.engine.tokenizer(row["prompt"]).input_ids
-            self.engine.add_request(
-                str(i), ids, self._params(row, i + 1), self.adapters.get(name) if name else None
+    def _add(self, rid: str, row: dict) -> SamplingParams:
+        """Queue one line's request (raises before queueing if it is refused)."""
+        name = row.get("adapter")
+        if name is not None and name not in self.adapters:
+            names = ", ".join(sorted(self.adapters))
+            allowed = f"null or one of {names}" if names else "null (no --adapter given)"
+            raise InvalidRequest(f"adapter {name!r} not found; allowed: {allowed}")
+        params = self._params(row)
+        self.engine.add_request(
+            rid, self._prompt_ids(row["prompt"]), params, self.adapters.get(name) if name else None
+        )
+        return params
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.engine.tokenizer(prompt).input_ids
+        vocab = self.engine.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(
+                f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {vocab}"
             )
-            results[i].update(token_ids=[], text="", finish_reason=None)
-        bar = _progress(len(rows), progress)
+        return prompt
+
+    def run(self, lines: list[InputLine], progress: bool = True) -> list[dict]:
+        """Queue every line, step until all finish -> one output row per line, in order:
+        the line's fields (less its logprobs flags) + token_ids, text, finish_reason and,
+        when asked for, logprobs / top_logprobs (see README)."""
+        results: list[dict] = []
+        for i, line in enumerate(lines):
+            try:
+                params = self._add(str(i), line.fields)
+            except LoraFleetError as e:
+                raise InvalidRequest(f"line {line.number}: {e}") from e
+            results.append(_result_row(line.fields, params))
+        bar = _progress(len(lines), progress)
         while self.engine.has_unfinished():
             for out in self.engine.step():
-                res = results[int(out.request_id)]
-                res["token_ids"].extend(out.new_token_ids)
-                res["text"] += out.new_text
-                if out.new_logprobs:
-                    res.setdefault("logprobs", []).extend(out.new_logprobs)
-                if out.error is not None:
-                    res["error"] = str(out.error)
+                self._collect(results[int(out.request_id)], out)
                 if out.finished:
-                    res["finish_reason"] = out.finish_reason
                     bar.update(1)
         bar.close()
         return results
+
+    def _collect(self, res: dict, out: RequestOutput) -> None:
+        res["token_ids"].extend(out.new_token_ids)
+        res["text"] += out.new_text
+        if "logprobs" in res:
+            res["logprobs"].extend(out.new_logprobs)
+        if "top_logprobs" in res:
+            res["top_logprobs"].extend(self._top(pos) for pos in out.new_top_logprobs)
+        if out.error is not None:
+            res["error"] = str(out.error)
+        res["finish_reason"] = out.finish_reason
+
+    def _top(self, pos: TopLogprobs) -> list[dict]:
+        decode = self.engine.tokenizer.decode
+        return [{"token_id": t, "token": decode([t]), "logprob": lp} for t, lp in pos]
+
+
+def _result_row(row: dict, params: SamplingParams) -> dict:
+    res = {k: v for k, v in row.items() if k not in ("logprobs", "top_logprobs")}
+    res.update(token_ids=[], text="", finish_reason=None)
+    if params.logprobs:
+        res["logprobs"] = []
+    if params.top_logprobs:
+        res["top_logprobs"] = []
+    return res
 
 
 def _progress(total: int, enabled: bool):

@@ -1,33 +1,69 @@
 """`lorafleet generate`: offline batch inference through one engine.
 
 Every input line goes through the same engine in shared mixed batches; outputs are
-written in input order. Bad input exits 1 with a one-line message.
+written in input order. Bad input exits 1 with a one-line message naming the line, before
+the model loads where it can; the output file appears only when every line succeeded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from lora_core.errors import LoraFleetError
 from replica.config import DTYPES
 
-# Fields a JSONL line may carry; "id", "metadata" and keys starting with "_" are
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _is_str_list(x: object) -> bool:
+    return isinstance(x, list) and all(isinstance(s, str) for s in x)
+
+
+def _is_int_list(x: object) -> bool:
+    return isinstance(x, list) and all(_is_int(t) for t in x)
+
+
+# The JSON type each field must have (ranges are SamplingParams' and the engine's to check):
+# field -> (check, what is allowed). "id", "metadata" and keys starting with "_" are
 # passed through to the output untouched.
-SAMPLING_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "logprobs",
-)
-LINE_FIELDS = frozenset(("prompt", "adapter", "id", "metadata", *SAMPLING_FIELDS))
+FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "prompt": (lambda x: isinstance(x, str) or _is_int_list(x), "a string or a list of token ids"),
+    "adapter": (lambda x: x is None or isinstance(x, str), "null or an adapter name"),
+    "max_tokens": (_is_int, "an integer >= 1"),
+    "temperature": (_is_number, "a number 0 <= temperature <= 2"),
+    "top_p": (_is_number, "a number 0 < top_p <= 1"),
+    "top_k": (_is_int, "an integer >= 0 (0 = off)"),
+    "seed": (lambda x: x is None or _is_int(x), "null or an integer"),
+    "stop": (lambda x: isinstance(x, str) or _is_str_list(x), "a string or a list of strings"),
+    "stop_token_ids": (_is_int_list, "a list of token ids"),
+    "ignore_eos": (lambda x: isinstance(x, bool), "true or false"),
+    "logprobs": (lambda x: isinstance(x, bool), "true or false"),
+    "top_logprobs": (_is_int, "an integer 0 <= top_logprobs <= 20 (needs logprobs)"),
+}
+SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))
+LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))
+# Output keys holding results; a request's own `logprobs` / `top_logprobs` are not echoed.
+RESULT_FIELDS = ("token_ids", "text", "finish_reason", "logprobs", "top_logprobs")
+
+
+@dataclass(frozen=True)
+class InputLine:
+    """One JSONL request. number: its 1-based line in the input file (for errors)."""
+
+    number: int
+    fields: dict
 
 
 def register_generate(sub: argparse._SubParsersAction) -> None:
@@ -40,21 +76,47 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=PATH",
         help="a PEFT LoRA adapter (repeatable)",
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-loras", type=int, default=4)
-    p.add_argument("--max-cpu-loras", type=int, default=8)
-    p.add_argument("--max-lora-rank", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="weights dtype (default %(default)s)"
+    )
+    p.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:N or auto (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-loras", type=int, default=4, help="GPU adapter slots (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-cpu-loras", type=int, default=8, help="adapters cached in CPU (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-lora-rank", type=int, default=64, help="largest rank (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=32, help="per-line default (default %(default)s)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="per-line default; 0 = greedy (default %(default)s)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="per-line default (default %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=None, help="per-line default (default %(default)s)")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=64, help="sequences per batch (default %(default)s)"
+    )
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument(
         "--input", required=True, type=Path, help="JSONL: {prompt, adapter, ...sampling fields}"
     )
-    p.add_argument("--output", required=True, type=Path)
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="JSONL results in input order (written at the end)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_generate)
 
@@ -63,35 +125,64 @@ def run_generate(args: argparse.Namespace) -> int:
     from replica.offline import OfflineJob, parse_adapter_args  # lazy: torch is slow to import
 
     try:
+        _check_writable(args.output)
         adapters = parse_adapter_args(args.adapter)
         lines = _read_lines(args.input)
         job = OfflineJob.from_args(args, adapters)
         results = job.run(lines, progress=not args.quiet)
+        _write_atomically(args.output, results)
     except (LoraFleetError, ValueError, OSError) as e:
         print(f"lorafleet generate: {e}", file=sys.stderr)
         return 1
-    with args.output.open("w") as f:
-        for row in results:
-            f.write(json.dumps(row) + "\n")
     return 0
 
 
-def _read_lines(path: Path) -> list[dict]:
-    rows = []
+def _check_writable(path: Path) -> None:
+    parent = path.parent
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a directory; allowed: a file path")
+    if not parent.is_dir():
+        raise ValueError(f"--output {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {path}: directory {parent} is not writable")
+
+
+def _write_atomically(path: Path, rows: list[dict]) -> None:
+    """Write beside path, then rename: a failure never leaves a half-written output."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    f = tmp.open("x")
+    try:
+        with f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_lines(path: Path) -> list[InputLine]:
+    lines = []
     with path.open() as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from e
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise ValueError(f'{path}:{i}: each line must be an object with a string "prompt"')
-            unknown = sorted(k for k in row if k not in LINE_FIELDS and not k.startswith("_"))
-            if unknown:
-                raise ValueError(
-                    f"{path}:{i}: unknown field(s) {unknown}; allowed: {', '.join(sorted(LINE_FIELDS))}"
-                )
-            rows.append(row)
-    return rows
+        for i, text in enumerate(f, 1):
+            if text.strip():
+                lines.append(InputLine(i, _parse_line(text, i)))
+    return lines
+
+
+def _parse_line(text: str, i: int) -> dict:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"line {i}: not JSON ({e.msg})") from e
+    if not isinstance(row, dict) or "prompt" not in row:
+        raise ValueError(f'line {i}: each line must be an object with a "prompt"')
+    unknown = sorted(k for k in row if k not in LINE_FIELDS and not k.startswith("_"))
+    if unknown:
+        raise ValueError(
+            f"line {i}: unknown field(s) {unknown}; allowed: {', '.join(sorted(LINE_FIELDS))}"
+        )
+    for name, (check, allowed) in FIELD_TYPES.items():
+        if name in row and not check(row[name]):
+            raise ValueError(f"line {i}: {name}={row[name]!r}; allowed: {allowed}")
+    return row

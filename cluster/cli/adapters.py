@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_verb(
         verbs, "register", _register, "validate and register a PEFT adapter directory", listing=True
     )
-    p.add_argument("name")
-    p.add_argument("path")
+    p.add_argument("name", help="adapter name (what clients put in `model`)")
+    p.add_argument("path", help="PEFT adapter directory (adapter_config.json + weights)")
     p.add_argument(
         "--base-model",
         default=None,

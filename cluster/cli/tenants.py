@@ -23,14 +23,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_verb(
         verbs, "revoke-key", _revoke_key, "revoke an API key (or --all) at once", listing=False
     )
-    p.add_argument("name")
+    p.usage = "%(prog)s [options] name (key_id | --all)"
+    p.add_argument("name", help="tenant name")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("key_id", nargs="?", help="id from `tenants keys` (or a unique prefix)")
-    which.add_argument("--all", action="store_true", help="revoke every key of the tenant")
+    which.add_argument("--all", action=_AllKeys, help="revoke every key of the tenant")
     for verb, handler in (("grant", _grant), ("revoke", _revoke)):
         p = add_verb(verbs, verb, handler, f"{verb} a tenant's access to an adapter", listing=False)
         p.add_argument("name")
         p.add_argument("adapter")
+
+
+class _AllKeys(argparse.Action):
+    """`--all`. It takes an optional value only to catch `--all KEY_ID`, which argparse
+    (3.11) would report as "unrecognized arguments", and say what is wrong instead."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str):
+        super().__init__(
+            option_strings, dest, nargs="?", const=True, default=False, metavar="", help=help
+        )
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        if value is not True:
+            parser.error("give a KEY_ID or --all, not both")
+        setattr(namespace, self.dest, True)
 
 
 def _create(reg: Registry, args: argparse.Namespace) -> int:

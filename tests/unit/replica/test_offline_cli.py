@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from deploy.cli import build_parser
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.offline import adapter_ref
+from replica.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,22 +74,6 @@ def _one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
         assert n in lines[0], lines[0]
 
 
-def test_unknown_adapter_name(tmp_path, llama_dir, llama_adapters):
-    inp = _write(tmp_path / "in.jsonl", [{"prompt": "hi", "adapter": "nope"}])
-    res = _cli(
-        "generate",
-        "--model",
-        str(llama_dir),
-        "--adapter",
-        f"qv8={llama_adapters['qv8']}",
-        "--input",
-        str(inp),
-        "--output",
-        str(tmp_path / "o"),
-    )
-    _one_line_error(res, "adapter 'nope' not found")
-
-
 def test_invalid_adapter_and_unreadable_model(tmp_path, llama_dir):
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -112,3 +105,142 @@ def test_invalid_adapter_and_unreadable_model(tmp_path, llama_dir):
 
 def test_usage_error_exits_2(tmp_path):
     assert _cli("generate", "--input", "x").returncode == 2
+
+
+def _generate(tmp_path: Path, model: Path, adapter: Path, rows: list[dict], *extra: str):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    res = _cli(
+        "generate", "--model", str(model), "--adapter", f"qv8={adapter}", "--device", "cpu",
+        "--input", str(inp), "--output", str(out), "--quiet", *extra,
+    )  # fmt: skip
+    return res, out
+
+
+MIXED = [
+    {"prompt": "hello world", "adapter": "qv8", "max_tokens": 4, "logprobs": True, "top_logprobs": 3},
+    {"prompt": "the cat sat", "max_tokens": 3},
+    {"prompt": [5, 6, 7], "max_tokens": 3, "logprobs": True, "id": "ids"},
+    {"prompt": "hello world", "adapter": "qv8", "max_tokens": 4, "logprobs": False},
+    {"prompt": [9], "adapter": "qv8", "max_tokens": 2, "logprobs": True, "top_logprobs": 20},
+]  # fmt: skip
+
+
+def _engine_reference(llama_dir: Path, adapter: Path, rows: list[dict]) -> dict[str, dict]:
+    """The same requests, in the same order, straight through an LLMEngine (greedy)."""
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu"))
+    ref = adapter_ref("qv8", adapter, max_rank=64)
+    for i, r in enumerate(rows):
+        ids = (
+            r["prompt"]
+            if isinstance(r["prompt"], list)
+            else engine.tokenizer(r["prompt"]).input_ids
+        )
+        params = SamplingParams(
+            max_tokens=r["max_tokens"],
+            temperature=0.0,
+            logprobs=r.get("logprobs", False),
+            top_logprobs=r.get("top_logprobs", 0),
+        )
+        engine.add_request(str(i), ids, params, ref if r.get("adapter") else None)
+    got = {str(i): {"token_ids": [], "logprobs": [], "top": []} for i in range(len(rows))}
+    while engine.has_unfinished():
+        for o in engine.step():
+            got[o.request_id]["token_ids"] += o.new_token_ids
+            got[o.request_id]["logprobs"] += o.new_logprobs
+            got[o.request_id]["top"] += [
+                [
+                    {"token_id": t, "token": engine.tokenizer.decode([t]), "logprob": lp}
+                    for t, lp in pos
+                ]
+                for pos in o.new_top_logprobs
+            ]
+    return got
+
+
+def test_logprobs_and_top_logprobs_equal_the_engine(tmp_path, llama_dir, llama_adapters):
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], MIXED)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    want = _engine_reference(llama_dir, llama_adapters["qv8"], MIXED)
+    for i, (row, g) in enumerate(zip(MIXED, got, strict=True)):
+        w = want[str(i)]
+        echoed = {k: v for k, v in row.items() if k not in ("logprobs", "top_logprobs")}
+        assert {k: g[k] for k in echoed} == echoed
+        assert g["token_ids"] == w["token_ids"] and len(w["token_ids"]) == row["max_tokens"]
+        if row.get("logprobs"):
+            assert g["logprobs"] == pytest.approx(w["logprobs"], abs=1e-5)
+            assert len(g["logprobs"]) == row["max_tokens"]
+        else:
+            assert "logprobs" not in g
+        k = row.get("top_logprobs", 0)
+        if k:
+            assert [len(pos) for pos in g["top_logprobs"]] == [k] * row["max_tokens"]
+            assert [[e["token_id"] for e in pos] for pos in g["top_logprobs"]] == [
+                [e["token_id"] for e in pos] for pos in w["top"]
+            ]
+            assert [[e["token"] for e in pos] for pos in g["top_logprobs"]] == [
+                [e["token"] for e in pos] for pos in w["top"]
+            ]
+            flat = [e["logprob"] for pos in g["top_logprobs"] for e in pos]
+            assert flat == pytest.approx([e["logprob"] for pos in w["top"] for e in pos], abs=1e-5)
+            # greedy: the sampled token is the most likely one
+            assert [pos[0]["token_id"] for pos in g["top_logprobs"]] == g["token_ids"]
+        else:
+            assert "top_logprobs" not in g
+
+
+OK = {"prompt": "hi", "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "rows,message",
+    [
+        ([{"prompt": "a", "temperature": "0.5"}],
+         "line 1: temperature='0.5'; allowed: a number 0 <= temperature <= 2"),
+        ([OK, {"prompt": "a", "max_tokens": True}], "line 2: max_tokens=True; allowed: an integer >= 1"),
+        ([OK, {"prompt": "a", "max_tokens": "3"}], "line 2: max_tokens='3'; allowed: an integer >= 1"),
+        ([{"prompt": "a", "seed": 1.5}], "line 1: seed=1.5; allowed: null or an integer"),
+        ([{"prompt": "a", "logprobs": 1}], "line 1: logprobs=1; allowed: true or false"),
+        ([{"prompt": "a", "logprobs": True, "top_logprobs": "2"}],
+         "line 1: top_logprobs='2'; allowed: an integer 0 <= top_logprobs <= 20 (needs logprobs)"),
+        ([{"prompt": "a", "logprobs": True, "top_logprobs": 21}],
+         "line 1: top_logprobs=21; allowed: an integer 0 <= top_logprobs <= 20"),
+        ([{"prompt": "a", "top_logprobs": 2}], "line 1: top_logprobs=2 needs logprobs"),
+        ([{"prompt": [5, True]}], "line 1: prompt=[5, True]; allowed: a string or a list of token ids"),
+        ([{"prompt": 5}], "line 1: prompt=5; allowed: a string or a list of token ids"),
+        ([OK, "\n", {"prompt": "a", "adapter": "nope"}],
+         "line 3: adapter 'nope' not found; allowed: null or one of qv8"),
+        ([OK, {"prompt": ""}], "line 2: prompt is empty; allowed: at least one token"),
+        ([{"prompt": [5, 99999]}], "line 1: prompt: token id 99999 out of range; allowed: 0 <= id < "),
+        ([{"prompt": "a", "max_tokens": 100000}], "line 1: prompt (1 tokens) + max_tokens (100000)"),
+        (["not json\n"], "line 1: not JSON"),
+        ([{"text": "a"}], 'line 1: each line must be an object with a "prompt"'),
+    ],
+)  # fmt: skip
+def test_bad_line_exits_1_naming_the_line(tmp_path, llama_dir, llama_adapters, rows, message):
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], rows)
+    _one_line_error(res, "lorafleet generate: " + message)
+    assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_unwritable_output_fails_before_running(tmp_path, llama_dir, llama_adapters):
+    (tmp_path / "adir").mkdir()
+    for output, message in (
+        ("/nonexist/dir/o.jsonl", "--output /nonexist/dir/o.jsonl: directory /nonexist/dir does not exist"),
+        (str(tmp_path / "adir"), f"--output {tmp_path / 'adir'} is a directory; allowed: a file path"),
+    ):  # fmt: skip
+        res, _ = _generate(tmp_path, llama_dir, llama_adapters["qv8"], [OK], "--output", output)
+        _one_line_error(res, "lorafleet generate: " + message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.jsonl"]
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_generate_help_gives_every_option_help_and_default():
+    sub = build_parser()._subparsers._group_actions[0].choices["generate"]
+    for action in sub._actions:
+        assert action.help, action.dest
+        if action.default not in (None, False, [], argparse.SUPPRESS) and action.dest != "help":
+            assert "(default %(default)s)" in action.help, action.dest
