@@ -30,7 +30,15 @@ def _rebuild(cls: type[LoraFleetError], args: tuple, state: dict) -> LoraFleetEr
 
 
 class InvalidRequest(LoraFleetError):
-    """The request itself is malformed (bad field, value out of range)."""
+    """The request itself is malformed (bad field, value out of range).
+
+    param: the offending field (dotted path, e.g. "messages.0.content") when known; it
+    becomes the OpenAI error JSON's `param`.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class AdapterError(LoraFleetError):

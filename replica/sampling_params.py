@@ -56,25 +56,34 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1")
+            raise InvalidRequest(
+                f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1", "max_tokens"
+            )
         if not 0.0 <= float(self.temperature) <= MAX_TEMPERATURE:
             allowed = f"0 <= temperature <= {MAX_TEMPERATURE:g}"
-            raise InvalidRequest(f"temperature={self.temperature!r}; allowed: {allowed}")
+            raise InvalidRequest(
+                f"temperature={self.temperature!r}; allowed: {allowed}", "temperature"
+            )
         if not 0.0 < float(self.top_p) <= 1.0:
-            raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1")
+            raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1", "top_p")
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise InvalidRequest(f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)")
+            raise InvalidRequest(
+                f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)", "top_k"
+            )
         if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequest(
                 f"seed={self.seed!r}; allowed: null or an integer in {SEED_MIN} .. {SEED_MAX}"
-                " (signed 64-bit)"
+                " (signed 64-bit)",
+                "seed",
             )
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest("stop: allowed: a non-empty string or a list of non-empty strings")
+            raise InvalidRequest(
+                "stop: allowed: a non-empty string or a list of non-empty strings", "stop"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self._check_top_logprobs()
 
@@ -82,11 +91,13 @@ class SamplingParams:
         k = self.top_logprobs
         if not _is_int(k) or not 0 <= k <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(
-                f"top_logprobs={k!r}; allowed: an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}"
+                f"top_logprobs={k!r}; allowed: an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}",
+                "top_logprobs",
             )
         if k and not self.logprobs:
             raise InvalidRequest(
-                f"top_logprobs={k} needs logprobs; allowed: top_logprobs 0 without logprobs"
+                f"top_logprobs={k} needs logprobs; allowed: top_logprobs 0 without logprobs",
+                "top_logprobs",
             )
 
     @property

@@ -127,11 +127,12 @@ def public_message(exc: BaseException) -> str:
 def openai_error_body(exc: BaseException) -> dict[str, dict[str, str | None]]:
     """The OpenAI error JSON for `exc`: {"error": {"message", "type", "param", "code"}}."""
     status = status_for(exc)
-    return {
-        "error": {
-            "message": public_message(exc),
-            "type": status.openai_type,
-            "param": None,
-            "code": status.code,
-        }
-    }
+    param = exc.param if isinstance(exc, InvalidRequest) else None
+    return error_json(public_message(exc), status.openai_type, status.code, param)
+
+
+def error_json(
+    message: str, openai_type: str, code: str, param: str | None = None
+) -> dict[str, dict[str, str | None]]:
+    """The OpenAI error JSON: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": openai_type, "param": param, "code": code}}

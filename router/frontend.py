@@ -16,11 +16,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from lora_core.errors import (
     AdapterDraining,
     AdapterNotFound,
     AdapterVersionUnavailable,
     InvalidRequest,
+    LoraFleetError,
 )
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
@@ -70,10 +73,13 @@ class Frontend:
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise InvalidRequest(
-                    f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {self.vocab_size}"
+                    f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {self.vocab_size}",
+                    "prompt",
                 )
         if not ids:
-            raise InvalidRequest("prompt: empty; allowed: a non-empty string or token id list")
+            raise InvalidRequest(
+                "prompt: empty; allowed: a non-empty string or token id list", "prompt"
+            )
         return tuple(ids)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
@@ -81,9 +87,33 @@ class Frontend:
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False
             )
-        except Exception as e:  # a template may raise anything on odd input
-            raise InvalidRequest(f"messages: the chat template refused them ({e})") from None
+        except TemplateError as e:  # the template's own checks (e.g. roles must alternate)
+            raise InvalidRequest(
+                f"messages: the chat template refused them ({e})", "messages"
+            ) from None
+        except Exception as e:  # anything else is the tokenizer's internals: name the type only
+            why = type(e).__name__
+            raise InvalidRequest(
+                f"messages: the chat template refused them ({why})", "messages"
+            ) from None
         return tuple(int(t) for t in ids)
+
+    def room_after(self, prompt_ids: tuple[int, ...]) -> int:
+        """Output tokens the prompt leaves in the context (at least 1, so a prompt that
+        fills it is refused by `prepare`'s length check, naming both lengths)."""
+        return max(1, self.max_model_len - len(prompt_ids))
+
+    async def key_checked_first(self, api_key: str | None, exc: BaseException) -> BaseException:
+        """The error to answer for `exc`, raised before resolution: a user error (400)
+        waits for the key check, so a caller with a bad key learns only that (401), as on
+        the admin endpoints. Costs a registry round trip on this error path only."""
+        if not isinstance(unwrap(exc), InvalidRequest):
+            return exc
+        try:
+            await self.resolver.tenant(api_key)
+        except LoraFleetError as e:
+            return e
+        return exc
 
     async def prepare(
         self, api_key: str | None, model: str, prompt_ids: tuple[int, ...], params: SamplingParams
@@ -91,7 +121,8 @@ class Frontend:
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"the model's length; allowed: at most {self.max_model_len} in total"
+                f"the model's length; allowed: at most {self.max_model_len} in total",
+                "max_tokens",
             )
         resolved = await self.resolver.resolve(api_key, model)
         call = GenerateCall(

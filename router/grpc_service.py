@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import numpy as np
 from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
@@ -28,11 +29,17 @@ def grpc_api_key(context: RayServegRPCContext) -> str | None:
     return None
 
 
+def shortest(x: float) -> float:
+    """A proto float32 as the shortest decimal that is the same float32 (2.01, not
+    2.009999990463257), so values and messages match REST's."""
+    return float(str(np.float32(x)))
+
+
 def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
     return SamplingParams(
         max_tokens=req.max_tokens or 16,
-        temperature=req.temperature,
-        top_p=req.top_p or 1.0,
+        temperature=shortest(req.temperature),
+        top_p=shortest(req.top_p) or 1.0,
         seed=req.seed if req.HasField("seed") else None,
         stop=tuple(req.stop),
     )
@@ -64,7 +71,9 @@ class GrpcInferenceMixin:
         front, api_key = self.frontend, grpc_api_key(grpc_context)
         try:
             if not request.model:
-                raise InvalidRequest("model: required (an adapter name or the base model name)")
+                raise InvalidRequest(
+                    "model: required (an adapter name or the base model name)", "model"
+                )
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = front.encode_prompt(prompt)
             prepared = await front.prepare(api_key, request.model, ids, sampling_of(request))
@@ -75,7 +84,7 @@ class GrpcInferenceMixin:
                     finish_reason=out.finish_reason or "",
                 )
         except Exception as e:
-            raise _fail(grpc_context, e) from None
+            raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
 
     async def ListModels(  # noqa: N802 (gRPC method name)
         self, request: pb.ListModelsRequest, grpc_context: RayServegRPCContext

@@ -20,6 +20,7 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from lora_core.errors import CapacityExceeded, InvalidRequest
@@ -77,6 +78,12 @@ def _key(request: Request) -> str | None:
 # Helpers the routes use are defined above the class: Serve pickles the ingress
 # class by value when it is built, capturing the globals that exist at that point.
 app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _route_error(request: Request, exc: StarletteHTTPException) -> Response:
+    headers = dict(exc.headers or {})
+    return rest.route_error_response(request.method, request.url.path, exc.status_code, headers)
 
 
 @serve.deployment(name="Ingress")
@@ -151,7 +158,7 @@ class LoraIngress(GrpcInferenceMixin):
         try:
             req = parse_body(CompletionRequest, await request.body())
         except InvalidRequest as e:
-            return rest.error_response(e)
+            return await rest.refusal(self.frontend, _key(request), e)
         return await rest.completions(self.frontend, _key(request), req)
 
     @app.post("/v1/chat/completions")
@@ -159,7 +166,7 @@ class LoraIngress(GrpcInferenceMixin):
         try:
             req = parse_body(ChatCompletionRequest, await request.body())
         except InvalidRequest as e:
-            return rest.error_response(e)
+            return await rest.refusal(self.frontend, _key(request), e)
         return await rest.chat_completions(self.frontend, _key(request), req)
 
     @app.get("/v1/models")

@@ -1,15 +1,17 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, best_of > 1, echo, suffix) are refused with a message naming what
-is allowed. Types are strict: "2" is not an integer and "yes" is not a boolean. Ranges of
-the sampling fields are `SamplingParams`'s, shared with gRPC.
+(n > 1, best_of > 1, echo, suffix, logit_bias, presence/frequency penalties, chat's
+response_format and tools) are refused unless they hold their neutral value, with a
+message naming what is allowed. Strings must be Unicode text (no lone surrogates). Types
+are strict: "2" is not an integer and "yes" is not a boolean. Ranges of the sampling
+fields are `SamplingParams`'s, shared with gRPC.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -24,6 +26,7 @@ from pydantic import (
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from router.body_checks import TEXT_ALLOWED, invalid_text, is_text_format, only_neutral
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -41,6 +44,8 @@ def _top_count(k: int | None) -> int | None:
 
 TopCount = Annotated[int | None, AfterValidator(_top_count)]
 """How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
+Penalty = Annotated[float, only_neutral(lambda p: p == 0, "0 or null")]
+"""presence_penalty / frequency_penalty (OpenAI: -2..2): only 0, i.e. off."""
 
 
 class StreamOptions(BaseModel):
@@ -66,6 +71,9 @@ class _Sampling(BaseModel):
     """Only one choice per request."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
+    logit_bias: Annotated[dict[str, float], only_neutral(lambda b: not b, "{} or null")] = {}
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
 
     @model_validator(mode="before")
     @classmethod
@@ -167,11 +175,30 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: TopCount = None
     """k: the k most likely tokens at each position (needs logprobs: true)."""
+    response_format: Annotated[
+        dict[str, Any], only_neutral(is_text_format, '{"type": "text"} or null')
+    ] = {}
+    tools: Annotated[list[Any], only_neutral(lambda t: not t, "[] or null")] = []
+    tool_choice: str | dict[str, Any] = "none"
+    """Only "none" (or "auto" without tools): no tool calls."""
 
-    def to_sampling_params(self) -> SamplingParams:
+    @model_validator(mode="after")
+    def _no_tool_calls(self) -> ChatCompletionRequest:
+        if self.tool_choice == "none" or (self.tool_choice == "auto" and not self.tools):
+            return self
+        raise ValueError(
+            f'tool_choice: {self.tool_choice!r}; allowed: "none", null or "auto" without tools '
+            "(not supported)"
+        )
+
+    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """default_max_tokens: used when neither max_tokens field is given (as vLLM does,
+        the room the prompt leaves in the model's context)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         return self.sampling_params(
-            16 if max_tokens is None else max_tokens, self.logprobs, self.top_logprobs or 0
+            default_max_tokens if max_tokens is None else max_tokens,
+            self.logprobs,
+            self.top_logprobs or 0,
         )
 
     def chat_dicts(self) -> list[dict[str, str]]:
@@ -231,17 +258,30 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
             ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
+    bad = invalid_text(body)
+    if bad:
+        loc, problem = bad
+        raise InvalidRequest(f"{loc}: not valid Unicode text ({problem}); {TEXT_ALLOWED}", loc)
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise InvalidRequest(_describe(e)) from None
+        raise InvalidRequest(*_describe(e)) from None
 
 
-def _describe(e: ValidationError) -> str:
+def _describe(e: ValidationError) -> tuple[str, str | None]:
+    """(message, param): the first error, named by its field's dotted path."""
     first = e.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
     if first["type"] == "value_error":  # our validators' own text, without pydantic's prefix
         msg = str(first["ctx"]["error"])
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"
+    if loc:
+        return f"{loc}: {msg}{more}", loc
+    return f"{msg}{more}", _param_of(msg)
+
+
+def _param_of(msg: str) -> str | None:
+    """Model validators name their field first ("tool_choice: ..."); else None."""
+    field, sep, _ = msg.partition(":")
+    return field if sep and field.isidentifier() else None

@@ -8,12 +8,13 @@ one last SSE `data: {"error": ...}` event (the status line is already out).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from replica.outputs import RequestOutput
-from router.errors import openai_error_body, status_for, unwrap
+from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.frontend import Frontend, Prepared
 from router.logprobs import LogprobReader
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -35,6 +36,33 @@ def error_response(exc: BaseException) -> JSONResponse:
     if status.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(status.retry_after_s)))
     return JSONResponse(openai_error_body(exc), status_code=status.http, headers=headers)
+
+
+ROUTES = (
+    "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST "
+    "/v1/{load,unload,pin,unpin,warm}_lora_adapter"
+)
+
+
+def route_error_response(
+    method: str, path: str, http: int, headers: dict[str, str]
+) -> JSONResponse:
+    """The OpenAI error JSON for the router's own refusals (unknown route, wrong method)."""
+    if http == 405:
+        allowed = headers.get("Allow", "")
+        message = f"method {method} is not allowed on {path}; allowed: {allowed}"
+        body = error_json(message, "invalid_request_error", "method_not_allowed")
+    elif http == 404:
+        message = f"no route {method} {path}; allowed: {ROUTES}"
+        body = error_json(message, "invalid_request_error", "not_found")
+    else:
+        body = error_json(HTTPStatus(http).phrase, "invalid_request_error", f"http_{http}")
+    return JSONResponse(body, status_code=http, headers=headers)
+
+
+async def refusal(front: Frontend, api_key: str | None, exc: BaseException) -> JSONResponse:
+    """`error_response` for an error before the stream, the key checked first."""
+    return error_response(await front.key_checked_first(api_key, exc))
 
 
 def piece_of(out: RequestOutput, reader: LogprobReader | None) -> Piece:
@@ -81,7 +109,7 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         prepared = await front.prepare(api_key, req.model, ids, req.to_sampling_params())
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
-        return error_response(e)
+        return await refusal(front, api_key, e)
     rid, want_lp = prepared.call.request_id.replace("req-", "cmpl-"), req.logprobs is not None
     if not req.stream:
         try:
@@ -116,10 +144,11 @@ async def chat_completions(
 ) -> Response:
     try:
         ids = front.encode_chat(req.chat_dicts())
-        prepared = await front.prepare(api_key, req.model, ids, req.to_sampling_params())
+        params = req.to_sampling_params(front.room_after(ids))
+        prepared = await front.prepare(api_key, req.model, ids, params)
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
-        return error_response(e)
+        return await refusal(front, api_key, e)
     rid = prepared.call.request_id.replace("req-", "chatcmpl-")
     if not req.stream:
         try:

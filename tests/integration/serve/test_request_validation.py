@@ -69,6 +69,90 @@ def test_rest_user_errors_are_400_naming_the_field(cluster, body, message):
     err = r.json()["error"]
     assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_request")
     assert err["message"].startswith(message)
+    assert err["param"] == message.split(":")[0].split("=")[0]
+
+
+def post_raw(cluster, path: str, content: bytes, key="ops") -> httpx.Response:
+    token = cluster.keys.get(key, "lf-not-a-key")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return httpx.post(f"{cluster.http}{path}", content=content, headers=headers, timeout=60)
+
+
+LONE = b'"\\ud800"'  # the JSON escape of a lone surrogate
+CHAT = b'{"model":"demo-poet","max_tokens":2,"messages":[{"role":"user","content":%s}]}'
+
+
+@pytest.mark.parametrize(
+    "path, content, param",
+    [
+        ("/v1/completions", b'{"model":"demo-poet","prompt":%s,"max_tokens":2}' % LONE, "prompt"),
+        (
+            "/v1/completions",
+            b'{"model":"demo-poet","prompt":%s,"max_tokens":2,"stream":true}' % LONE,
+            "prompt",
+        ),
+        ("/v1/chat/completions", CHAT % LONE, "messages.0.content"),
+        ("/v1/completions", b'{"model":"demo-poet","prompt":"a","stop":[%s]}' % LONE, "stop.0"),
+    ],
+)
+def test_strings_that_are_not_unicode_text_are_400(cluster, path, content, param):
+    r = post_raw(cluster, path, content)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param
+    assert err["message"].startswith(f"{param}: not valid Unicode text (lone surrogate \\ud800")
+
+
+@pytest.mark.parametrize(
+    "path, content",
+    [
+        ("/v1/completions", b'{"model":"demo-poet","prompt":"a","max_tokens":"x"}'),
+        ("/v1/completions", b"{not json"),
+        ("/v1/chat/completions", b'{"model":"demo-poet","messages":[]}'),
+        ("/v1/completions", b'{"model":"demo-poet","prompt":"a","logit_bias":{"1":5}}'),
+    ],
+)
+def test_a_bad_key_is_401_before_the_body_is_judged(cluster, path, content):
+    r = post_raw(cluster, path, content, key="bad")
+    assert (r.status_code, r.json()["error"]["message"]) == (401, INVALID_KEY)
+    assert post_raw(cluster, path, content).status_code == 400
+
+
+def test_grpc_checks_the_key_before_the_request(cluster):
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_generate(cluster, key="bad", model="demo-poet", temperature=5.0)
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, INVALID_KEY)
+
+
+@pytest.mark.parametrize(
+    "method, path, status, code",
+    [("GET", "/v1/nope", 404, "not_found"), ("GET", "/v1/completions", 405, "method_not_allowed")],
+)
+def test_bad_routes_answer_in_the_openai_shape(cluster, method, path, status, code):
+    r = httpx.request(method, f"{cluster.http}{path}", timeout=30)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", None, code)
+
+
+def test_unsupported_fields_are_refused_unless_neutral(cluster):
+    chat = {"model": "demo-poet", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = post(cluster, "/v1/chat/completions", {**chat, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    neutral = {"response_format": {"type": "text"}, "tools": [], "presence_penalty": 0}
+    assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
+
+
+def test_chat_max_tokens_defaults_to_the_room_left(cluster):
+    # the demo tokenizer spells "a" as one token; its chat template adds 3 (context 1024)
+    body = {"model": "demo-poet", "messages": [{"role": "user", "content": "a" * 1019}]}
+    r = post(cluster, "/v1/chat/completions", {**body, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {
+        "prompt_tokens": 1022,
+        "completion_tokens": 2,
+        "total_tokens": 1024,
+    }
 
 
 def test_null_fields_mean_their_default(cluster):
@@ -87,7 +171,9 @@ def test_null_fields_mean_their_default(cluster):
     assert r.json()["usage"]["completion_tokens"] == 2
 
 
-@pytest.mark.parametrize("field, value", [("temperature", 5.0), ("top_p", 1.5)])
+@pytest.mark.parametrize(
+    "field, value", [("temperature", 5.0), ("top_p", 1.5), ("temperature", 2.01)]
+)
 def test_grpc_refuses_what_rest_refuses_with_the_same_message(cluster, field, value):
     rest = post(cluster, "/v1/completions", completion(**{field: value}))
     assert rest.status_code == 400, rest.text

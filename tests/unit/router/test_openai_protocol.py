@@ -13,11 +13,16 @@ from router.openai_protocol import (
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ROOM = 1000
+"""Chat's default max_tokens in these tests: the room a prompt leaves in the context."""
 
 
 def sampling(model, body) -> SamplingParams:
     """What the REST handlers do: parse the body, then build the sampling parameters."""
-    return parse_body(model, body).to_sampling_params()
+    req = parse_body(model, body)
+    if isinstance(req, ChatCompletionRequest):
+        return req.to_sampling_params(ROOM)
+    return req.to_sampling_params()
 
 
 def test_completion_fields_map_to_sampling_params():
@@ -127,7 +132,7 @@ def test_null_means_the_default():
     chat = {"model": "a", "messages": [{"role": "user", "content": "x"}]}
     nulls = dict.fromkeys(NULLS + ["max_tokens", "max_completion_tokens", "top_logprobs"])
     req = parse_body(ChatCompletionRequest, {**chat, **nulls})
-    assert req.to_sampling_params() == SamplingParams(max_tokens=16)
+    assert req.to_sampling_params(ROOM) == SamplingParams(max_tokens=ROOM)
 
 
 def test_unsupported_fields_at_their_neutral_value_are_accepted():
@@ -159,8 +164,8 @@ def test_chat_request_messages_and_max_completion_tokens():
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hello"},
     ]
-    assert req.to_sampling_params().max_tokens == 9
-    assert req.to_sampling_params().logprobs
+    assert req.to_sampling_params(ROOM).max_tokens == 9
+    assert req.to_sampling_params(ROOM).logprobs
     assert req.include_usage
 
 
@@ -208,7 +213,8 @@ def test_top_logprobs_map_to_sampling_params(k):
         ChatCompletionRequest,
         {"model": "a", "messages": msgs, "logprobs": True, "top_logprobs": k},
     )
-    assert (chat.to_sampling_params().logprobs, chat.to_sampling_params().top_logprobs) == (True, k)
+    params = chat.to_sampling_params(ROOM)
+    assert (params.logprobs, params.top_logprobs) == (True, k)
     comp = parse_body(CompletionRequest, {"model": "a", "prompt": "x", "logprobs": k})
     assert (comp.to_sampling_params().logprobs, comp.to_sampling_params().top_logprobs) == (True, k)
 
@@ -217,7 +223,7 @@ def test_chat_top_logprobs_need_logprobs():
     body = {"model": "a", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}
     req = parse_body(ChatCompletionRequest, body)
     with pytest.raises(InvalidRequest, match="top_logprobs=2 needs logprobs"):
-        req.to_sampling_params()
+        req.to_sampling_params(ROOM)
 
 
 def test_load_adapter_body_is_vllm_compatible():

@@ -1,0 +1,124 @@
+"""REST handlers over a real Frontend (fake registry and dispatch): the key is checked
+before any 400, chat's default max_tokens, and the OpenAI error shape for bad routes."""
+
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from lora_core.errors import InvalidRequest
+from router import rest
+from router.auth import INVALID_KEY, MISSING_KEY, AdapterResolver
+from router.frontend import Frontend
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from tests.unit.router.test_frontend_auth import BASE, Dispatcher, FakeRegistry, tokenizer
+
+__all__ = ["tokenizer"]  # the module fixture, shared
+
+
+class CountingRegistry(FakeRegistry):
+    def __init__(self):
+        super().__init__()
+        self.key_lookups = 0
+
+    async def resolve_key(self, api_key):
+        self.key_lookups += 1
+        return await super().resolve_key(api_key)
+
+
+def make_front(tokenizer, auth=True, max_len=64):
+    registry, dispatch = CountingRegistry(), Dispatcher()
+    resolver = AdapterResolver(registry, BASE, auth=auth, admin_key="")
+    return Frontend(tokenizer, resolver, dispatch, max_len), registry, dispatch
+
+
+def answer(response) -> tuple[int, dict]:
+    return response.status_code, json.loads(response.body)["error"]
+
+
+@pytest.mark.parametrize(
+    "key, status, message",
+    [("bad", 401, INVALID_KEY), (None, 401, MISSING_KEY), ("k1", 400, "max_tokens: no")],
+)
+def test_a_user_error_waits_for_the_key_check(tokenizer, key, status, message):
+    front, _, _ = make_front(tokenizer)
+    got = asyncio.run(rest.refusal(front, key, InvalidRequest("max_tokens: no", "max_tokens")))
+    assert answer(got)[0] == status and answer(got)[1]["message"] == message
+
+
+def test_with_auth_off_a_user_error_is_answered_at_once(tokenizer):
+    front, registry, _ = make_front(tokenizer, auth=False)
+    got = asyncio.run(rest.refusal(front, "bad", InvalidRequest("m", "max_tokens")))
+    assert answer(got) == (400, {
+        "message": "m", "type": "invalid_request_error", "param": "max_tokens",
+        "code": "invalid_request",
+    })  # fmt: skip
+    assert registry.key_lookups == 0
+
+
+@pytest.mark.parametrize("key, status", [("bad", 401), ("k1", 400)])
+def test_a_too_long_prompt_with_a_bad_key_is_401(tokenizer, key, status):
+    front, _, _ = make_front(tokenizer, max_len=4)
+    req = parse_body(CompletionRequest, {"model": "a1", "prompt": [1, 2, 3], "max_tokens": 2})
+    assert asyncio.run(rest.completions(front, key, req)).status_code == status
+
+
+def test_the_happy_path_makes_one_registry_round_trip(tokenizer):
+    front, registry, _ = make_front(tokenizer)
+    req = parse_body(CompletionRequest, {"model": "a1", "prompt": [1, 2], "max_tokens": 2})
+    assert asyncio.run(rest.completions(front, "k1", req)).status_code == 200
+    assert (registry.resolves, registry.key_lookups) == (1, 0)
+
+
+@pytest.mark.parametrize("fields, max_tokens", [({}, 64 - 5), ({"max_tokens": 3}, 3)])
+def test_chat_max_tokens_defaults_to_the_room_left(tokenizer, fields, max_tokens):
+    front, _, dispatch = make_front(tokenizer, max_len=64)
+    body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}], **fields}
+    prompt = front.encode_chat([{"role": "user", "content": "hi"}])
+    assert len(prompt) == 5
+    r = asyncio.run(rest.chat_completions(front, "k1", parse_body(ChatCompletionRequest, body)))
+    assert r.status_code == 200
+    assert dispatch.calls[0].params.max_tokens == max_tokens
+
+
+def test_completions_max_tokens_still_defaults_to_16():
+    req = parse_body(CompletionRequest, {"model": "a1", "prompt": "x"})
+    assert req.to_sampling_params().max_tokens == 16
+
+
+def test_a_chat_prompt_filling_the_context_is_refused_naming_both_lengths(tokenizer):
+    front, _, _ = make_front(tokenizer, max_len=5)
+    body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}]}
+    r = asyncio.run(rest.chat_completions(front, "k1", parse_body(ChatCompletionRequest, body)))
+    assert answer(r) == (400, {
+        "message": "prompt (5 tokens) + max_tokens (1) exceeds the model's length; "
+        "allowed: at most 5 in total",
+        "type": "invalid_request_error", "param": "max_tokens", "code": "invalid_request",
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client():
+    from router.ingress import app
+
+    return TestClient(app)
+
+
+def test_an_unknown_route_answers_in_the_openai_shape(client):
+    r = client.get("/v1/nope")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", None, "not_found")
+    assert err["message"].startswith("no route GET /v1/nope; allowed: POST /v1/completions")
+
+
+def test_a_wrong_method_answers_in_the_openai_shape(client):
+    r = client.get("/v1/completions")
+    assert (r.status_code, r.json()) == (405, {
+        "error": {
+            "message": "method GET is not allowed on /v1/completions; allowed: POST",
+            "type": "invalid_request_error", "param": None, "code": "method_not_allowed",
+        }
+    })  # fmt: skip
+    assert r.headers["allow"] == "POST"
