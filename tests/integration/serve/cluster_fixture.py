@@ -165,3 +165,56 @@ def stop_cluster(cluster: Cluster) -> None:
     serve.shutdown()
     ray.shutdown()
     cluster.stop_redis()
+
+
+def offline_greedy_texts(cluster: Cluster, prompt: str, max_tokens: int) -> dict[str, str]:
+    """model name -> greedy text of prompt from an in-process offline LLMEngine on the
+    cluster's model and adapter directories (the reference for the cluster's answers)."""
+    from replica.config import EngineConfig
+    from replica.engine import LLMEngine
+    from replica.offline import adapter_ref
+    from replica.sampling_params import SamplingParams
+
+    engine = LLMEngine(
+        EngineConfig(model=str(cluster.demo.model_dir), device="cpu", max_loras=8, max_cpu_loras=8)
+    )
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    ids = engine.tokenizer(prompt).input_ids
+    names = [cluster.base, *sorted(cluster.adapters)]
+    for name in names:
+        ref = None if name == cluster.base else adapter_ref(name, cluster.adapters[name], 64)
+        engine.add_request(name, ids, params, ref)
+    texts = dict.fromkeys(names, "")
+    while engine.has_unfinished():
+        for out in engine.step():
+            texts[out.request_id] += out.new_text
+    return texts
+
+
+def misfit_adapters(cluster: Cluster, root: Path) -> dict[str, str]:
+    """Adapters the demo base cannot take: twice its width ("wide"); NaN weights ("nan")."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from deploy.demo import write_peft_adapter
+
+    cfg = json.loads((cluster.demo.model_dir / "config.json").read_text())
+    h, layers = 2 * cfg["hidden_size"], cfg["num_hidden_layers"]
+    write_peft_adapter(root / "wide", num_layers=layers, shapes={"q_proj": (h, h)}, rank=4,
+                       alpha=8, seed=0, base_model="x")  # fmt: skip
+    nan = cluster.adapters["extra-1"]
+    weights = load_file(str(nan / "adapter_model.safetensors"))
+    weights = {k: torch.full_like(v, float("nan")) for k, v in weights.items()}
+    (root / "nan").mkdir()
+    save_file(weights, str(root / "nan" / "adapter_model.safetensors"))
+    (root / "nan" / "adapter_config.json").write_bytes((nan / "adapter_config.json").read_bytes())
+    return {"wide": str(root / "wide"), "nan": str(root / "nan")}
+
+
+def assert_offsets_match(text: str, tokens: list[str], offsets: list[int]) -> None:
+    assert offsets == sorted(offsets) and len(offsets) == len(tokens)
+    for tok, off in zip(tokens, offsets, strict=True):
+        if "\ufffd" not in tok and not tok.startswith("bytes:"):
+            assert text[off:].startswith(tok), (tok, off, text)

@@ -19,7 +19,14 @@ from cluster.records import key_id
 from cluster.registry import hash_key
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
-from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
+from tests.integration.serve.cluster_fixture import (
+    ADMIN_KEY,
+    assert_offsets_match,
+    misfit_adapters,
+    offline_greedy_texts,
+    start_cluster,
+    stop_cluster,
+)
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -36,25 +43,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def offline(cluster):
     """model name -> greedy text of PROMPT, from an offline LLMEngine."""
-    from replica.config import EngineConfig
-    from replica.engine import LLMEngine
-    from replica.offline import adapter_ref
-    from replica.sampling_params import SamplingParams
-
-    engine = LLMEngine(
-        EngineConfig(model=str(cluster.demo.model_dir), device="cpu", max_loras=8, max_cpu_loras=8)
-    )
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    ids = engine.tokenizer(PROMPT).input_ids
-    names = [cluster.base, *sorted(cluster.adapters)]
-    for name in names:
-        ref = None if name == cluster.base else adapter_ref(name, cluster.adapters[name], 64)
-        engine.add_request(name, ids, params, ref)
-    texts = dict.fromkeys(names, "")
-    while engine.has_unfinished():
-        for out in engine.step():
-            texts[out.request_id] += out.new_text
-    return texts
+    return offline_greedy_texts(cluster, PROMPT, MAX_TOKENS)
 
 
 def client(cluster, key="ops") -> openai.OpenAI:
@@ -109,19 +98,12 @@ def test_streamed_equals_non_streamed(cluster):
         assert usage.prompt_tokens == chat.usage.prompt_tokens
 
 
-def _assert_offsets_match(text: str, tokens: list[str], offsets: list[int]) -> None:
-    assert offsets == sorted(offsets) and len(offsets) == len(tokens)
-    for tok, off in zip(tokens, offsets, strict=True):
-        if "\ufffd" not in tok and not tok.startswith("bytes:"):
-            assert text[off:].startswith(tok), (tok, off, text)
-
-
 def test_logprobs_cover_every_sampled_token(cluster):
     r = complete(cluster, "demo-poet", logprobs=3)
     lp, text = r.choices[0].logprobs, r.choices[0].text
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == MAX_TOKENS
     assert all(x <= 0.0 for x in lp.token_logprobs)
-    _assert_offsets_match(text, lp.tokens, lp.text_offset)
+    assert_offsets_match(text, lp.tokens, lp.text_offset)
     for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
         # Greedy: the sampled token leads the 3 most likely, each its own key.
         assert top[tok] == x == max(top.values()) and len(top) == 3
@@ -295,33 +277,11 @@ def test_bad_input_is_400_never_500(cluster, body):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def _misfit_adapters(cluster, root) -> dict[str, str]:
-    """Adapters the demo base cannot take: twice its width; NaN weights."""
-    import json
-
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from deploy.demo import write_peft_adapter
-
-    cfg = json.loads((cluster.demo.model_dir / "config.json").read_text())
-    h, layers = 2 * cfg["hidden_size"], cfg["num_hidden_layers"]
-    write_peft_adapter(root / "wide", num_layers=layers, shapes={"q_proj": (h, h)}, rank=4,
-                       alpha=8, seed=0, base_model="x")  # fmt: skip
-    nan = cluster.adapters["extra-1"]
-    weights = load_file(str(nan / "adapter_model.safetensors"))
-    weights = {k: torch.full_like(v, float("nan")) for k, v in weights.items()}
-    (root / "nan").mkdir()
-    save_file(weights, str(root / "nan" / "adapter_model.safetensors"))
-    (root / "nan" / "adapter_config.json").write_bytes((nan / "adapter_config.json").read_bytes())
-    return {"wide": str(root / "wide"), "nan": str(root / "nan")}
-
-
 def test_adapters_that_cannot_serve_are_refused_not_500(cluster, tmp_path):
     reg = cluster.registry()
     assert reg.get_served().model_id == cluster.base  # the ingress published it
     names = reg.list_adapter_names()
-    paths = _misfit_adapters(cluster, tmp_path)
+    paths = misfit_adapters(cluster, tmp_path)
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     for name, path, code in [
         ("wide", paths["wide"], "adapter_incompatible"),
