@@ -41,15 +41,22 @@ def sample(
     Semantics per non-greedy row: keep the top_k most likely tokens of softmax(logits / t)
     (0 = all), then the smallest most-likely-first prefix of what is left whose mass
     reaches top_p, and draw one token from the kept ones in proportion to their
-    probability, by the row's own uniform draw. All rows are drawn in one batch of
-    tensor ops with one host sync per step, whatever the batch size.
+    probability, by the row's own uniform draws. Rows are drawn in batches of tensor
+    ops: rows with top_k over their top-k (one `topk`), rows with only top_p by rejection
+    against the nucleus (no sort of the vocabulary; a host sync per rejection round),
+    the rest straight from their distribution.
     """
     picked = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        at = torch.tensor(rows, device=logits.device)
-        drawn = _draw(logits[at], [params[i] for i in rows], [generators[i] for i in rows])
-        picked = picked.index_copy(0, at, drawn)
+    for group, draw in (
+        ([i for i in rows if params[i].top_k], _draw_top_k),
+        ([i for i in rows if not params[i].top_k and params[i].top_p < 1.0], _draw_nucleus),
+        ([i for i in rows if not params[i].top_k and params[i].top_p >= 1.0], _draw_plain),
+    ):
+        if group:
+            at = torch.tensor(group, device=logits.device)
+            drawn = draw(logits[at], [params[i] for i in group], [generators[i] for i in group])
+            picked = picked.index_copy(0, at, drawn)
     tokens = picked.tolist()
     if not any(p.logprobs for p in params):
         return Sampled(tokens, None, None)
@@ -58,26 +65,70 @@ def sample(
     return Sampled(tokens, chosen.tolist(), _top_logprobs(logp, params))
 
 
-def _draw(
+def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    temps = torch.tensor([p.temperature for p in params], device=logits.device)
+    return torch.softmax(logits / temps[:, None], dim=-1)
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """weights: float32 [m, V] >= 0 (each row some > 0), u: [m] in [0, 1) -> int64 [m, 1]:
+    the index where u of the row's total mass falls."""
+    cdf = weights.cumsum(dim=-1)
+    idx = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)
+    return idx.clamp_(max=weights.shape[1] - 1)
+
+
+def _draw_top_k(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
-    """logits: float32 [m, V] -> int64 [m]: one token per row by inverse-CDF sampling of
-    its kept distribution (see `sample`), with one uniform from the row's generator."""
-    m, vocab = logits.shape
-    dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=dev)
-    probs = torch.softmax(logits / temps[:, None], dim=-1)
-    order = None
-    if all(p.top_k for p in params):  # only the most likely max(top_k) can be kept
-        probs, order = probs.topk(min(vocab, max(p.top_k for p in params)), dim=-1)
-        probs = probs * _kept(probs, params)
-    elif any(p.top_k or p.top_p < 1.0 for p in params):
-        probs, order = probs.sort(dim=-1, descending=True)
-        probs = probs * _kept(probs, params)
-    cdf = probs.cumsum(dim=-1)
-    target = _uniforms(generators, dev)[:, None] * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
-    return (idx if order is None else order.gather(1, idx))[:, 0]
+    """Rows with top_k > 0 -> int64 [m]: only each row's max(top_k) likeliest can be kept."""
+    probs = _probs(logits, params)
+    probs, order = probs.topk(min(probs.shape[1], max(p.top_k for p in params)), dim=-1)
+    idx = _inverse_cdf(probs * _kept(probs, params), _uniforms(generators, logits.device))
+    return order.gather(1, idx)[:, 0]
+
+
+def _draw_plain(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Rows with neither top_k nor top_p -> int64 [m]."""
+    probs = _probs(logits, params)
+    return _inverse_cdf(probs, _uniforms(generators, logits.device))[:, 0]
+
+
+# Rejection rounds at most; each round's rejects move their pivot above the token they
+# drew, so the candidates shrink towards the nucleus (a few rounds in practice).
+MAX_NUCLEUS_ROUNDS = 64
+
+
+def _draw_nucleus(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Rows without top_k -> int64 [m], top-p by rejection: draw from the tokens more
+    likely than the row's pivot (at first all), accept a token when the mass of tokens
+    more likely than it is below top_p (it is in the nucleus), else raise the pivot to
+    its probability (no less likely token is in the nucleus either) and draw again.
+    An accepted draw follows the probabilities restricted to the nucleus, as `sample`
+    says, and each round draws only for the rows still drawing (batch-invariant)."""
+    probs = _probs(logits, params)
+    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    tokens = torch.zeros(len(params), dtype=torch.long, device=logits.device)
+    pivot = torch.full((len(params),), -1.0, device=logits.device)
+    todo = list(range(len(params)))
+    for round_ in range(MAX_NUCLEUS_ROUNDS):
+        at = torch.tensor(todo, device=logits.device)
+        rows = probs if len(todo) == len(params) else probs[at]
+        # in the first round every pivot is -1: all tokens are candidates
+        weights = rows if round_ == 0 else torch.where(rows > pivot[at, None], rows, 0.0)
+        idx = _inverse_cdf(weights, _uniforms([generators[j] for j in todo], logits.device))
+        p_tok = rows.gather(1, idx)[:, 0]
+        above = torch.where(rows > p_tok[:, None], rows, 0.0).sum(dim=-1)
+        accept = above < top_p[at]
+        tokens[at], pivot[at] = idx[:, 0], p_tok
+        todo = [j for j, ok in zip(todo, accept.tolist(), strict=True) if not ok]
+        if not todo:
+            break
+    return tokens
 
 
 def _kept(sorted_probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

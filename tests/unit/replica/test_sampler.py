@@ -43,9 +43,12 @@ def test_top_logprobs_are_topk_of_raw_log_softmax(ks):
         assert [lp for _, lp in top[i]] == pytest.approx(values.tolist(), abs=1e-6)
 
 
-def test_seeded_sampling_reproducible_and_batch_invariant():
-    logits = torch.randn(4, 100)
-    p = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=7)
+@pytest.mark.parametrize("top_k", [40, 0], ids=["top-k path", "nucleus rejection path"])
+def test_seeded_sampling_reproducible_and_batch_invariant(top_k):
+    # top_p 0.3 over flat logits: the nucleus path rejects often, so rows take different
+    # numbers of rounds; a seeded row's tokens still do not depend on its neighbours
+    logits = torch.randn(4, 100) * (3.0 if top_k else 0.5)
+    p = SamplingParams(temperature=0.9, top_p=0.3 if not top_k else 0.9, top_k=top_k, seed=7)
     alone = [sample(logits[i : i + 1], [p], [_gen(100 + i)])[0][0] for i in range(4)]
     together = sample(logits, [p] * 4, [_gen(100 + i) for i in range(4)])[0]
     assert alone == together
