@@ -26,7 +26,7 @@ from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
-from replica.serve_metrics import ReplicaGauges
+from replica.serve_metrics import ReplicaGauges, RequestCounters
 from replica.serve_protocol import GenerateCall, check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
@@ -88,6 +88,7 @@ class LoraReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncEngine(settings.engine)
         self.gauges = ReplicaGauges()
+        self.counters = RequestCounters()
         if settings.redis_url:
             self._start_publisher(settings)
 
@@ -113,8 +114,18 @@ class LoraReplica:
             self.refs[call.adapter.key] = call.adapter
         params, adapter = call.params, call.adapter
         ids = list(call.prompt_token_ids)
-        async for out in self.engine.generate(call.request_id, ids, params, adapter):
-            yield out
+        model = adapter.name if adapter is not None else self.engine.model_name
+        last, reason = None, "error"
+        try:
+            async for out in self.engine.generate(call.request_id, ids, params, adapter):
+                last = out
+                yield out
+            reason = last.finish_reason if last is not None else "error"
+        except (GeneratorExit, asyncio.CancelledError):
+            reason = "abort"
+            raise
+        finally:
+            self.counters.record(model, reason, last)
 
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> str:
         """Validate and load `ref` here (admin / benchmarks); returns its key."""

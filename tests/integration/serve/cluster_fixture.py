@@ -69,6 +69,18 @@ class Cluster:
                 out[replica] = float(value)
         return out
 
+    def counter(self, name: str, **tags: str) -> float:
+        """Sum over replicas of counter ray_lorafleet_<name> with these tags (0 if none)."""
+        import httpx
+
+        total = 0.0
+        for line in httpx.get(self.metrics, timeout=10).text.splitlines():
+            if line.startswith(f"ray_lorafleet_{name}{{") and all(
+                f'{k}="{v}"' in line for k, v in tags.items()
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     def routing_stats(self) -> dict[str, dict]:
         """Serve replica id -> the dict its record_routing_stats returns."""
         out = {}
@@ -218,3 +230,29 @@ def assert_offsets_match(text: str, tokens: list[str], offsets: list[int]) -> No
     for tok, off in zip(tokens, offsets, strict=True):
         if "\ufffd" not in tok and not tok.startswith("bytes:"):
             assert text[off:].startswith(tok), (tok, off, text)
+
+
+def total_loads(cluster) -> int:
+    return sum(s["adapter_loads"] for s in cluster.routing_stats().values())
+
+
+def wait_resident(cluster, name: str, timeout_s: float = 20.0) -> None:
+    """Until the registry lists a live GPU holder of `name` (the router's input), or fail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reg = cluster.registry()
+        try:
+            if any(loc.tier == "gpu" for loc in reg.locations(name)):
+                return
+        finally:
+            reg.close()
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never became GPU-resident in the registry")
+
+
+def gpu_holders(cluster, name: str) -> set[str]:
+    reg = cluster.registry()
+    try:
+        return {loc.replica for loc in reg.locations(name) if loc.tier == "gpu"}
+    finally:
+        reg.close()

@@ -22,10 +22,13 @@ from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import (
     ADMIN_KEY,
     assert_offsets_match,
+    gpu_holders,
     misfit_adapters,
     offline_greedy_texts,
     start_cluster,
     stop_cluster,
+    total_loads,
+    wait_resident,
 )
 
 pytestmark = pytest.mark.integration
@@ -159,44 +162,20 @@ def test_eight_adapters_on_two_replicas_under_concurrent_load(cluster, offline):
         assert text == offline[model], model
 
 
-def _total_loads(cluster) -> int:
-    return sum(s["adapter_loads"] for s in cluster.routing_stats().values())
-
-
-def _wait_resident(cluster, name: str, timeout_s: float = 20.0) -> None:
-    """Until the registry lists a live GPU holder of `name` (the router's input), or fail."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        reg = cluster.registry()
-        try:
-            if any(loc.tier == "gpu" for loc in reg.locations(name)):
-                return
-        finally:
-            reg.close()
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never became GPU-resident in the registry")
-
-
-def _gpu_holders(cluster, name: str) -> set[str]:
-    reg = cluster.registry()
-    try:
-        return {loc.replica for loc in reg.locations(name) if loc.tier == "gpu"}
-    finally:
-        reg.close()
-
-
 def test_affinity_repeated_requests_stay_on_the_holder(cluster):
     complete(cluster, "demo-chef")  # make it resident somewhere
-    _wait_resident(cluster, "demo-chef")
+    wait_resident(cluster, "demo-chef")
     time.sleep(1.0)  # one routing-stats period for the router's replica view
-    loads_before = _total_loads(cluster)
+    loads_before = total_loads(cluster)
     # The earlier concurrent test may have left it on one replica or on both.
-    holders_before = _gpu_holders(cluster, "demo-chef")
+    holders_before = gpu_holders(cluster, "demo-chef")
+    done = cluster.counter("requests_total", model="demo-chef", finish_reason="length")
+    tokens = cluster.counter("generated_tokens_total", model="demo-chef")
     for _ in range(8):
         complete(cluster, "demo-chef")
     time.sleep(1.5)
-    assert _total_loads(cluster) == loads_before
-    holders = _gpu_holders(cluster, "demo-chef")
+    assert total_loads(cluster) == loads_before
+    holders = gpu_holders(cluster, "demo-chef")
     assert holders == holders_before and len(holders) >= 1
     stats = cluster.routing_stats()
     chef = {rid for rid, s in stats.items() if any(k.startswith("demo-chef@") for k in s["gpu"])}
@@ -207,6 +186,21 @@ def test_affinity_repeated_requests_stay_on_the_holder(cluster):
     while time.monotonic() < deadline and cluster.gauge("adapter_loads") != loads:
         time.sleep(0.5)
     assert cluster.gauge("adapter_loads") == loads
+    # per-model request and token counters, exported as each request ends
+    want = (done + 8, tokens + 8 * MAX_TOKENS)
+    while (
+        time.monotonic() < deadline
+        and (
+            cluster.counter("requests_total", model="demo-chef", finish_reason="length"),
+            cluster.counter("generated_tokens_total", model="demo-chef"),
+        )
+        != want
+    ):
+        time.sleep(0.5)
+    assert (
+        cluster.counter("requests_total", model="demo-chef", finish_reason="length"),
+        cluster.counter("generated_tokens_total", model="demo-chef"),
+    ) == want
 
 
 AUTH = [  # key, model, expected status
