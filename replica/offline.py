@@ -13,6 +13,7 @@ from replica.engine import LLMEngine
 from replica.offline_cli import SAMPLING_FIELDS, InputLine
 from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams
+from replica.serve_protocol import check_prompt_ids
 
 
 def parse_adapter_args(items: list[str]) -> dict[str, Path]:
@@ -94,12 +95,7 @@ class OfflineJob:
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.engine.tokenizer(prompt).input_ids
-        vocab = self.engine.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(
-                f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {vocab}"
-            )
+        check_prompt_ids(prompt, self.engine.vocab_size)
         return prompt
 
     def run(self, lines: list[InputLine], progress: bool = True) -> list[dict]:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lora_core.errors import AdapterVersionUnavailable
+from lora_core.errors import AdapterVersionUnavailable, InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.sampling_params import SamplingParams
+
+
+def check_prompt_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse token ids outside the vocabulary (InvalidRequest naming the first), as the
+    ingress and the offline runner answer a token-id prompt."""
+    bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    if bad:
+        raise InvalidRequest(
+            f"prompt: token id {bad[0]!r} out of range; allowed: 0 <= id < {vocab_size}", "prompt"
+        )
 
 
 @dataclass(frozen=True)

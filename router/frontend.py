@@ -28,7 +28,7 @@ from lora_core.errors import (
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
-from replica.serve_protocol import GenerateCall
+from replica.serve_protocol import GenerateCall, check_prompt_ids
 from router.auth import AdapterResolver
 from router.errors import unwrap
 from router.logprobs import TokenTable
@@ -70,12 +70,7 @@ class Frontend:
             ids = self.tokenizer(prompt).input_ids
         else:
             ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequest(
-                    f"prompt: token id {bad[0]} out of range; allowed: 0 <= id < {self.vocab_size}",
-                    "prompt",
-                )
+            check_prompt_ids(ids, self.vocab_size)
         if not ids:
             raise InvalidRequest(
                 "prompt: empty; allowed: a non-empty string or token id list", "prompt"
