@@ -17,10 +17,7 @@ from pathlib import Path
 
 from lora_core.errors import LoraFleetError
 from replica.config import DTYPES
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+from replica.sampling_params import MAX_TOP_LOGPROBS, is_int
 
 
 def _is_number(x: object) -> bool:
@@ -32,7 +29,7 @@ def _is_str_list(x: object) -> bool:
 
 
 def _is_int_list(x: object) -> bool:
-    return isinstance(x, list) and all(_is_int(t) for t in x)
+    return isinstance(x, list) and all(is_int(t) for t in x)
 
 
 # The JSON type each field must have (ranges are SamplingParams' and the engine's to check):
@@ -41,16 +38,19 @@ def _is_int_list(x: object) -> bool:
 FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "prompt": (lambda x: isinstance(x, str) or _is_int_list(x), "a string or a list of token ids"),
     "adapter": (lambda x: x is None or isinstance(x, str), "null or an adapter name"),
-    "max_tokens": (_is_int, "an integer >= 1"),
+    "max_tokens": (is_int, "an integer >= 1"),
     "temperature": (_is_number, "a number 0 <= temperature <= 2"),
     "top_p": (_is_number, "a number 0 < top_p <= 1"),
-    "top_k": (_is_int, "an integer >= 0 (0 = off)"),
-    "seed": (lambda x: x is None or _is_int(x), "null or an integer"),
+    "top_k": (is_int, "an integer >= 0 (0 = off)"),
+    "seed": (lambda x: x is None or is_int(x), "null or an integer"),
     "stop": (lambda x: isinstance(x, str) or _is_str_list(x), "a string or a list of strings"),
     "stop_token_ids": (_is_int_list, "a list of token ids"),
     "ignore_eos": (lambda x: isinstance(x, bool), "true or false"),
     "logprobs": (lambda x: isinstance(x, bool), "true or false"),
-    "top_logprobs": (_is_int, "an integer 0 <= top_logprobs <= 20 (needs logprobs)"),
+    "top_logprobs": (
+        is_int,
+        f"an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS} (needs logprobs)",
+    ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))
 LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))

@@ -18,7 +18,8 @@ MAX_TEMPERATURE = 2.0
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """An int that is not a bool (JSON's true is no integer here)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -55,7 +56,7 @@ class SamplingParams:
     top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise InvalidRequest(
                 f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1", "max_tokens"
             )
@@ -66,11 +67,11 @@ class SamplingParams:
             )
         if not 0.0 < float(self.top_p) <= 1.0:
             raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1", "top_p")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise InvalidRequest(
                 f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)", "top_k"
             )
-        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+        if self.seed is not None and not (is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequest(
                 f"seed={self.seed!r}; allowed: null or an integer in {SEED_MIN} .. {SEED_MAX}"
                 " (signed 64-bit)",
@@ -89,7 +90,7 @@ class SamplingParams:
 
     def _check_top_logprobs(self) -> None:
         k = self.top_logprobs
-        if not _is_int(k) or not 0 <= k <= MAX_TOP_LOGPROBS:
+        if not is_int(k) or not 0 <= k <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(
                 f"top_logprobs={k!r}; allowed: an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}",
                 "top_logprobs",
