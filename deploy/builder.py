@@ -24,6 +24,70 @@ from router.ingress import IngressSettings, LoraIngress
 
 AFFINITY_ROUTER = "router.request_router:LoraAffinityRouter"
 DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+LORA_POLICY = "cluster.autoscaling:LoraAutoscalingPolicy"
+SERVE_METRICS_INTERVAL_S = 10.0  # Serve's default replica -> controller metrics push period
+
+
+class AutoscalingArgs(BaseModel):
+    """`args.autoscaling` of the config: the replica count follows request load and
+    adapter-slot demand (cluster.autoscaling) between min_replicas and max_replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(4, ge=1)
+    target_ongoing_requests: float = Field(16.0, gt=0.0)
+    """Running + queued requests per replica the fleet is sized for."""
+    target_slot_use: float = Field(1.0, gt=0.0, le=1.0)
+    """Fraction of the fleet's GPU adapter slots active adapters may fill before it grows."""
+    kv_target: float = Field(0.9, gt=0.0, le=1.0)
+    """Mean KV-cache use above which the fleet grows while requests wait."""
+    upscale_delay_s: float = Field(10.0, ge=0.0)
+    downscale_delay_s: float = Field(120.0, ge=0.0)
+    look_back_period_s: float = Field(30.0, gt=0.0)
+    """Window over which replica metrics are averaged (> metrics_interval_s)."""
+    metrics_interval_s: float = Field(SERVE_METRICS_INTERVAL_S, gt=0.0)
+    """How often replicas push their metrics to Serve's controller."""
+    policy: Literal["lora", "default"] = "lora"
+    """lora: LoraAutoscalingPolicy; default: Serve's queue-length policy (for comparison)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalingArgs:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas={self.max_replicas}; allowed: >= min_replicas ({self.min_replicas})"
+            )
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError(
+                f"look_back_period_s={self.look_back_period_s}; allowed: > "
+                f"metrics_interval_s ({self.metrics_interval_s})"
+            )
+        return self
+
+    def serve_config(self) -> dict:
+        """Serve's autoscaling_config for the replica deployment."""
+        config = {
+            "min_replicas": self.min_replicas,
+            "initial_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+            "look_back_period_s": self.look_back_period_s,
+        }
+        if self.metrics_interval_s != SERVE_METRICS_INTERVAL_S:
+            # Serve 2.60 still reads it as the push period but warns that it is deprecated,
+            # so it is passed only when changed.
+            config["metrics_interval_s"] = self.metrics_interval_s
+        if self.policy == "lora":
+            config["policy"] = {
+                "policy_function": LORA_POLICY,
+                "policy_kwargs": {
+                    "target_slot_use": self.target_slot_use,
+                    "kv_target": self.kv_target,
+                },
+            }
+        return config
 
 
 class ClusterArgs(BaseModel):
@@ -59,6 +123,9 @@ class ClusterArgs(BaseModel):
     """affinity: the LoRA-affinity router; default: Serve's power-of-two router with
     `@serve.multiplexed` adapter loading (the benchmark baseline)."""
     num_replicas: int = Field(2, ge=1)
+    """A fixed replica count; leave unset when `autoscaling` is given."""
+    autoscaling: AutoscalingArgs | None = None
+    """Autoscale the replica deployment (None = num_replicas, fixed)."""
     num_cpus_per_replica: float = Field(0.5, ge=0.0)
     num_gpus_per_replica: float = Field(0.0, ge=0.0)
     max_ongoing_requests: int = Field(32, ge=1)
@@ -85,6 +152,15 @@ class ClusterArgs(BaseModel):
             raise ValueError("hot_queue_len must be <= overload_queue_len")
         if self.lease_ttl_s <= self.registry_tick_s:
             raise ValueError("lease_ttl_s must exceed registry_tick_s")
+        if self.autoscaling is not None:
+            if "num_replicas" in self.model_fields_set:
+                raise ValueError("num_replicas and autoscaling: set one of them, not both")
+            if self.autoscaling.target_ongoing_requests > self.max_ongoing_requests:
+                raise ValueError(
+                    f"autoscaling.target_ongoing_requests="
+                    f"{self.autoscaling.target_ongoing_requests}; allowed: <= "
+                    f"max_ongoing_requests ({self.max_ongoing_requests})"
+                )
         return self
 
 
@@ -95,7 +171,8 @@ def parse_args(args: dict) -> ClusterArgs:
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "args"
-        raise InvalidRequest(f"cluster args: {loc}: {first['msg']}") from None
+        msg = first["msg"].removeprefix("Value error, ")  # pydantic's wording, not ours
+        raise InvalidRequest(f"cluster args: {loc}: {msg}") from None
 
 
 def prepare_model(args: ClusterArgs) -> tuple[str, dict[str, Path]]:
@@ -174,6 +251,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         namespace=cfg.namespace,
         registry_tick_s=cfg.registry_tick_s,
         lease_ttl_s=cfg.lease_ttl_s,
+        served_model_name=served_model_name(cfg, model_dir),
     )
     router = RequestRouterConfig(
         request_router_class=AFFINITY_ROUTER if cfg.router == "affinity" else DEFAULT_ROUTER,
@@ -190,8 +268,12 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         from replica.serve_multiplexed import multiplexed_deployment
 
         deployment = multiplexed_deployment(cfg.max_loras)
+    if cfg.autoscaling is not None:
+        scaling = {"autoscaling_config": cfg.autoscaling.serve_config()}
+    else:
+        scaling = {"num_replicas": cfg.num_replicas}
     replicas = deployment.options(
-        num_replicas=cfg.num_replicas,
+        **scaling,
         max_ongoing_requests=cfg.max_ongoing_requests,
         max_queued_requests=cfg.max_queued_requests,
         ray_actor_options={

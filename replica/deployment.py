@@ -6,6 +6,8 @@
   replica of the cluster at once.
 - `record_routing_stats` feeds the LoRA-affinity request router (and the
   `ray_lorafleet_*` gauges of `replica.serve_metrics`).
+- `record_autoscaling_stats` feeds `cluster.autoscaling.LoraAutoscalingPolicy` (adapter
+  slot demand, KV use, queued requests) when the deployment autoscales.
 - A background `RegistryPublisher` holds the registry lease and publishes residency.
 - Shutdown: Serve stops routing here and waits for in-flight requests
   (graceful_shutdown_timeout_s); `__del__` then deregisters and stops the engine.
@@ -22,6 +24,7 @@ from typing import Any
 
 from ray import serve
 
+from cluster.autoscaling import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING
 from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
@@ -41,6 +44,8 @@ class ReplicaSettings:
     redis_url: the registry ("" = run without a registry).
     namespace: the registry namespace.
     pool: prefill | decode | mixed.
+    served_model_name: the base model's id in requests and metrics ("" = the model
+        directory's name).
     registry_tick_s / lease_ttl_s: heartbeat period and lease lifetime.
     """
 
@@ -48,6 +53,7 @@ class ReplicaSettings:
     redis_url: str = ""
     namespace: str = "lorafleet"
     pool: str = "mixed"
+    served_model_name: str = ""
     registry_tick_s: float = 1.0
     lease_ttl_s: float = 5.0
 
@@ -73,6 +79,16 @@ def stats_dict(stats: EngineStats, now: float) -> dict[str, Any]:
     }
 
 
+def autoscaling_stats(stats: EngineStats) -> dict[str, float]:
+    """EngineStats as the metrics named in cluster.autoscaling.METRICS."""
+    return {
+        ACTIVE_ADAPTERS: float(stats.active_adapters),
+        MAX_LORAS: float(stats.max_loras),
+        KV_USAGE: float(stats.kv_usage),
+        WAITING: float(stats.num_waiting),
+    }
+
+
 class LoraReplica:
     """One serving replica (see the module docstring)."""
 
@@ -87,6 +103,7 @@ class LoraReplica:
         self.engine = None
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = AsyncEngine(settings.engine)
+        self.base_name = settings.served_model_name or self.engine.model_name
         self.gauges = ReplicaGauges()
         self.counters = RequestCounters()
         if settings.redis_url:
@@ -114,7 +131,7 @@ class LoraReplica:
             self.refs[call.adapter.key] = call.adapter
         params, adapter = call.params, call.adapter
         ids = list(call.prompt_token_ids)
-        model = adapter.name if adapter is not None else self.engine.model_name
+        model = adapter.name if adapter is not None else self.base_name
         last, reason = None, "error"
         try:
             async for out in self.engine.generate(call.request_id, ids, params, adapter):
@@ -150,6 +167,11 @@ class LoraReplica:
         stats = self.engine.stats()
         self.gauges.update(stats)
         return stats_dict(stats, time.time())
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """The custom metrics `cluster.autoscaling` reads (Serve averages them over
+        look_back_period_s and hands them to the policy on the controller)."""
+        return autoscaling_stats(self.engine.stats())
 
     async def check_health(self) -> None:
         """Local only: the engine must answer; the registry's state is not consulted."""

@@ -174,4 +174,5 @@ class LLMEngine:
             kv_usage=self.blocks.usage(),
             adapter_loads=a.slot_loads,
             num_preemptions=self.scheduler.num_preemptions,
+            active_adapters=self.scheduler.active_adapters(),
         )

@@ -51,6 +51,9 @@ class EngineStats:
     num_running / num_waiting: sequences in the running batch / the queue.
     kv_usage: fraction of KV blocks in use (0..1).
     adapter_loads: GPU slot loads since start (disk or CPU -> slot).
+    num_preemptions: sequences preempted since start.
+    active_adapters: distinct adapters among running and waiting sequences (the slot
+        demand the autoscaling policy compares with max_loras).
     """
 
     gpu_adapters: tuple[str, ...]
@@ -63,3 +66,4 @@ class EngineStats:
     kv_usage: float
     adapter_loads: int
     num_preemptions: int
+    active_adapters: int

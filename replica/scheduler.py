@@ -12,6 +12,7 @@ freed, its slot released, and it is recomputed from its tokens later.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -68,6 +69,11 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def active_adapters(self) -> int:
+        """Distinct adapters among running and waiting sequences."""
+        seqs = itertools.chain(self.running, self.waiting)
+        return len({seq.adapter_key for seq in seqs if seq.adapter is not None})
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -17,6 +17,7 @@ GAUGES = {
     "cpu_adapters": "adapters in the CPU cache",
     "free_slots": "GPU adapter slots holding nothing",
     "queue_len": "requests running + waiting in the engine",
+    "active_adapters": "distinct adapters among running + waiting requests",
     "kv_usage": "fraction of KV blocks in use",
 }
 
@@ -35,6 +36,7 @@ class ReplicaGauges:
             "cpu_adapters": len(stats.cpu_adapters),
             "free_slots": stats.free_slots,
             "queue_len": stats.num_running + stats.num_waiting,
+            "active_adapters": stats.active_adapters,
             "kv_usage": stats.kv_usage,
         }
         for name, value in values.items():

@@ -143,6 +143,8 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
         device="cpu",
     )
     args.update(overrides)
+    if "autoscaling" in overrides:
+        del args["num_replicas"]
     cfg = ClusterArgs(**args)
     serve.run(bind_app(cfg, str(demo.model_dir), redis_url), name=APP, route_prefix="/")
     cluster = Cluster(
@@ -156,7 +158,7 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
         stop_redis=stop_redis,
         metrics=f"http://127.0.0.1:{metrics_port}/metrics",
     )
-    wait_registered(cluster, cfg.num_replicas)
+    wait_registered(cluster, cfg.autoscaling.min_replicas if cfg.autoscaling else cfg.num_replicas)
     return cluster
 
 

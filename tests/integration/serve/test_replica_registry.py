@@ -27,7 +27,7 @@ class StubEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            tuple(self.gpu), tuple(self.cpu), (), 2 - len(self.gpu), 2, 0, 0, 0.0, 0, 0
+            tuple(self.gpu), tuple(self.cpu), (), 2 - len(self.gpu), 2, 0, 0, 0.0, 0, 0, 0
         )
 
     async def load_adapter(self, ref, to_gpu=False):

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from deploy.builder import ClusterArgs, parse_args, prepare_model
@@ -41,3 +43,58 @@ def test_a_model_directory_needs_a_config(tmp_path):
         prepare_model(parse_args({"model": str(tmp_path)}))
     (tmp_path / "config.json").write_text("{}")
     assert prepare_model(parse_args({"model": str(tmp_path)})) == (str(tmp_path), {})
+
+
+def yaml_args(name: str) -> dict:
+    import yaml
+
+    path = Path(__file__).resolve().parents[3] / "deploy" / name
+    (app,) = yaml.safe_load(path.read_text())["applications"]
+    return app["args"]
+
+
+def test_the_shipped_configs_parse():
+    assert parse_args(yaml_args("cluster.yaml")).autoscaling is None
+    scaled = parse_args(yaml_args("autoscaling.yaml"))
+    assert scaled.autoscaling is not None
+    assert (scaled.autoscaling.min_replicas, scaled.autoscaling.max_replicas) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "scaling, where",
+    [
+        ({"min_replicas": 0}, "autoscaling.min_replicas"),
+        ({"min_replicas": 3, "max_replicas": 2}, "max_replicas=2"),
+        ({"target_slot_use": 0}, "autoscaling.target_slot_use"),
+        ({"kv_target": 1.2}, "autoscaling.kv_target"),
+        ({"look_back_period_s": 2, "metrics_interval_s": 2}, "look_back_period_s=2"),
+        ({"target_ongoing_requests": 64}, "max_ongoing_requests (32)"),
+        ({"policy": "random"}, "autoscaling.policy"),
+        ({"bogus": 1}, "autoscaling.bogus"),
+    ],
+)
+def test_bad_autoscaling_args_are_refused_naming_the_field(scaling, where):
+    with pytest.raises(InvalidRequest) as e:
+        parse_args({"autoscaling": scaling})
+    assert where in str(e.value) and "Value error" not in str(e.value)
+
+
+def test_a_fixed_count_and_autoscaling_exclude_each_other():
+    with pytest.raises(InvalidRequest, match="set one of them"):
+        parse_args({"num_replicas": 2, "autoscaling": {}})
+
+
+def test_the_serve_config_names_the_lora_policy_with_its_kwargs():
+    import importlib
+
+    from cluster.autoscaling import LoraAutoscalingPolicy
+
+    scaling = parse_args({"autoscaling": {"target_slot_use": 0.5}}).autoscaling
+    config = scaling.serve_config()
+    module, name = config["policy"]["policy_function"].split(":")
+    policy = getattr(importlib.import_module(module), name)(**config["policy"]["policy_kwargs"])
+    assert isinstance(policy, LoraAutoscalingPolicy) and policy.target_slot_use == 0.5
+    assert config["initial_replicas"] == config["min_replicas"] == 1
+    assert "metrics_interval_s" not in config  # Serve's default; setting it warns
+    default = parse_args({"autoscaling": {"policy": "default"}}).autoscaling.serve_config()
+    assert "policy" not in default

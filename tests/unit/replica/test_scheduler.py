@@ -118,3 +118,17 @@ def test_finish_releases_blocks_and_slot():
     assert slots.users and s.blocks.num_free == 6
     s.finish(seq, "abort")
     assert not slots.users and s.blocks.num_free == 8 and seq.finish_reason == "abort"
+
+
+def test_active_adapters_counts_distinct_adapters_running_and_waiting():
+    s = _sched(slots=1)
+    a, b = _ref("a"), _ref("b")
+    for i, ref in enumerate([a, a, b, None, b]):
+        s.add(_seq(i, 4, ref))
+    assert s.active_adapters() == 2  # all waiting: a, b (base requests need no slot)
+    out = s.schedule()
+    assert {seq.adapter_key for seq, _ in out.scheduled} == {a.key, ""}  # b waits for the slot
+    assert s.active_adapters() == 2
+    for seq, _ in out.scheduled:
+        s.finish(seq, "stop")
+    assert s.active_adapters() == 1  # a's requests are done; b's still wait
