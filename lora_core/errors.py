@@ -110,6 +110,20 @@ class ModelLoadFailed(LoraFleetError):
     """The base model directory or hub id cannot be read or is unsupported."""
 
 
+class NonFiniteLogits(LoraFleetError):
+    """The model's logits for a request were NaN or infinite (bad weights, an overflowing
+    dtype): the request stops with an error instead of emitting an arbitrary token."""
+
+    def __init__(self, request_id: str, position: int):
+        super().__init__(
+            f"request {request_id}: the model's logits at output token {position} are not "
+            "finite (NaN or inf); generation stopped. The base model or adapter weights, "
+            "or the dtype, overflow"
+        )
+        self.request_id = request_id
+        self.position = position
+
+
 class RegistryUnavailable(LoraFleetError):
     """Redis cannot be reached (the message names the URL tried)."""
 

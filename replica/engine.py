@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from pathlib import Path
 
 import torch
 
-from lora_core.errors import CapacityExceeded, InvalidRequest
+from lora_core.errors import CapacityExceeded, InvalidRequest, LoraFleetError, NonFiniteLogits
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager
 from replica.config import EngineConfig
@@ -24,6 +25,8 @@ from replica.sampler import sample
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
 from replica.sequence import Sequence, Status
+
+log = logging.getLogger("lorafleet.engine")
 
 
 class LLMEngine:
@@ -121,13 +124,24 @@ class LLMEngine:
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
         sampled = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
+            if i in bad:
+                outputs.append(self._fail(seq, NonFiniteLogits(seq.request_id, seq.num_output)))
+                continue
             if seq.params.logprobs:
                 seq.logprobs.append(sampled.logprobs[i])
             if seq.params.top_logprobs:
                 seq.top_logprobs.append(sampled.top[i])
             outputs.append(self._append(seq, sampled.tokens[i]))
         return outputs
+
+    def _fail(self, seq: Sequence, error: LoraFleetError) -> RequestOutput:
+        """Stop seq with `error` (its tokens so far were delivered already)."""
+        log.error("%s", error)
+        self.scheduler.finish(seq, "error")
+        self._seqs.pop(seq.request_id, None)
+        return dataclasses.replace(self._output(seq, "", []), error=error)
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.tokens.append(token)

@@ -24,11 +24,14 @@ class Sampled(NamedTuple):
     logprobs: each row's sampled-token logprob; None when no row asked for logprobs.
     top: each row's `top_logprobs` most likely (token, logprob), most likely first;
         None when no row asked for alternatives.
+    non_finite: rows whose logits hold a NaN or an infinity (their token, logprobs and
+        alternatives are meaningless; the engine fails those requests).
     """
 
     tokens: list[int]
     logprobs: list[float] | None
     top: list[TopLogprobs] | None
+    non_finite: list[int]
 
 
 def sample(
@@ -44,8 +47,11 @@ def sample(
     probability, by the row's own uniform draws. Rows are drawn in batches of tensor
     ops: rows with top_k over their top-k (one `topk`), rows with only top_p by rejection
     against the nucleus (no sort of the vocabulary; a host sync per rejection round),
-    the rest straight from their distribution.
+    the rest straight from their distribution. Rows with a NaN or inf logit are drawn
+    from zeros instead (so they cannot stall the rejection rounds) and reported in
+    `non_finite`.
     """
+    finite = torch.isfinite(logits).all(dim=-1)
     picked = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     for group, draw in (
@@ -55,14 +61,16 @@ def sample(
     ):
         if group:
             at = torch.tensor(group, device=logits.device)
-            drawn = draw(logits[at], [params[i] for i in group], [generators[i] for i in group])
+            sub = logits[at].masked_fill_(~finite[at, None], 0.0)  # a copy: logits stay as they are
+            drawn = draw(sub, [params[i] for i in group], [generators[i] for i in group])
             picked = picked.index_copy(0, at, drawn)
-    tokens = picked.tolist()
+    tokens, ok = torch.stack((picked, finite.to(picked.dtype))).tolist()  # one host sync
+    non_finite = [i for i, good in enumerate(ok) if not good]
     if not any(p.logprobs for p in params):
-        return Sampled(tokens, None, None)
+        return Sampled(tokens, None, None, non_finite)
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(1, picked[:, None])[:, 0]
-    return Sampled(tokens, chosen.tolist(), _top_logprobs(logp, params))
+    return Sampled(tokens, chosen.tolist(), _top_logprobs(logp, params), non_finite)
 
 
 def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -22,6 +22,7 @@ from lora_core.errors import (
     InvalidRequest,
     LoraFleetError,
     ModelLoadFailed,
+    NonFiniteLogits,
     PinRefused,
     RegistryUnavailable,
     StaleEpoch,
@@ -84,6 +85,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorStatus], ...] = (
     ),
     (ModelLoadFailed, ErrorStatus(500, _S.INTERNAL, "server_error", "model_load_failed")),
     (StaleEpoch, ErrorStatus(500, _S.INTERNAL, "server_error", "stale_epoch")),
+    (NonFiniteLogits, ErrorStatus(500, _S.INTERNAL, "server_error", "non_finite_logits")),
     (LoraFleetError, ErrorStatus(500, _S.INTERNAL, "server_error", "internal_error")),
 )
 INTERNAL = ErrorStatus(500, _S.INTERNAL, "server_error", "internal_error")

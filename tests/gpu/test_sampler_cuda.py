@@ -62,3 +62,23 @@ def test_logprobs_of_drawn_tokens_on_cuda():
     assert out.logprobs == pytest.approx(picked.tolist(), abs=1e-5)
     values, ids = ref.topk(5, -1)
     assert [[t for t, _ in row] for row in out.top] == ids.tolist()
+
+
+def test_non_finite_rows_are_reported_on_cuda():
+    """The old per-row sampler hit a device assert on a NaN row, which killed the CUDA
+    context; now the row is reported and the others draw as they would alone."""
+    logits = torch.randn(8, 1000, device=CUDA) * 2
+    logits[1, 5] = float("nan")
+    logits[2, :] = float("nan")
+    logits[6, 3] = float("inf")
+    params = [KINDS[i % len(KINDS)] for i in range(8)]
+
+    def gens(rows):
+        return [torch.Generator(device=CUDA).manual_seed(50 + i) for i in rows]
+
+    out = sample(logits, params, gens(range(8)))
+    assert out.non_finite == [1, 2, 6]
+    good = [0, 3, 4, 5, 7]
+    alone = sample(logits[good], [params[i] for i in good], gens(good))
+    assert [out.tokens[i] for i in good] == alone.tokens
+    torch.cuda.synchronize()  # the context is still healthy

@@ -24,6 +24,7 @@ CASES = [
     errors.ModelLoadFailed("no config.json"),
     errors.RegistryUnavailable("redis://127.0.0.1:1/0 refused the connection"),
     errors.StaleEpoch("epoch 3 < 4"),
+    errors.NonFiniteLogits("req-7", 12),
 ]
 
 

@@ -245,7 +245,9 @@ def test_async_unload_while_waiting_raises_to_that_caller_only(llama_dir, refs):
                      max_lora_rank=16)
     )  # fmt: skip
     ids = engine.tokenizer(PROMPTS[0]).input_ids
-    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    # long enough that the unload lands while "running" still holds the only slot, even
+    # on a loaded machine (once it finished, "waiting" would take the slot and be served)
+    long = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
 
     async def collect(rid, ref):
         try:
@@ -349,3 +351,37 @@ def test_async_load_to_gpu_warms_a_slot_even_with_one_slot(llama_dir, refs):
         assert stats.gpu_adapters == (refs["qv8"].key,) and stats.pinned == ()
     finally:
         engine.shutdown()
+
+
+def test_overflowing_adapter_fails_its_requests_alone(llama_dir, refs, tmp_path):
+    """An adapter with finite but huge weights (so validation takes it) overflows float32:
+    its requests stop with NonFiniteLogits instead of emitting arbitrary tokens; the base
+    and other-adapter requests beside it are untouched and everything is freed."""
+    from lora_core.errors import NonFiniteLogits
+    from tests.tiny import make_peft_adapter
+
+    path = make_peft_adapter(
+        llama_dir, tmp_path / "huge", seed=3, scale=1e20, r=4, lora_alpha=8,
+        target_modules=["down_proj"],
+    )  # fmt: skip
+    huge = adapter_ref("huge", path, max_rank=16)
+    engine = _engine(llama_dir)
+    ids = engine.tokenizer(PROMPTS[1]).input_ids
+    engine.add_request("huge", ids, GREEDY, huge)
+    engine.add_request("base", ids, GREEDY, None)
+    engine.add_request("qv8", ids, GREEDY, refs["qv8"])
+    outs: dict[str, list] = {"huge": [], "base": [], "qv8": []}
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    (failed,) = outs["huge"]
+    assert failed.finish_reason == "error" and isinstance(failed.error, NonFiniteLogits)
+    assert failed.new_token_ids == [] and "not finite" in str(failed.error)
+    expected = run_requests(
+        _engine(llama_dir), [("base", PROMPTS[1], GREEDY, None),
+                             ("qv8", PROMPTS[1], GREEDY, refs["qv8"])]
+    )  # fmt: skip
+    for rid in ("base", "qv8"):
+        assert [t for o in outs[rid] for t in o.new_token_ids] == expected[rid]
+        assert outs[rid][-1].finish_reason == "length"
+    assert engine.stats().num_running == 0 and engine.blocks.usage() == 0.0

@@ -14,8 +14,8 @@ def _gen(seed):
 def test_greedy_is_argmax_and_logprobs_are_raw_log_softmax():
     logits = torch.randn(3, 50)
     params = [SamplingParams(temperature=0.0, logprobs=True)] * 3
-    tokens, lps, top = sample(logits, params, [None] * 3)
-    assert tokens == logits.argmax(-1).tolist()
+    tokens, lps, top, bad = sample(logits, params, [None] * 3)
+    assert tokens == logits.argmax(-1).tolist() and bad == []
     ref = torch.log_softmax(logits, -1)[torch.arange(3), logits.argmax(-1)]
     assert lps == pytest.approx(ref.tolist(), abs=1e-6)
     assert top is None
@@ -24,7 +24,7 @@ def test_greedy_is_argmax_and_logprobs_are_raw_log_softmax():
 def test_nothing_computed_when_no_row_asks():
     logits = torch.randn(2, 50)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5)]
-    assert sample(logits, params, [None, _gen(0)])[1:] == (None, None)
+    assert sample(logits, params, [None, _gen(0)])[1:] == (None, None, [])
 
 
 @pytest.mark.parametrize("ks", [(1,), (5, 0, 20), (0, 3)])
@@ -34,7 +34,7 @@ def test_top_logprobs_are_topk_of_raw_log_softmax(ks):
         SamplingParams(temperature=0.7, top_k=10, logprobs=True, top_logprobs=k, seed=i)
         for i, k in enumerate(ks)
     ]
-    tokens, lps, top = sample(logits, params, [_gen(i) for i in range(len(ks))])
+    tokens, lps, top, _ = sample(logits, params, [_gen(i) for i in range(len(ks))])
     ref = torch.log_softmax(logits, -1)
     assert lps == pytest.approx(ref[torch.arange(len(ks)), tokens].tolist(), abs=1e-6)
     for i, k in enumerate(ks):
@@ -54,6 +54,28 @@ def test_seeded_sampling_reproducible_and_batch_invariant(top_k):
     assert alone == together
     again = sample(logits, [p] * 4, [_gen(100 + i) for i in range(4)])[0]
     assert again == together
+
+
+def test_non_finite_rows_are_reported_and_leave_the_others_alone():
+    """NaN / inf rows of every sampling path are reported; the finite rows draw exactly
+    what they draw without them; the nucleus rejection rounds do not stall on them."""
+    logits = torch.randn(8, 100) * 2
+    logits[1, 5] = float("nan")
+    logits[3, :] = float("-inf")
+    logits[5, 7] = float("inf")
+    logits[6, :] = float("nan")
+    paths = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=20),
+        SamplingParams(temperature=0.8, top_p=0.2),
+        SamplingParams(temperature=0.8),
+    ]
+    params = [paths[i % 4] for i in range(8)]
+    out = sample(logits, params, [None if p.greedy else _gen(i) for i, p in enumerate(params)])
+    assert out.non_finite == [1, 3, 5, 6]
+    good = [0, 2, 4, 7]
+    alone = sample(logits[good], [params[i] for i in good], [None, _gen(2), None, _gen(7)])
+    assert [out.tokens[i] for i in good] == alone.tokens and alone.non_finite == []
 
 
 def _kept_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

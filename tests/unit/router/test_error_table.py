@@ -10,6 +10,7 @@ from lora_core.errors import (
     CapacityExceeded,
     InvalidRequest,
     LoraFleetError,
+    NonFiniteLogits,
     RegistryUnavailable,
     Unauthorized,
 )
@@ -46,6 +47,7 @@ from router.errors import openai_error_body, status_for, unwrap
             3.0,
         ),
         (RegistryUnavailable("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
+        (NonFiniteLogits("r", 3), 500, grpc.StatusCode.INTERNAL, "server_error", None),
         (LoraFleetError("x"), 500, grpc.StatusCode.INTERNAL, "server_error", None),
         (KeyError("x"), 500, grpc.StatusCode.INTERNAL, "server_error", None),
     ],
