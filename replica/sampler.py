@@ -24,8 +24,8 @@ class Sampled(NamedTuple):
     logprobs: each row's sampled-token logprob; None when no row asked for logprobs.
     top: each row's `top_logprobs` most likely (token, logprob), most likely first;
         None when no row asked for alternatives.
-    non_finite: rows whose logits hold a NaN or an infinity (their token, logprobs and
-        alternatives are meaningless; the engine fails those requests).
+    non_finite: rows whose logits hold a NaN or +inf, or no finite value (their token,
+        a valid id, logprobs and alternatives are meaningless; the engine fails them).
     """
 
     tokens: list[int]
@@ -47,12 +47,14 @@ def sample(
     probability, by the row's own uniform draws. Rows are drawn in batches of tensor
     ops: rows with top_k over their top-k (one `topk`), rows with only top_p by rejection
     against the nucleus (no sort of the vocabulary; a host sync per rejection round),
-    the rest straight from their distribution. Rows with a NaN or inf logit are drawn
-    from zeros instead (so they cannot stall the rejection rounds) and reported in
-    `non_finite`.
+    the rest straight from their distribution. Rows with a NaN or +inf logit, or none
+    finite, are drawn from zeros instead (so they cannot stall the rejection rounds) and
+    reported in `non_finite`; -inf logits beside finite ones only mask their tokens.
     """
-    finite = torch.isfinite(logits).all(dim=-1)
     picked = logits.argmax(dim=-1)
+    # argmax propagates NaN, so the picked logit is NaN, +inf or (no finite logit) -inf
+    # exactly when the row is bad; -inf beside finite logits is a legitimate mask
+    finite = torch.isfinite(logits.gather(1, picked[:, None])[:, 0])
     rows = [i for i, p in enumerate(params) if not p.greedy]
     for group, draw in (
         ([i for i in rows if params[i].top_k], _draw_top_k),
@@ -64,8 +66,11 @@ def sample(
             sub = logits[at].masked_fill_(~finite[at, None], 0.0)  # a copy: logits stay as they are
             drawn = draw(sub, [params[i] for i in group], [generators[i] for i in group])
             picked = picked.index_copy(0, at, drawn)
-    tokens, ok = torch.stack((picked, finite.to(picked.dtype))).tolist()  # one host sync
-    non_finite = [i for i, good in enumerate(ok) if not good]
+    # bad rows travel as -1 - token, so one transfer carries both (one host sync; the
+    # nucleus rounds have theirs)
+    coded = torch.where(finite, picked, -1 - picked).tolist()
+    non_finite = [i for i, t in enumerate(coded) if t < 0]
+    tokens = [t if t >= 0 else -1 - t for t in coded]
     if not any(p.logprobs for p in params):
         return Sampled(tokens, None, None, non_finite)
     logp = torch.log_softmax(logits, dim=-1)

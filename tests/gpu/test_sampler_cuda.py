@@ -71,6 +71,7 @@ def test_non_finite_rows_are_reported_on_cuda():
     logits[1, 5] = float("nan")
     logits[2, :] = float("nan")
     logits[6, 3] = float("inf")
+    logits[7, 100:] = float("-inf")  # masked tokens, still a good row
     params = [KINDS[i % len(KINDS)] for i in range(8)]
 
     def gens(rows):
@@ -80,5 +81,6 @@ def test_non_finite_rows_are_reported_on_cuda():
     assert out.non_finite == [1, 2, 6]
     good = [0, 3, 4, 5, 7]
     alone = sample(logits[good], [params[i] for i in good], gens(good))
-    assert [out.tokens[i] for i in good] == alone.tokens
+    assert [out.tokens[i] for i in good] == alone.tokens and out.tokens[7] < 100
+    assert all(0 <= t < 1000 for t in out.tokens)  # bad rows still carry a valid id
     torch.cuda.synchronize()  # the context is still healthy

@@ -57,13 +57,15 @@ def test_seeded_sampling_reproducible_and_batch_invariant(top_k):
 
 
 def test_non_finite_rows_are_reported_and_leave_the_others_alone():
-    """NaN / inf rows of every sampling path are reported; the finite rows draw exactly
+    """NaN / +inf / all -inf rows of every sampling path are reported (-inf beside finite
+    logits only masks tokens); the other rows draw exactly
     what they draw without them; the nucleus rejection rounds do not stall on them."""
     logits = torch.randn(8, 100) * 2
     logits[1, 5] = float("nan")
     logits[3, :] = float("-inf")
     logits[5, 7] = float("inf")
     logits[6, :] = float("nan")
+    logits[7, 10:] = float("-inf")  # masked tokens, still a good row
     paths = [
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=0.8, top_k=20),
@@ -76,6 +78,8 @@ def test_non_finite_rows_are_reported_and_leave_the_others_alone():
     good = [0, 2, 4, 7]
     alone = sample(logits[good], [params[i] for i in good], [None, _gen(2), None, _gen(7)])
     assert [out.tokens[i] for i in good] == alone.tokens and alone.non_finite == []
+    assert out.tokens[7] < 10
+    assert all(0 <= t < 100 for t in out.tokens)  # bad rows still carry a valid id
 
 
 def _kept_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
