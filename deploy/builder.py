@@ -2,8 +2,9 @@
 
 `build_app(args)` validates the `args:` of the config once (`ClusterArgs`), prepares
 the model (the generated demo when `model: demo`), the registry (a local
-redis-server when `redis_url` is empty) and the demo adapters' registration, then
-binds ingress -> replica deployment with the LoRA-affinity request router.
+redis-server when `redis_url` is empty), the demo adapters' registration and the Grafana
+dashboard (deploy/dashboard.py), then binds ingress -> replica deployment with the
+LoRA-affinity request router (and the LoRA autoscaling policy when `autoscaling` is set).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from cluster.records import ServedBase
+from deploy.dashboard import install_dashboard
 from lora_core.errors import AdapterAlreadyExists, InvalidRequest
 from replica.config import EngineConfig
 from replica.deployment import ReplicaDeployment, ReplicaSettings
@@ -231,6 +233,9 @@ def build_app(args: dict) -> serve.Application:
             served_model_name(cfg, model_dir), model_dir, cfg.max_lora_rank
         )
         register_demo(redis_url, cfg.namespace, demo_adapters, served)
+    installed = install_dashboard()
+    if installed is not None:
+        print(f"lorafleet: Grafana dashboard at {installed}", file=sys.stderr, flush=True)
     return bind_app(cfg, model_dir, redis_url)
 
 
