@@ -32,7 +32,9 @@ from typing import Any, Protocol
 
 from lora_core.errors import InvalidRequest
 
-log = logging.getLogger("lorafleet.autoscaling")
+# The policy runs inside Serve's controller, whose handlers hang on the "ray.serve" logger:
+# a child of it lands in the controller's log (logs/serve/controller_*.log).
+log = logging.getLogger("ray.serve.lorafleet.autoscaling")
 
 # The custom metrics each replica reports (LoraReplica.record_autoscaling_stats).
 ACTIVE_ADAPTERS = "active_adapters"

@@ -6,11 +6,14 @@ at most 6 requests in flight against a target of 8 per replica, so request load 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+import ray
 from ray import serve
 
 from cluster.autoscaling import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING, LoraAutoscalingPolicy
@@ -85,6 +88,11 @@ def running_replicas() -> int:
     return status.replica_states.get("RUNNING", 0)
 
 
+def controller_log() -> str:
+    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    return "".join(p.read_text() for p in (session / "logs" / "serve").glob("controller_*.log"))
+
+
 def wait_for(pred, timeout_s: float, what: str) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
@@ -142,6 +150,9 @@ def test_adapter_demand_grows_the_fleet_and_idle_shrinks_it(scaling):
         for w in workers:
             w.join(timeout=60)
     assert codes and set(codes) == {200}, sorted(set(codes))
+    # the controller's log names the signal that asked for the second replica
+    wishes = re.findall(r"1 replicas, want (\d+\.\d+) \(adapters;", controller_log())
+    assert any(float(w) > 1.0 for w in wishes), wishes
     wait_for(lambda: running_replicas() == 1, 90, "scaling back down to 1 replica")
 
 
