@@ -27,7 +27,7 @@ from lora_core.pool import (
     SlotPool,
 )
 from lora_core.slot_buffers import SlotBuffers
-from lora_core.validate import AdapterManifest, validate_adapter_dir
+from lora_core.validate import AdapterManifest, read_adapter_files, validate_adapter_files
 from lora_core.weights import AdapterWeights, load_adapter_weights
 
 
@@ -70,13 +70,15 @@ class AdapterManager:
             if ref.key in self.pool:
                 self._run(self.pool.add(ref.key, ref.name), {})
                 return self._manifests[ref.key]
-        manifest = validate_adapter_dir(ref.path, max_rank=self.max_rank, base=self.base)
+        # One read of the files: the bytes validated are the bytes loaded, hashed once.
+        files = read_adapter_files(ref.path)
+        manifest = validate_adapter_files(files, max_rank=self.max_rank, base=self.base)
         if ref.content_hash and manifest.content_hash != ref.content_hash:
             raise AdapterLoadFailed(
                 f"{ref.path}: content hash {manifest.content_hash[:16]} is not the registered "
                 f"{ref.content_hash[:16]} of {ref.key}; allowed: re-register the adapter"
             )
-        weights = load_adapter_weights(manifest, self.base, self.dtype)
+        weights = load_adapter_weights(manifest, self.base, self.dtype, files)
         with self._lock:
             if ref.key not in self.pool:
                 self._manifests[ref.key] = manifest

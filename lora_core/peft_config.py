@@ -73,8 +73,17 @@ class LoraSpec:
     def from_file(cls, path: str | Path) -> LoraSpec:
         """Parse adapter_config.json; AdapterLoadFailed when unreadable or not JSON."""
         try:
-            cfg = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
+        return cls.from_bytes(path, raw)
+
+    @classmethod
+    def from_bytes(cls, path: str | Path, raw: bytes) -> LoraSpec:
+        """Parse adapter_config.json's bytes (path names it in messages)."""
+        try:
+            cfg = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
         if not isinstance(cfg, dict):
             raise AdapterLoadFailed(f"{path}: adapter_config.json is not a JSON object")

@@ -35,19 +35,30 @@ MAX_HEADER_BYTES = 100_000_000
 TensorInfo = tuple[str, tuple[int, ...]]
 
 
-def read_safetensors_header(path: str | Path) -> dict[str, TensorInfo]:
-    """{tensor_name: (dtype_str, shape)} of a safetensors file; AdapterLoadFailed if corrupt."""
+def read_safetensors_header(path: str | Path, data: bytes | None = None) -> dict[str, TensorInfo]:
+    """{tensor_name: (dtype_str, shape)} of a safetensors file; AdapterLoadFailed if corrupt.
+
+    data: the file's bytes when already read (path then only names it in messages).
+    """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise _corrupt(path, f"file is {size} bytes, shorter than the 8-byte header length")
-            (length,) = struct.unpack("<Q", prefix)
-            if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
-                raise _corrupt(path, f"header length {length} does not fit a {size}-byte file")
-            raw = f.read(length)
+        if data is not None:
+            size, prefix = len(data), data[:8]
+        else:
+            size = path.stat().st_size
+            with path.open("rb") as f:
+                prefix = f.read(8)
+        if len(prefix) < 8:
+            raise _corrupt(path, f"file is {size} bytes, shorter than the 8-byte header length")
+        (length,) = struct.unpack("<Q", prefix)
+        if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
+            raise _corrupt(path, f"header length {length} does not fit a {size}-byte file")
+        if data is not None:
+            raw = data[8 : 8 + length]
+        else:
+            with path.open("rb") as f:
+                f.seek(8)
+                raw = f.read(length)
     except OSError as e:
         raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
     try:
@@ -74,17 +85,24 @@ _EXPONENT_MASKS: dict[str, tuple[type, int]] = {
 }
 
 
-def first_nonfinite(path: str | Path) -> str | None:
+def first_nonfinite(path: str | Path, data: bytes | None = None) -> str | None:
     """The name of the first float tensor (in file order) holding a NaN or an infinity,
-    or None. Reads the data through a memory map, a few GB/s; call after
-    read_safetensors_header has accepted the file."""
+    or None. Scans `data` (the file's bytes) when given, else the file through a memory
+    map; call after read_safetensors_header has accepted the file."""
     path = Path(path)
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length).decode("utf-8"))
-    if path.stat().st_size == 8 + length:
-        return None
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + length)
+    if data is None:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length).decode("utf-8"))
+        if path.stat().st_size == 8 + length:
+            return None
+        body = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + length)
+    else:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length].decode("utf-8"))
+        if len(data) == 8 + length:
+            return None
+        body = np.frombuffer(data, dtype=np.uint8, offset=8 + length)
     entries = sorted(
         (e["data_offsets"], name, e["dtype"])
         for name, e in header.items()
@@ -94,7 +112,7 @@ def first_nonfinite(path: str | Path) -> str | None:
         if dtype not in _EXPONENT_MASKS or begin == end:
             continue
         view, mask = _EXPONENT_MASKS[dtype]
-        bits = data[begin:end].view(view)
+        bits = body[begin:end].view(view)
         if np.any(bits & view(mask) == view(mask)):
             return name
     return None

@@ -88,6 +88,35 @@ def resolve_adapter_dir(path: str | Path) -> Path:
     return resolved
 
 
+@dataclass(frozen=True)
+class AdapterFiles:
+    """An adapter directory's two files, read once: the bytes that were validated are the
+    bytes that get loaded, and they are hashed once.
+
+    root: the resolved directory. config / weights: the files' bytes.
+    content_hash: sha256 hex of config + weights (as `content_hash`).
+    """
+
+    root: Path
+    config: bytes
+    weights: bytes
+    content_hash: str
+
+
+def read_adapter_files(path: str | Path) -> AdapterFiles:
+    """Read and hash both files of an adapter directory; AdapterLoadFailed names a problem."""
+    root = resolve_adapter_dir(path)
+    _require_files(root)
+    try:
+        config = (root / CONFIG_FILE).read_bytes()
+        weights = (root / WEIGHTS_FILE).read_bytes()
+    except OSError as e:
+        raise AdapterLoadFailed(f"cannot read adapter {root}: {e}") from e
+    digest = hashlib.sha256(config)
+    digest.update(weights)
+    return AdapterFiles(root, config, weights, digest.hexdigest())
+
+
 def content_hash(path: str | Path) -> str:
     """sha256 hex over adapter_config.json bytes then adapter_model.safetensors bytes."""
     root = resolve_adapter_dir(path)
@@ -108,26 +137,54 @@ def validate_adapter_dir(
     """Check an adapter directory; AdapterLoadFailed / AdapterIncompatible name what is wrong.
 
     Without `base` (the registry) everything but the fit to the base shapes is checked.
+    The weights are read through a memory map and hashed in chunks (nothing held in memory).
     """
     root = resolve_adapter_dir(path)
     _require_files(root)
     spec = LoraSpec.from_file(root / CONFIG_FILE)
     tensors = read_safetensors_header(root / WEIGHTS_FILE)
+    modules = _check_modules(spec, tensors, max_rank, base)
+    _check_finite(first_nonfinite(root / WEIGHTS_FILE))
+    return _manifest(root, spec, modules, content_hash(root))
+
+
+def validate_adapter_files(
+    files: AdapterFiles, *, max_rank: int, base: BaseShape | None = None
+) -> AdapterManifest:
+    """validate_adapter_dir on files already read (a replica about to load them)."""
+    spec = LoraSpec.from_bytes(files.root / CONFIG_FILE, files.config)
+    tensors = read_safetensors_header(files.root / WEIGHTS_FILE, files.weights)
+    modules = _check_modules(spec, tensors, max_rank, base)
+    _check_finite(first_nonfinite(files.root / WEIGHTS_FILE, files.weights))
+    return _manifest(files.root, spec, modules, files.content_hash)
+
+
+def _check_modules(
+    spec: LoraSpec, tensors: dict[str, TensorInfo], max_rank: int, base: BaseShape | None
+) -> dict[tuple[int, str], ModuleInfo]:
     expected = _check_targets(spec, _num_layers(tensors, base))
     pairs = _pair_tensors(tensors)
     modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
     _check_coverage(expected, set(modules))
-    nonfinite = first_nonfinite(root / WEIGHTS_FILE)
+    return modules
+
+
+def _check_finite(nonfinite: str | None) -> None:
     if nonfinite is not None:
         # A NaN would not fail a request: it would silently turn every answer to garbage.
         raise AdapterIncompatible(nonfinite, "holds NaN or infinite values", "finite weights")
+
+
+def _manifest(
+    root: Path, spec: LoraSpec, modules: dict[tuple[int, str], ModuleInfo], digest: str
+) -> AdapterManifest:
     return AdapterManifest(
         path=str(root),
         spec=spec,
         rank=max(info.rank for info in modules.values()),
         target_modules=tuple(sorted({m for _, m in modules})),
         modules=modules,
-        content_hash=content_hash(root),
+        content_hash=digest,
         base_model=spec.base_model,
     )
 

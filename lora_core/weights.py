@@ -12,7 +12,6 @@ transpose is needed for either value.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +21,7 @@ from safetensors.torch import load as load_safetensors
 from lora_core.base_shape import GROUPS, BaseShape
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import PEFT_PREFIX, module_key
-from lora_core.validate import AdapterManifest
+from lora_core.validate import AdapterFiles, AdapterManifest, read_adapter_files
 
 # Per layer: {group: one entry per slice (None = untargeted)}.
 LayerSlices = dict[str, tuple["SliceWeights | None", ...]]
@@ -64,9 +63,15 @@ class AdapterWeights:
 
 
 def load_adapter_weights(
-    manifest: AdapterManifest, base: BaseShape, dtype: torch.dtype
+    manifest: AdapterManifest,
+    base: BaseShape,
+    dtype: torch.dtype,
+    files: AdapterFiles | None = None,
 ) -> AdapterWeights:
-    """Read, verify (content hash, shapes) and pack a validated adapter on CPU in `dtype`."""
+    """Read, verify (content hash, shapes) and pack a validated adapter on CPU in `dtype`.
+
+    files: the bytes `manifest` was validated from (used as they are, not read again).
+    """
     beyond = [lm for lm in manifest.modules if lm[0] >= base.num_layers]
     if beyond:
         layer, module = min(beyond)
@@ -75,21 +80,20 @@ def load_adapter_weights(
             f"layer {layer} does not exist in the base model",
             f"layers 0..{base.num_layers - 1}",
         )
-    tensors = _read_verified(manifest)
+    tensors = _read_verified(manifest, files)
     layers = []
     for layer in range(base.num_layers):
         layers.append({g: _group(manifest, tensors, base, layer, g, dtype) for g in GROUPS})
     return AdapterWeights(manifest.content_hash, manifest.rank, tuple(layers))
 
 
-def _read_verified(manifest: AdapterManifest) -> dict[str, torch.Tensor]:
+def _read_verified(
+    manifest: AdapterManifest, files: AdapterFiles | None
+) -> dict[str, torch.Tensor]:
     """The safetensors tensors, refused unless the files still hash to the manifest's hash."""
-    try:
-        config = manifest.config_path.read_bytes()
-        data = manifest.weights_path.read_bytes()
-    except OSError as e:
-        raise AdapterLoadFailed(f"cannot read adapter {manifest.path}: {e}") from e
-    digest = hashlib.sha256(config + data).hexdigest()
+    if files is None:
+        files = read_adapter_files(manifest.path)
+    data, digest = files.weights, files.content_hash
     if digest != manifest.content_hash:
         raise AdapterLoadFailed(
             f"{manifest.path}: files changed since validation (sha256 {digest[:16]}, "

@@ -9,7 +9,33 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
-from lora_core.validate import ModuleInfo, content_hash, validate_adapter_dir
+from lora_core.validate import (
+    ModuleInfo,
+    content_hash,
+    read_adapter_files,
+    validate_adapter_dir,
+    validate_adapter_files,
+)
+
+
+def _validate(path, **kw):
+    """validate_adapter_dir, checked against the replica's path (the files read once, then
+    validate_adapter_files): both give the same manifest or the same error."""
+    outcomes = []
+    for run in (
+        lambda: validate_adapter_dir(path, **kw),
+        lambda: validate_adapter_files(read_adapter_files(path), **kw),
+    ):
+        try:
+            outcomes.append(run())
+        except (AdapterIncompatible, AdapterLoadFailed) as e:
+            outcomes.append(e)
+    by_dir, by_files = outcomes
+    if isinstance(by_dir, Exception):
+        assert (type(by_files), str(by_files)) == (type(by_dir), str(by_dir))
+        raise by_dir
+    assert by_files == by_dir
+    return by_dir
 
 
 def _edit(path: Path, **changes: object) -> None:
@@ -34,7 +60,7 @@ def test_manifest_of_a_real_adapter(make_adapter, base) -> None:
         target_modules=["q_proj", "v_proj", "down_proj"], rank_pattern={"v_proj": 2}
     )
     _edit(path, base_model_name_or_path="tiny/llama")
-    m = validate_adapter_dir(path, max_rank=8, base=base)
+    m = _validate(path, max_rank=8, base=base)
     assert m.path == str(path.resolve())
     assert m.rank == 4
     assert m.target_modules == ("down_proj", "q_proj", "v_proj")
@@ -56,26 +82,26 @@ def test_manifest_of_a_real_adapter(make_adapter, base) -> None:
 
 def test_qwen2_adapter_and_no_base(make_adapter) -> None:
     path = make_adapter(arch="qwen2", target_modules=r".*\.(k_proj|gate_proj)")
-    m = validate_adapter_dir(str(path), max_rank=4)
+    m = _validate(str(path), max_rank=4)
     assert m.target_modules == ("gate_proj", "k_proj")
     assert sorted(m.modules) == [(0, "gate_proj"), (0, "k_proj"), (1, "gate_proj"), (1, "k_proj")]
 
 
 def test_layers_to_transform(make_adapter, base) -> None:
     path = make_adapter(target_modules=["o_proj"], layers_to_transform=[1])
-    m = validate_adapter_dir(path, max_rank=8, base=base)
+    m = _validate(path, max_rank=8, base=base)
     assert sorted(m.modules) == [(1, "o_proj")]
 
 
 def test_symlink_is_resolved(make_adapter, tmp_path: Path) -> None:
     path = make_adapter()
     os.symlink(path, tmp_path / "link")
-    assert validate_adapter_dir(tmp_path / "link", max_rank=8).path == str(path.resolve())
+    assert _validate(tmp_path / "link", max_rank=8).path == str(path.resolve())
 
 
 def _incompatible(path: Path, field: str, base=None, max_rank: int = 8) -> AdapterIncompatible:
     with pytest.raises(AdapterIncompatible) as e:
-        validate_adapter_dir(path, max_rank=max_rank, base=base)
+        _validate(path, max_rank=max_rank, base=base)
     assert e.value.field == field, str(e.value)
     assert str(e.value).startswith(f"{field}: ") and "allowed: " in str(e.value)
     return e.value
@@ -125,7 +151,7 @@ def test_rank_too_high(make_adapter, base) -> None:
 
 def test_base_shape_does_not_fit(make_adapter, base) -> None:
     path = make_adapter()
-    validate_adapter_dir(path, max_rank=8)
+    _validate(path, max_rank=8)
     wide = replace(base, hidden=128, intermediate=256, head_dim=32)
     err = _incompatible(path, "model.layers.0.self_attn.q_proj.lora_A/lora_B.weight", wide)
     assert "lora_A [r, 128]" in err.allowed
@@ -194,21 +220,21 @@ def test_missing_config(make_adapter) -> None:
     path = make_adapter()
     (path / "adapter_config.json").unlink()
     with pytest.raises(AdapterLoadFailed, match="adapter_config.json is missing"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 def test_corrupt_config(make_adapter) -> None:
     path = make_adapter()
     (path / "adapter_config.json").write_text('{"r": 4,')
     with pytest.raises(AdapterLoadFailed, match="cannot read"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 def test_missing_weights(make_adapter) -> None:
     path = make_adapter()
     (path / "adapter_model.safetensors").unlink()
     with pytest.raises(AdapterLoadFailed, match="adapter_model.safetensors is missing"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 def test_truncated_weights(make_adapter) -> None:
@@ -216,7 +242,7 @@ def test_truncated_weights(make_adapter) -> None:
     file = path / "adapter_model.safetensors"
     file.write_bytes(file.read_bytes()[:-10])
     with pytest.raises(AdapterLoadFailed, match="corrupt safetensors"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 def test_pickle_only_refused(make_adapter) -> None:
@@ -225,7 +251,7 @@ def test_pickle_only_refused(make_adapter) -> None:
     torch.save(load_file(str(file)), path / "adapter_model.bin")
     file.unlink()
     with pytest.raises(AdapterLoadFailed, match="safetensors only"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 @pytest.mark.parametrize("kind", ["missing", "file", "url", "hub"])
@@ -238,7 +264,7 @@ def test_path_must_be_a_local_directory(tmp_path: Path, kind: str) -> None:
         "hub": "someone/some-lora",
     }[kind]
     with pytest.raises(AdapterLoadFailed, match="allowed: an existing local directory"):
-        validate_adapter_dir(path, max_rank=8)
+        _validate(path, max_rank=8)
 
 
 def test_validate_is_torch_free() -> None:
@@ -283,4 +309,4 @@ def test_extreme_finite_weights_pass(make_adapter, base, dtype) -> None:
             tensors[k] = t
 
     _edit_tensors(path, extremes)
-    validate_adapter_dir(path, max_rank=8, base=base)
+    _validate(path, max_rank=8, base=base)
