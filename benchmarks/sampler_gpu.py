@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replica.sampler import sample  # noqa: E402
+from replica.sampler import SeedStream, sample  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
 
 VOCAB = 128256
@@ -90,12 +90,15 @@ def main() -> None:
         floor_ms = n * VOCAB * 4 / bw * 1e3
         for mode, kw in MODES.items():
             params = [SamplingParams(**kw)] * n
+            # the per-row loop drew from a torch.Generator per row; the engine now draws
+            # from a SeedStream per row
             gens = [
                 torch.Generator(device="cuda").manual_seed(i) if "seed" in kw else None
                 for i in range(n)
             ]
+            streams = [SeedStream(i) if "seed" in kw else None for i in range(n)]
             old = timed(lambda lg=logits, ps=params, gs=gens: per_row_baseline(lg, ps, gs))
-            new = timed(lambda lg=logits, ps=params, gs=gens: sample(lg, ps, gs))
+            new = timed(lambda lg=logits, ps=params, ss=streams: sample(lg, ps, ss))
             row = dict(rows=n, mode=mode, floor_ms=floor_ms, per_row_ms=old, batched_ms=new,
                        speedup=old / new)  # fmt: skip
             rows_out.append(row)

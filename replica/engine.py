@@ -12,8 +12,6 @@ import itertools
 import logging
 from pathlib import Path
 
-import torch
-
 from lora_core.errors import CapacityExceeded, InvalidRequest, LoraFleetError, NonFiniteLogits
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager
@@ -21,7 +19,7 @@ from replica.config import EngineConfig
 from replica.detokenizer import Detokenizer
 from replica.engine_setup import EngineParts, build_engine_parts
 from replica.outputs import EngineStats, RequestOutput
-from replica.sampler import sample
+from replica.sampler import SeedStream, sample
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
 from replica.sequence import Sequence, Status
@@ -67,9 +65,7 @@ class LLMEngine:
         self._check_prompt(prompt_token_ids, params)
         if adapter is not None:
             self.adapters.register(adapter)
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        rng = SeedStream(params.seed) if params.seed is not None else None
         seq = Sequence(
             request_id=request_id,
             prompt_len=len(prompt_token_ids),
@@ -77,7 +73,7 @@ class LLMEngine:
             params=params,
             adapter=adapter,
             arrival=next(self._arrival),
-            generator=gen,
+            rng=rng,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -123,7 +119,7 @@ class LLMEngine:
         logits = self.runner.execute(batch)
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
-        sampled = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        sampled = sample(logits, [s.params for s in seqs], [s.rng for s in seqs])
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:

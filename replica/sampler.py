@@ -1,7 +1,7 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeded streams.
 
-Each request draws from its own torch.Generator, exactly one draw per step, so a
-seeded request gives the same tokens whatever else shares its batch.
+A seeded request draws from its own SeedStream (a counter-based hash of its seed), so it
+gives the same tokens whatever else shares its batch.
 Logprobs are of the sampled token under the model's raw distribution (log_softmax
 of the logits before temperature / top-k / top-p); top logprobs are the most likely
 tokens of that same distribution. Neither is computed unless some row asks.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from replica.outputs import TopLogprobs
@@ -37,7 +38,7 @@ class Sampled(NamedTuple):
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    streams: list[SeedStream | None],
 ) -> Sampled:
     """logits: float32 [n, V] -> the sampled token of each row, with logprobs if asked.
 
@@ -64,7 +65,7 @@ def sample(
         if group:
             at = torch.tensor(group, device=logits.device)
             sub = logits[at].masked_fill_(~finite[at, None], 0.0)  # a copy: logits stay as they are
-            drawn = draw(sub, [params[i] for i in group], [generators[i] for i in group])
+            drawn = draw(sub, [params[i] for i in group], [streams[i] for i in group])
             picked = picked.index_copy(0, at, drawn)
     # bad rows travel as -1 - token, so one transfer carries both (one host sync; the
     # nucleus rounds have theirs)
@@ -92,21 +93,21 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _draw_top_k(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
 ) -> torch.Tensor:
     """Rows with top_k > 0 -> int64 [m]: only each row's max(top_k) likeliest can be kept."""
     probs = _probs(logits, params)
     probs, order = probs.topk(min(probs.shape[1], max(p.top_k for p in params)), dim=-1)
-    idx = _inverse_cdf(probs * _kept(probs, params), _uniforms(generators, logits.device))
+    idx = _inverse_cdf(probs * _kept(probs, params), _uniforms(streams, logits.device))
     return order.gather(1, idx)[:, 0]
 
 
 def _draw_plain(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
 ) -> torch.Tensor:
     """Rows with neither top_k nor top_p -> int64 [m]."""
     probs = _probs(logits, params)
-    return _inverse_cdf(probs, _uniforms(generators, logits.device))[:, 0]
+    return _inverse_cdf(probs, _uniforms(streams, logits.device))[:, 0]
 
 
 # Rejection rounds at most; each round's rejects move their pivot above the token they
@@ -115,7 +116,7 @@ MAX_NUCLEUS_ROUNDS = 64
 
 
 def _draw_nucleus(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
 ) -> torch.Tensor:
     """Rows without top_k -> int64 [m], top-p by rejection: draw from the tokens more
     likely than the row's pivot (at first all), accept a token when the mass of tokens
@@ -133,7 +134,7 @@ def _draw_nucleus(
         rows = probs if len(todo) == len(params) else probs[at]
         # in the first round every pivot is -1: all tokens are candidates
         weights = rows if round_ == 0 else torch.where(rows > pivot[at, None], rows, 0.0)
-        idx = _inverse_cdf(weights, _uniforms([generators[j] for j in todo], logits.device))
+        idx = _inverse_cdf(weights, _uniforms([streams[j] for j in todo], logits.device))
         p_tok = rows.gather(1, idx)[:, 0]
         above = torch.where(rows > p_tok[:, None], rows, 0.0).sum(dim=-1)
         accept = above < top_p[at]
@@ -160,17 +161,55 @@ def _kept(sorted_probs: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     return keep.to(sorted_probs.dtype)
 
 
-def _uniforms(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
-    """float32 [m] in [0, 1): one draw from each row's generator (the default one for
-    rows without), so a seeded row's tokens do not depend on what shares its batch."""
-    shared = torch.rand(len(generators), device=device)
-    if all(g is None for g in generators):
+class SeedStream:
+    """A seeded request's uniform draws: draw i is a hash of (seed, i), so a row's tokens
+    do not depend on what shares its batch, and the same on CPU and CUDA.
+
+    The hash is Wellons' lowbias32 (a bijection of 32-bit words with near-ideal avalanche)
+    on numpy uint32, whose multiplication wraps by definition: key = mix(mix(seed_hi ^ c)
+    ^ seed_lo) once per request; draw i = mix(key ^ mix(i ^ c')) >> 8 as a 24-bit float in
+    [0, 1). A step's draws for all seeded rows are a few numpy ops on the host and one copy
+    to the device, however many rows are seeded (a torch.Generator per row took one
+    launch per row per draw).
+    """
+
+    __slots__ = ("key", "drawn")
+
+    def __init__(self, seed: int):
+        s = seed & 0xFFFF_FFFF_FFFF_FFFF  # signed 64-bit seeds map onto their bit pattern
+        hi, lo = np.array([s >> 32], dtype=np.uint32), np.array([s & 0xFFFF_FFFF], np.uint32)
+        self.key = int(_mix32(_mix32(hi ^ np.uint32(0x9E37_79B9)) ^ lo)[0])
+        self.drawn = 0
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """lowbias32 over uint32 [m] (wrapping multiplies)."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB_352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846C_A68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def seeded_uniforms(streams: list[SeedStream]) -> np.ndarray:
+    """float32 [m] in [0, 1): the next draw of each stream (each stream advances by one)."""
+    keys = np.fromiter((st.key for st in streams), dtype=np.uint32, count=len(streams))
+    drawn = np.fromiter((st.drawn for st in streams), dtype=np.uint32, count=len(streams))
+    for st in streams:
+        st.drawn += 1
+    h = _mix32(keys ^ _mix32(drawn ^ np.uint32(0x85EB_CA6B)))
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def _uniforms(streams: list[SeedStream | None], device: torch.device) -> torch.Tensor:
+    """float32 [m] in [0, 1): one draw per row, from its seed's stream when it has one (a
+    seeded row's tokens do not depend on what shares its batch), else torch's generator."""
+    shared = torch.rand(len(streams), device=device)
+    seeded = [j for j, st in enumerate(streams) if st is not None]
+    if not seeded:
         return shared
-    parts = [
-        shared[j : j + 1] if g is None else torch.rand(1, generator=g, device=g.device).to(device)
-        for j, g in enumerate(generators)
-    ]
-    return torch.cat(parts)
+    drawn = torch.from_numpy(seeded_uniforms([streams[j] for j in seeded])).to(device)
+    return shared.index_copy(0, torch.tensor(seeded, device=device), drawn)
 
 
 def _top_logprobs(logp: torch.Tensor, params: list[SamplingParams]) -> list[TopLogprobs] | None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from lora_core.identity import AdapterRef
 from replica.outputs import TopLogprobs
+from replica.sampler import SeedStream
 from replica.sampling_params import SamplingParams
 
 
@@ -32,7 +31,7 @@ class Sequence:
     params: SamplingParams
     adapter: AdapterRef | None
     arrival: int
-    generator: torch.Generator | None = None
+    rng: SeedStream | None = None
     status: Status = Status.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)

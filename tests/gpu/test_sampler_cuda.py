@@ -4,7 +4,7 @@ gives the same tokens whatever shares its batch, and logprobs equal log_softmax.
 import pytest
 import torch
 
-from replica.sampler import sample
+from replica.sampler import SeedStream, sample
 from replica.sampling_params import SamplingParams
 from tests.unit.replica.test_sampler import _kept_distribution
 
@@ -42,7 +42,7 @@ def test_seeded_rows_are_batch_invariant_on_cuda():
     p = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
 
     def gens():
-        return [torch.Generator(device=CUDA).manual_seed(100 + i) for i in range(8)]
+        return [SeedStream(100 + i) for i in range(8)]
 
     together = sample(logits, [p] * 8, gens()).tokens
     alone = [sample(logits[i : i + 1], [p], [gens()[i]]).tokens[0] for i in range(8)]
@@ -75,7 +75,7 @@ def test_non_finite_rows_are_reported_on_cuda():
     params = [KINDS[i % len(KINDS)] for i in range(8)]
 
     def gens(rows):
-        return [torch.Generator(device=CUDA).manual_seed(50 + i) for i in rows]
+        return [SeedStream(50 + i) for i in rows]
 
     out = sample(logits, params, gens(range(8)))
     assert out.non_finite == [1, 2, 6]

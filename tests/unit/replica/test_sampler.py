@@ -1,14 +1,15 @@
+import numpy as np
 import pytest
 import torch
 
 from lora_core.errors import InvalidRequest
 from replica.detokenizer import _holdback
-from replica.sampler import sample
+from replica.sampler import SeedStream, sample, seeded_uniforms
 from replica.sampling_params import SamplingParams
 
 
 def _gen(seed):
-    return torch.Generator().manual_seed(seed)
+    return SeedStream(seed)
 
 
 def test_greedy_is_argmax_and_logprobs_are_raw_log_softmax():
@@ -80,6 +81,27 @@ def test_non_finite_rows_are_reported_and_leave_the_others_alone():
     assert [out.tokens[i] for i in good] == alone.tokens and alone.non_finite == []
     assert out.tokens[7] < 10
     assert all(0 <= t < 100 for t in out.tokens)  # bad rows still carry a valid id
+
+
+def test_seed_streams_are_uniform_distinct_and_reproducible():
+    streams = [SeedStream(seed) for seed in (0, 1, 2**63 - 1, -(2**63), -1, 12345)]
+    draws = np.stack([seeded_uniforms(streams) for _ in range(20_000)])  # [20000, 6]
+    assert draws.dtype == np.float32 and 0.0 <= draws.min() and draws.max() < 1.0
+    n = draws.shape[0]
+    for col in draws.T:
+        # 16 equal bins: each count within 5 sigma of n / 16; mean and variance of U(0, 1)
+        counts = np.bincount((col * 16).astype(int), minlength=16)
+        sigma = (n / 16 * (1 - 1 / 16)) ** 0.5
+        assert np.all(np.abs(counts - n / 16) < 5 * sigma), counts
+        assert abs(col.mean() - 0.5) < 5 * (1 / 12 / n) ** 0.5
+        assert abs(col.var() - 1 / 12) < 0.005
+    # successive draws are uncorrelated, and different seeds give different streams
+    assert abs(np.corrcoef(draws[:-1, 0], draws[1:, 0])[0, 1]) < 5 / n**0.5
+    assert abs(np.corrcoef(draws[:, 0], draws[:, 1])[0, 1]) < 5 / n**0.5
+    assert len({tuple(col[:8]) for col in draws.T}) == len(streams)
+    again = [SeedStream(seed) for seed in (0, 1, 2**63 - 1, -(2**63), -1, 12345)]
+    assert np.array_equal(seeded_uniforms(again), draws[0])
+    assert [st.drawn for st in again] == [1] * len(streams)
 
 
 def _kept_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
