@@ -3,10 +3,16 @@
 Tiers, best first, for a request naming adapter key K:
   0. replicas holding K in a GPU slot that are not overloaded
      (+ one extra replica when every holder is hot: hot adapters spread);
-  1. replicas holding K in the CPU cache that are not overloaded;
+  1. replicas holding K in the CPU cache, not overloaded, with a free GPU slot;
   2. among the other non-overloaded replicas with the most free slots / fewest
      adapters, the adapter's rendezvous-hash "home" alone, then the rest;
-  3. any replica not offered yet.
+  3. replicas holding K in the CPU cache with every GPU slot taken (K would evict
+     another adapter), not overloaded;
+  4. any replica not offered yet.
+Tiers 2 and 3 swap when no other replica has a free slot either: then a CPU copy
+beats a disk read. A CPU-cache holder with no free slot would swap adapters on every
+step while a replica with free slots (e.g. one the autoscaler just added for adapter
+demand) stays idle, so the free slot comes first.
 Inside a tier, power-of-two choices: two random members, the shorter queue first.
 The caller (Serve's router loop) tries each tier in order and skips replicas whose
 queue is full, so there is never a fixed wait for a matching replica.
@@ -16,9 +22,10 @@ routing stats (periodic), the registry's residency (from the request's resolutio
 and `AffinityMemory`, this router's own recent decisions, which bridges the time
 until a fresh load shows up in stats.
 
-Worked example (overload 8, hot 4): replicas a(q=5, gpu={K}), b(q=0), c(q=1, cpu={K}).
-Holders {a, c} are not all hot (c has q=1 < 4), so no spreading:
-  tier0 = [a], tier1 = [c], tier2 = [b]. With c at q=6 as well, b joins tier0: [b, a].
+Worked example (overload 8, hot 4): replicas a(q=5, gpu={K}), b(q=0, 2 free slots),
+c(q=1, cpu={K}, 1 free slot). Holders {a, c} are not all hot (c has q=1 < 4), so no
+spreading: tier0 = [a], tier1 = [c], tier2 = [b]. With c at q=6 as well, b joins tier0:
+[b, a]. With c's slots all taken, b comes before c: [a], [b], [c].
 """
 
 from __future__ import annotations
@@ -169,9 +176,14 @@ def _affinity_tiers(
     holders = gpu + cpu
     others = [r for r in free if r not in holders]
     spare = _home_first(key, _best_spare(others), max(1, config.hot_queue_len // 2))
+    if spare and spare[0].free_slots > 0:
+        cpu_room = [r for r in cpu if r.free_slots > 0]
+        cpu_full = [r for r in cpu if r.free_slots == 0]
+    else:
+        cpu_room, cpu_full = cpu, []
     if holders and spare and all(r.queue_len >= config.hot_queue_len for r in holders):
-        return [gpu + spare[:1], cpu, spare[1:]]
-    return [gpu, cpu, spare[:1], spare[1:]]
+        return [gpu + spare[:1], cpu_room, spare[1:], cpu_full]
+    return [gpu, cpu_room, spare[:1], spare[1:], cpu_full]
 
 
 def _home_first(key: str, spare: list[ReplicaLoad], bucket: int) -> list[ReplicaLoad]:

@@ -144,7 +144,12 @@ def test_adapter_demand_grows_the_fleet_and_idle_shrinks_it(scaling):
         w.start()
     try:
         wait_for(lambda: running_replicas() == 2, 90, "scaling up to 2 replicas")
-        wait_for(lambda: sum(scaling.gauge("active_adapters").values()) >= 1, 20, "gauge")
+        # the added replica takes adapters (an idle one would leave the first thrashing)
+        wait_for(
+            lambda: sum(v > 0 for v in scaling.gauge("active_adapters").values()) == 2,
+            30,
+            "both replicas serving adapters",
+        )
     finally:
         stop.set()
         for w in workers:

@@ -28,6 +28,28 @@ def test_docstring_example_tiers():
     assert rank([a, b, c]) == [["a"], ["c"], ["b"]]
 
 
+def test_docstring_example_full_cpu_holder_yields_to_a_free_slot():
+    a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=5, free_slots=1)
+    b = ReplicaLoad("b", queue_len=0, free_slots=2)
+    c = ReplicaLoad("c", cpu_adapters=frozenset({K}), queue_len=1, free_slots=0)
+    assert rank([a, b, c]) == [["a"], ["b"], ["c"]]
+
+
+def test_adapters_move_to_a_replica_added_for_them():
+    """The QA case: one replica holds A and B in its 2 slots and C in its CPU cache,
+    swapping C in and out; the autoscaler adds an empty replica for the adapter demand.
+    C goes to the new replica, A and B stay where they are."""
+    a, b, c = (f"{n}@1:0123456789abcdef" for n in "ABC")
+    old = ReplicaLoad("old", gpu_adapters=frozenset({a, b}), cpu_adapters=frozenset({a, b, c}),
+                      free_slots=0, queue_len=3)  # fmt: skip
+    new = ReplicaLoad("new", free_slots=2)
+    assert rank([old, new], key=c)[0] == ["new"]
+    assert rank([old, new], key=a)[0] == ["old"]
+    # Nowhere a free slot: the CPU copy still beats a disk read.
+    full = ReplicaLoad("full", gpu_adapters=frozenset({a}), free_slots=0)
+    assert rank([old, full], key=c)[0] == ["old"]
+
+
 def test_all_holders_hot_next_replica_joins_tier0():
     a = ReplicaLoad("a", gpu_adapters=frozenset({K}), queue_len=5, free_slots=1)
     b = ReplicaLoad("b", queue_len=0, free_slots=2)
