@@ -157,11 +157,14 @@ class ClusterArgs(BaseModel):
         if self.autoscaling is not None:
             if "num_replicas" in self.model_fields_set:
                 raise ValueError("num_replicas and autoscaling: set one of them, not both")
-            if self.autoscaling.target_ongoing_requests > self.max_ongoing_requests:
+            target = self.autoscaling.target_ongoing_requests
+            if target > self.max_ongoing_requests:
+                default = "target_ongoing_requests" not in self.autoscaling.model_fields_set
                 raise ValueError(
-                    f"autoscaling.target_ongoing_requests="
-                    f"{self.autoscaling.target_ongoing_requests}; allowed: <= "
-                    f"max_ongoing_requests ({self.max_ongoing_requests})"
+                    f"autoscaling.target_ongoing_requests={target:g}"
+                    f"{' (its default)' if default else ''} exceeds max_ongoing_requests="
+                    f"{self.max_ongoing_requests}; allowed: target_ongoing_requests <= "
+                    "max_ongoing_requests (set either)"
                 )
         return self
 
@@ -172,9 +175,10 @@ def parse_args(args: dict) -> ClusterArgs:
         return ClusterArgs.model_validate(args or {})
     except ValidationError as e:
         first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "args"
+        loc = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")  # pydantic's wording, not ours
-        raise InvalidRequest(f"cluster args: {loc}: {msg}") from None
+        where = f"{loc}: " if loc else ""  # model-level checks name their fields themselves
+        raise InvalidRequest(f"cluster args: {where}{msg}") from None
 
 
 def prepare_model(args: ClusterArgs) -> tuple[str, dict[str, Path]]:

@@ -68,7 +68,7 @@ def test_the_shipped_configs_parse():
         ({"target_slot_use": 0}, "autoscaling.target_slot_use"),
         ({"kv_target": 1.2}, "autoscaling.kv_target"),
         ({"look_back_period_s": 2, "metrics_interval_s": 2}, "look_back_period_s=2"),
-        ({"target_ongoing_requests": 64}, "max_ongoing_requests (32)"),
+        ({"target_ongoing_requests": 64}, "max_ongoing_requests=32"),
         ({"policy": "random"}, "autoscaling.policy"),
         ({"bogus": 1}, "autoscaling.bogus"),
     ],
@@ -80,8 +80,18 @@ def test_bad_autoscaling_args_are_refused_naming_the_field(scaling, where):
 
 
 def test_a_fixed_count_and_autoscaling_exclude_each_other():
-    with pytest.raises(InvalidRequest, match="set one of them"):
+    with pytest.raises(InvalidRequest, match="set one of them") as e:
         parse_args({"num_replicas": 2, "autoscaling": {}})
+    assert str(e.value).startswith("cluster args: num_replicas and autoscaling")
+
+
+def test_a_default_target_above_max_ongoing_says_it_is_the_default():
+    with pytest.raises(InvalidRequest) as e:
+        parse_args({"max_ongoing_requests": 4, "autoscaling": {}})
+    assert "target_ongoing_requests=16 (its default) exceeds max_ongoing_requests=4" in str(e.value)
+    with pytest.raises(InvalidRequest) as e:
+        parse_args({"max_ongoing_requests": 4, "autoscaling": {"target_ongoing_requests": 8}})
+    assert "(its default)" not in str(e.value) and "args: args" not in str(e.value)
 
 
 def test_the_serve_config_names_the_lora_policy_with_its_kwargs():
