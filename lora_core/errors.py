@@ -11,12 +11,18 @@ from __future__ import annotations
 class LoraFleetError(Exception):
     """Base of every lorafleet error. `retryable` tells clients whether to retry.
 
+    param: the request field at fault (dotted path, e.g. "messages.0.content") when
+    known; it becomes the OpenAI error JSON's `param`. `InvalidRequest` takes it as an
+    argument; an endpoint sets it on an error raised by code that knows no request
+    bodies (the registry refusing a registration's lora_path, say).
+
     Errors cross process boundaries (a replica's error reaches the ingress through Ray's
     pickling): they pickle as (class, message, attributes) and unpickle without calling
     the subclass's __init__, whose arguments differ from the message in `args`.
     """
 
     retryable: bool = False
+    param: str | None = None
 
     def __reduce__(self):
         return _rebuild, (type(self), self.args, self.__dict__)
@@ -30,11 +36,8 @@ def _rebuild(cls: type[LoraFleetError], args: tuple, state: dict) -> LoraFleetEr
 
 
 class InvalidRequest(LoraFleetError):
-    """The request itself is malformed (bad field, value out of range).
-
-    param: the offending field (dotted path, e.g. "messages.0.content") when known; it
-    becomes the OpenAI error JSON's `param`.
-    """
+    """The request itself is malformed (bad field, value out of range); `param` names
+    the offending field when known."""
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)

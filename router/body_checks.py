@@ -4,7 +4,9 @@
 a lone surrogate, which no tokenizer or UTF-8 encoder accepts, so the body is refused
 where it is parsed instead of failing deep inside tokenization. `only_neutral` refuses
 fields we cannot honour unless they hold their neutral value, which clients send as
-defaults.
+defaults. The `check_*` shape checks run before pydantic's own types see a union-typed
+field, whose errors would name the union's members (`content.str`, `list[TextPart]`,
+"and 2 more") instead of what is allowed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,73 @@ from typing import Any
 from pydantic import AfterValidator
 
 TEXT_ALLOWED = "allowed: Unicode text (surrogates \\ud800-\\udfff only as pairs)"
+CONTENT_ALLOWED = (
+    'allowed: content as a string or a list of {"type": "text", "text": "..."} parts '
+    "(only text: image, audio and file parts are not supported)"
+)
+STOP_ALLOWED = "allowed: a string or a list of strings"
+TOOL_CHOICE_ALLOWED = 'allowed: "none", null or "auto" without tools (not supported)'
+
+
+class RefusedAt(ValueError):
+    """A validator's refusal of one element inside its field: `at` extends the field's
+    dotted path ("messages.0.content" + ("0", "type") -> "messages.0.content.0.type")."""
+
+    def __init__(self, message: str, at: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.at = at
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, for messages: "a number", "an object", ..."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else "an object"
+
+
+def check_content(content: object) -> object:
+    """A chat message's content: a string, null (the message's role decides) or a list of
+    text parts. Example: [{"type": "image_url", ...}] -> RefusedAt at ("0", "type")."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RefusedAt(f"got {json_kind(content)}; {CONTENT_ALLOWED}")
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise RefusedAt(f"got {json_kind(part)}, not a part; {CONTENT_ALLOWED}", (str(i),))
+        kind = part.get("type")
+        if kind != "text":
+            what = "a part without a type" if kind is None else f"a part of type {kind!r}"
+            raise RefusedAt(f"{what}; {CONTENT_ALLOWED}", (str(i), "type"))
+        if not isinstance(part.get("text"), str):
+            got = "missing" if "text" not in part else f"got {json_kind(part['text'])}"
+            raise RefusedAt(f"{got}; allowed: a string", (str(i), "text"))
+    return content
+
+
+def check_stop(stop: object) -> object:
+    """stop: a string or a list of strings."""
+    if isinstance(stop, str):
+        return stop
+    if not isinstance(stop, list):
+        raise RefusedAt(f"got {json_kind(stop)}; {STOP_ALLOWED}")
+    for i, item in enumerate(stop):
+        if not isinstance(item, str):
+            raise RefusedAt(f"got {json_kind(item)}; {STOP_ALLOWED}", (str(i),))
+    return stop
+
+
+def check_tool_choice(choice: object) -> object:
+    """tool_choice: a string or an object (which values we honour is checked after)."""
+    if isinstance(choice, str | dict):
+        return choice
+    raise RefusedAt(f"got {json_kind(choice)}; {TOOL_CHOICE_ALLOWED}")
 
 
 def invalid_text(value: object, path: tuple[str, ...] = ()) -> tuple[str, str] | None:

@@ -129,7 +129,7 @@ def public_message(exc: BaseException) -> str:
 def openai_error_body(exc: BaseException) -> dict[str, dict[str, str | None]]:
     """The OpenAI error JSON for `exc`: {"error": {"message", "type", "param", "code"}}."""
     status = status_for(exc)
-    param = exc.param if isinstance(exc, InvalidRequest) else None
+    param = exc.param if isinstance(exc, LoraFleetError) else None
     return error_json(public_message(exc), status.openai_type, status.code, param)
 
 

@@ -37,6 +37,37 @@ Dispatch = Callable[[GenerateCall], AsyncIterator[RequestOutput]]
 VERSION_RETRIES = 1
 
 
+def length_refusal(
+    prompt_len: int, max_tokens: int, max_len: int, prompt_field: str, max_tokens_sent: bool
+) -> InvalidRequest | None:
+    """Why prompt_len + max_tokens does not fit the context of max_len tokens (None: it
+    fits), blaming what the client sent: the prompt (prompt_field: "prompt", "messages")
+    when it fills the context alone or max_tokens is a default, else max_tokens."""
+    if prompt_len + max_tokens <= max_len:
+        return None
+    lengths = f"the prompt ({prompt_len} tokens)"
+    if prompt_len >= max_len:
+        return InvalidRequest(
+            f"{prompt_field}: {lengths} leaves no room to generate in the model's context of "
+            f"{max_len} tokens; allowed: a prompt of at most {max_len - 1} tokens",
+            prompt_field,
+        )
+    if not max_tokens_sent:
+        return InvalidRequest(
+            f"{prompt_field}: {lengths} + the default max_tokens ({max_tokens}, used when "
+            f"max_tokens is not sent) exceeds the model's context of {max_len} tokens; "
+            f"allowed: a prompt of at most {max_len - max_tokens} tokens, or max_tokens up "
+            f"to {max_len - prompt_len}",
+            prompt_field,
+        )
+    return InvalidRequest(
+        f"max_tokens: {lengths} + max_tokens ({max_tokens}) exceeds the model's context of "
+        f"{max_len} tokens; allowed: max_tokens up to {max_len - prompt_len} for this prompt "
+        f"(at most {max_len} tokens in total)",
+        "max_tokens",
+    )
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request ready to dispatch: its call, the name to echo as `model`, the resolved ref."""
@@ -95,7 +126,7 @@ class Frontend:
 
     def room_after(self, prompt_ids: tuple[int, ...]) -> int:
         """Output tokens the prompt leaves in the context (at least 1, so a prompt that
-        fills it is refused by `prepare`'s length check, naming both lengths)."""
+        fills it is refused by `prepare`'s length check, naming the prompt)."""
         return max(1, self.max_model_len - len(prompt_ids))
 
     async def key_checked_first(self, api_key: str | None, exc: BaseException) -> BaseException:
@@ -111,14 +142,22 @@ class Frontend:
         return exc
 
     async def prepare(
-        self, api_key: str | None, model: str, prompt_ids: tuple[int, ...], params: SamplingParams
+        self,
+        api_key: str | None,
+        model: str,
+        prompt_ids: tuple[int, ...],
+        params: SamplingParams,
+        *,
+        prompt_field: str = "prompt",
+        max_tokens_sent: bool = True,
     ) -> Prepared:
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"the model's length; allowed: at most {self.max_model_len} in total",
-                "max_tokens",
-            )
+        """prompt_field: the body field the prompt came from (named by a length refusal);
+        max_tokens_sent: False when params.max_tokens is a default the client never sent."""
+        too_long = length_refusal(
+            len(prompt_ids), params.max_tokens, self.max_model_len, prompt_field, max_tokens_sent
+        )
+        if too_long is not None:
+            raise too_long
         resolved = await self.resolver.resolve(api_key, model)
         call = GenerateCall(
             request_id=f"req-{uuid.uuid4().hex}",

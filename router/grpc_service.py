@@ -76,7 +76,10 @@ class GrpcInferenceMixin:
                 )
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = front.encode_prompt(prompt)
-            prepared = await front.prepare(api_key, request.model, ids, sampling_of(request))
+            params = sampling_of(request)
+            prepared = await front.prepare(
+                api_key, request.model, ids, params, max_tokens_sent=request.max_tokens > 0
+            )
             async for out in front.generate(api_key, prepared):
                 yield pb.GenerateChunk(
                     text=out.new_text,

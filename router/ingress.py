@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from lora_core.errors import CapacityExceeded, InvalidRequest
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
-from router import rest
+from router import admin, rest
 from router.auth import AdapterResolver, bearer_key
 from router.errors import unwrap
 from router.frontend import Frontend
@@ -184,16 +184,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(self, request: Request) -> Response:
         async def act(req: LoadAdapterRequest):
-            rec = await self.registry.register_adapter(
-                req.lora_name,
-                req.lora_path,
-                base_model=req.base_model,
-                tenant=req.tenant,
-                public=req.public,
-                replace=req.replace,
-                served=self.served,
-            )
-            return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
+            return await admin.load_adapter(self.registry, self.served, req)
 
         return await self._admin(request, LoadAdapterRequest, act)
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -24,9 +25,21 @@ from pydantic import (
     model_validator,
 )
 
+from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
-from router.body_checks import TEXT_ALLOWED, invalid_text, is_text_format, only_neutral
+from router.body_checks import (
+    TEXT_ALLOWED,
+    TOOL_CHOICE_ALLOWED,
+    RefusedAt,
+    check_content,
+    check_stop,
+    check_tool_choice,
+    invalid_text,
+    is_text_format,
+    json_kind,
+    only_neutral,
+)
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -63,7 +76,7 @@ class _Sampling(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, BeforeValidator(check_stop)] = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -106,6 +119,11 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def max_tokens_sent(self) -> bool:
+        """Whether the body set max_tokens (chat: or max_completion_tokens); null is unset."""
+        return bool({"max_tokens", "max_completion_tokens"} & self.model_fields_set)
+
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
@@ -143,7 +161,7 @@ class ChatMessage(BaseModel):
     model_config = BODY_CONFIG
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None
+    content: Annotated[str | list[TextPart] | None, BeforeValidator(check_content)]
     """null only in an assistant turn (OpenAI allows it there), read as an empty string."""
 
     @field_validator("content")
@@ -179,17 +197,14 @@ class ChatCompletionRequest(_Sampling):
         dict[str, Any], only_neutral(is_text_format, '{"type": "text"} or null')
     ] = {}
     tools: Annotated[list[Any], only_neutral(lambda t: not t, "[] or null")] = []
-    tool_choice: str | dict[str, Any] = "none"
+    tool_choice: Annotated[str | dict[str, Any], BeforeValidator(check_tool_choice)] = "none"
     """Only "none" (or "auto" without tools): no tool calls."""
 
     @model_validator(mode="after")
     def _no_tool_calls(self) -> ChatCompletionRequest:
         if self.tool_choice == "none" or (self.tool_choice == "auto" and not self.tools):
             return self
-        raise ValueError(
-            f'tool_choice: {self.tool_choice!r}; allowed: "none", null or "auto" without tools '
-            "(not supported)"
-        )
+        raise ValueError(f"tool_choice: {self.tool_choice!r}; {TOOL_CHOICE_ALLOWED}")
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """default_max_tokens: used when neither max_tokens field is given (as vLLM does,
@@ -206,15 +221,24 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
+def _adapter_name(name: str) -> str:
+    return check_name("adapter", name)
+
+
+def _tenant_name(name: str | None) -> str | None:
+    return name if name is None else check_name("tenant", name)
+
+
 class LoadAdapterRequest(BaseModel):
-    """POST /v1/load_lora_adapter (vLLM-compatible body)."""
+    """POST /v1/load_lora_adapter (vLLM-compatible body); names follow the registry's rule."""
 
     model_config = BODY_CONFIG
 
-    lora_name: str = Field(min_length=1)
+    lora_name: Annotated[str, AfterValidator(_adapter_name)]
     lora_path: str = Field(min_length=1)
     base_model: str | None = None
-    tenant: str | None = None
+    tenant: Annotated[str | None, AfterValidator(_tenant_name)] = None
+    """The owning tenant (it must exist); null: no owner."""
     public: bool = False
     replace: bool = False
 
@@ -271,10 +295,15 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
 def _describe(e: ValidationError) -> tuple[str, str | None]:
     """(message, param): the first error, named by its field's dotted path."""
     first = e.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    path = [str(p) for p in first["loc"]]
     msg = first["msg"]
     if first["type"] == "value_error":  # our validators' own text, without pydantic's prefix
-        msg = str(first["ctx"]["error"])
+        error = first["ctx"]["error"]
+        msg = str(error)
+        path += error.at if isinstance(error, RefusedAt) else ()
+    elif first["type"] == "model_type":  # pydantic's text names our class
+        msg = f"got {json_kind(first['input'])}; allowed: an object"
+    loc = ".".join(path)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if loc:
         return f"{loc}: {msg}{more}", loc

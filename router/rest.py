@@ -106,7 +106,10 @@ async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]
 async def completions(front: Frontend, api_key: str | None, req: CompletionRequest) -> Response:
     try:
         ids = front.encode_prompt(req.prompt)
-        prepared = await front.prepare(api_key, req.model, ids, req.to_sampling_params())
+        params = req.to_sampling_params()
+        prepared = await front.prepare(
+            api_key, req.model, ids, params, max_tokens_sent=req.max_tokens_sent
+        )
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
         return await refusal(front, api_key, e)
@@ -145,7 +148,14 @@ async def chat_completions(
     try:
         ids = front.encode_chat(req.chat_dicts())
         params = req.to_sampling_params(front.room_after(ids))
-        prepared = await front.prepare(api_key, req.model, ids, params)
+        prepared = await front.prepare(
+            api_key,
+            req.model,
+            ids,
+            params,
+            prompt_field="messages",
+            max_tokens_sent=req.max_tokens_sent,
+        )
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
         return await refusal(front, api_key, e)

@@ -226,6 +226,83 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
     assert r.json()["error"]["message"] == "public: Input should be a valid boolean"
 
 
+BASE_ID = "<the base model's id>"
+NAME_RULE = "allowed: 1-128 characters of letters, digits, '_', '.', '-', '/'"
+
+
+@pytest.mark.parametrize(
+    "fields, status, param, message",
+    [
+        (
+            {"tenant": "nosuchtenant"},
+            400,
+            "tenant",
+            "tenant 'nosuchtenant' does not exist; allowed: an existing tenant (create one "
+            "with `lorafleet tenants create nosuchtenant`), or leave tenant out (no owner)",
+        ),
+        (
+            {"lora_name": "bad name!"},
+            400,
+            "lora_name",
+            f"lora_name: adapter name 'bad name!' is invalid; {NAME_RULE}",
+        ),
+        ({"tenant": "bad name"}, 400, "tenant", "tenant: tenant name 'bad name' is invalid"),
+        ({"lora_path": "/nowhere"}, 422, "lora_path", "path='/nowhere' does not exist; allowed"),
+        ({"base_model": "other"}, 400, "base_model", "base_model: 'other' is not the model"),
+        ({"lora_name": "demo-poet"}, 409, "replace", "adapter 'demo-poet' already exists"),
+        ({"lora_name": BASE_ID}, 400, "lora_name", "adapter name 'lorafleet-demo-base' is the"),
+    ],
+)
+def test_load_refusals_name_the_field_at_fault(cluster, fields, status, param, message):
+    if fields.get("lora_name") == BASE_ID:
+        fields = {"lora_name": cluster.base}
+    body = {"lora_name": "qa-new", "lora_path": str(cluster.adapters["extra-1"]), **fields}
+    r = post(cluster, "/v1/load_lora_adapter", body, key="admin")
+    assert (r.status_code, r.json()["error"]["param"]) == (status, param), r.text
+    assert r.json()["error"]["message"].startswith(message)
+
+
+def test_non_text_content_says_only_text_is_accepted(cluster):
+    image = {"type": "image_url", "image_url": {"url": "http://x"}}
+    body = {"model": "demo-poet", "messages": [{"role": "user", "content": [image]}]}
+    r = post(cluster, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.0.content.0.type"
+    assert r.json()["error"]["message"] == (
+        "messages.0.content.0.type: a part of type 'image_url'; allowed: content as a string "
+        'or a list of {"type": "text", "text": "..."} parts (only text: image, audio and file '
+        "parts are not supported)"
+    )
+
+
+@pytest.mark.parametrize(
+    "path, body, param, message",
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a" * 1021}]},  # + 3 template tokens
+            "messages",
+            "messages: the prompt (1024 tokens) leaves no room to generate in the model's "
+            "context of 1024 tokens; allowed: a prompt of at most 1023 tokens",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "a" * 1015},
+            "prompt",
+            "prompt: the prompt (1015 tokens) + the default max_tokens (16, used when "
+            "max_tokens is not sent) exceeds the model's context of 1024 tokens; allowed: a "
+            "prompt of at most 1008 tokens, or max_tokens up to 9",
+        ),
+    ],
+)
+def test_a_prompt_too_long_without_max_tokens_blames_the_prompt(
+    cluster, path, body, param, message
+):
+    r = post(cluster, path, {"model": "demo-poet", **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message)
+
+
 def _wait_resident(cluster, name: str) -> None:
     reg = cluster.registry()
     try:

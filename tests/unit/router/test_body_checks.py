@@ -1,13 +1,22 @@
 """Body checks beyond pydantic's types: Unicode text, unsupported fields, `param`."""
 
 import pickle
+from types import UnionType
+from typing import Union, get_args, get_origin
 
 import pytest
+from pydantic import BaseModel
 
-from lora_core.errors import InvalidRequest
-from router.body_checks import TEXT_ALLOWED
+from lora_core.errors import AdapterLoadFailed, InvalidRequest
+from router.body_checks import CONTENT_ALLOWED, STOP_ALLOWED, TEXT_ALLOWED
 from router.errors import openai_error_body
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    LoadAdapterRequest,
+    parse_body,
+)
 
 LONE = "\ud800"
 USER = [{"role": "user", "content": "x"}]
@@ -123,3 +132,122 @@ def test_param_survives_pickling():
     err = pickle.loads(pickle.dumps(InvalidRequest("top_p: bad", "top_p")))
     assert (type(err), str(err), err.param) == (InvalidRequest, "top_p: bad", "top_p")
     assert openai_error_body(err)["error"]["param"] == "top_p"
+
+
+def test_any_error_can_name_the_field_at_fault():
+    err = AdapterLoadFailed("path='/x' does not exist")
+    assert openai_error_body(err)["error"]["param"] is None
+    err.param = "lora_path"
+    err = pickle.loads(pickle.dumps(err))
+    assert openai_error_body(err)["error"] == {
+        "message": "path='/x' does not exist", "type": "invalid_request_error",
+        "param": "lora_path", "code": "adapter_load_failed",
+    }  # fmt: skip
+
+
+def user(content) -> dict:
+    return chat(messages=[{"role": "user", "content": content}])
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "http://x"}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+
+
+@pytest.mark.parametrize(
+    "body, param, problem",
+    [
+        (user([IMAGE]), "messages.0.content.0.type", "a part of type 'image_url'"),
+        (user([{"type": "text", "text": "a"}, AUDIO]), "messages.0.content.1.type", None),
+        (user([{"text": "a"}]), "messages.0.content.0.type", "a part without a type"),
+        (user(["a"]), "messages.0.content.0", "got a string, not a part"),
+        (user(5), "messages.0.content", "got a number"),
+        (user({"type": "text", "text": "a"}), "messages.0.content", "got an object"),
+    ],
+)
+def test_content_is_text_only_and_says_so(body, param, problem):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(ChatCompletionRequest, body)
+    problem = problem or "a part of type 'input_audio'"
+    assert str(e.value) == f"{param}: {problem}; {CONTENT_ALLOWED}"
+    assert CONTENT_ALLOWED == (
+        'allowed: content as a string or a list of {"type": "text", "text": "..."} parts '
+        "(only text: image, audio and file parts are not supported)"
+    )
+    assert openai_error_body(e.value)["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    "part, message",
+    [
+        ({"type": "text"}, "messages.0.content.0.text: missing; allowed: a string"),
+        ({"type": "text", "text": 3}, "messages.0.content.0.text: got a number; allowed: a string"),
+    ],
+)
+def test_a_text_part_needs_its_text(part, message):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(ChatCompletionRequest, user([part]))
+    assert (str(e.value), e.value.param) == (message, message.split(":")[0])
+
+
+@pytest.mark.parametrize(
+    "model, body, message",
+    [
+        (CompletionRequest, completion(stop=5), f"stop: got a number; {STOP_ALLOWED}"),
+        (CompletionRequest, completion(stop=["a", 5]), f"stop.1: got a number; {STOP_ALLOWED}"),
+        (ChatCompletionRequest, chat(stop={"a": 1}), f"stop: got an object; {STOP_ALLOWED}"),
+        (ChatCompletionRequest, chat(tool_choice=5), "tool_choice: got a number; allowed: "),
+        (
+            ChatCompletionRequest,
+            chat(messages=["hi"]),
+            "messages.0: got a string; allowed: an object",
+        ),
+        (
+            CompletionRequest,
+            completion(stream_options=1),
+            "stream_options: got a number; allowed: an",
+        ),
+    ],
+)
+def test_union_and_object_fields_say_what_is_allowed(model, body, message):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(model, body)
+    assert str(e.value).startswith(message)
+    assert e.value.param == message.split(":")[0]
+
+
+def _union_fields(model: type[BaseModel]) -> list[str]:
+    """Fields whose type is a union of several non-null types (str | list[...], ...)."""
+    unions = {
+        name: get_args(field.annotation)
+        for name, field in model.model_fields.items()
+        if get_origin(field.annotation) in (Union, UnionType)
+    }
+    return [name for name, members in unions.items() if len(set(members) - {type(None)}) > 1]
+
+
+VALID = {
+    CompletionRequest: completion(),
+    ChatCompletionRequest: chat(),
+    ChatMessage: {"role": "user", "content": "x"},
+    LoadAdapterRequest: {"lora_name": "a", "lora_path": "/x"},
+}
+
+
+@pytest.mark.parametrize("model, field", [(m, f) for m in VALID for f in _union_fields(m)], ids=str)
+def test_no_union_field_leaks_pydantic_member_names(model, field):
+    # a float fits none of these unions: the refusal must name the field, not its members
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(model, {**VALID[model], field: 0.5})
+    message = str(e.value)
+    assert e.value.param == field and message.startswith(f"{field}: ")
+    assert "allowed: " in message and "more)" not in message and f"{field}." not in message
+
+
+def test_every_union_field_is_covered():
+    assert {(m.__name__, f) for m in VALID for f in _union_fields(m)} == {
+        ("CompletionRequest", "stop"),
+        ("CompletionRequest", "prompt"),
+        ("ChatCompletionRequest", "stop"),
+        ("ChatCompletionRequest", "tool_choice"),
+        ("ChatMessage", "content"),
+    }

@@ -87,15 +87,84 @@ def test_completions_max_tokens_still_defaults_to_16():
     assert req.to_sampling_params().max_tokens == 16
 
 
-def test_a_chat_prompt_filling_the_context_is_refused_naming_both_lengths(tokenizer):
-    front, _, _ = make_front(tokenizer, max_len=5)
-    body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"model": "a1", "messages": [{"role": "user", "content": "hi"}]}  # 5 tokens
+
+
+@pytest.mark.parametrize(
+    "body, max_len, param, message",
+    [
+        (
+            CHAT,
+            5,
+            "messages",
+            "messages: the prompt (5 tokens) leaves no room to generate in the model's "
+            "context of 5 tokens; allowed: a prompt of at most 4 tokens",
+        ),
+        (
+            {**CHAT, "max_tokens": None, "max_completion_tokens": None},
+            4,
+            "messages",
+            "messages: the prompt (5 tokens) leaves no room to generate in the model's "
+            "context of 4 tokens; allowed: a prompt of at most 3 tokens",
+        ),
+        (
+            {**CHAT, "max_tokens": 3},
+            5,
+            "messages",
+            "messages: the prompt (5 tokens) leaves no room to generate",
+        ),
+        (
+            {**CHAT, "max_completion_tokens": 3},
+            6,
+            "max_tokens",
+            "max_tokens: the prompt (5 tokens) + max_tokens (3) exceeds the model's context of "
+            "6 tokens; allowed: max_tokens up to 1 for this prompt (at most 6 tokens in total)",
+        ),
+    ],
+)
+def test_a_chat_prompt_too_long_names_what_the_client_sent(
+    tokenizer, body, max_len, param, message
+):
+    front, _, dispatch = make_front(tokenizer, max_len=max_len)
     r = asyncio.run(rest.chat_completions(front, "k1", parse_body(ChatCompletionRequest, body)))
-    assert answer(r) == (400, {
-        "message": "prompt (5 tokens) + max_tokens (1) exceeds the model's length; "
-        "allowed: at most 5 in total",
-        "type": "invalid_request_error", "param": "max_tokens", "code": "invalid_request",
-    })  # fmt: skip
+    status, err = answer(r)
+    assert (status, err["param"], err["code"]) == (400, param, "invalid_request")
+    assert err["message"].startswith(message) and not dispatch.calls
+
+
+@pytest.mark.parametrize(
+    "fields, param, message",
+    [
+        (
+            {},
+            "prompt",
+            "prompt: the prompt (10 tokens) + the default max_tokens (16, used when max_tokens "
+            "is not sent) exceeds the model's context of 20 tokens; allowed: a prompt of at "
+            "most 4 tokens, or max_tokens up to 10",
+        ),
+        ({"max_tokens": None}, "prompt", "prompt: the prompt (10 tokens) + the default"),
+        (
+            {"prompt": list(range(1, 21))},
+            "prompt",
+            "prompt: the prompt (20 tokens) leaves no room to generate in the model's context "
+            "of 20 tokens; allowed: a prompt of at most 19 tokens",
+        ),
+        (
+            {"max_tokens": 11},
+            "max_tokens",
+            "max_tokens: the prompt (10 tokens) + max_tokens (11) exceeds the model's context "
+            "of 20 tokens; allowed: max_tokens up to 10 for this prompt (at most 20 tokens in "
+            "total)",
+        ),
+    ],
+)
+def test_a_completion_prompt_too_long_names_what_the_client_sent(tokenizer, fields, param, message):
+    front, _, dispatch = make_front(tokenizer, max_len=20)
+    body = {"model": "a1", "prompt": list(range(1, 11)), **fields}
+    r = asyncio.run(rest.completions(front, "k1", parse_body(CompletionRequest, body)))
+    status, err = answer(r)
+    assert (status, err["param"], err["code"]) == (400, param, "invalid_request")
+    assert err["message"].startswith(message) and not dispatch.calls
 
 
 @pytest.fixture(scope="module")

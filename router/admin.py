@@ -1,0 +1,87 @@
+"""The admin endpoints' work on the registry (Ray-free; ingress.py wires the routes).
+
+The registry refuses a registration knowing names and paths, not the request body; here
+each refusal is tied to the body field at fault, so the OpenAI error JSON's `param`
+names it and the message says what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterIncompatible,
+    AdapterLoadFailed,
+    InvalidRequest,
+    LoraFleetError,
+)
+from router.openai_protocol import LoadAdapterRequest
+
+if TYPE_CHECKING:
+    from cluster.records import AdapterRecord, ServedBase
+
+
+class CatalogRegistry(Protocol):
+    """The registry calls registration makes (`cluster.registry.AsyncRegistry`)."""
+
+    async def register_adapter(
+        self,
+        name: str,
+        path: str,
+        *,
+        base_model: str | None,
+        tenant: str | None,
+        public: bool,
+        replace: bool,
+        served: ServedBase,
+    ) -> AdapterRecord: ...
+
+    async def list_tenants(self) -> list[str]: ...
+
+
+def no_tenant(tenant: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"tenant {tenant!r} does not exist; allowed: an existing tenant (create one with "
+        f"`lorafleet tenants create {tenant}`), or leave tenant out (no owner)",
+        "tenant",
+    )
+
+
+async def load_adapter(
+    registry: CatalogRegistry, served: ServedBase, req: LoadAdapterRequest
+) -> dict[str, str | int]:
+    """POST /v1/load_lora_adapter: validate and register req's adapter as its name's next
+    version. Errors are the registry's, each naming the body field at fault."""
+    try:
+        rec = await registry.register_adapter(
+            req.lora_name,
+            req.lora_path,
+            base_model=req.base_model,
+            tenant=req.tenant,
+            public=req.public,
+            replace=req.replace,
+            served=served,
+        )
+    except LoraFleetError as e:
+        raise await _at_fault(registry, served, req, e) from None
+    return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
+
+
+async def _at_fault(
+    registry: CatalogRegistry, served: ServedBase, req: LoadAdapterRequest, err: LoraFleetError
+) -> LoraFleetError:
+    """err with `param` set to the field at fault (the names' syntax was checked when the
+    body was parsed; what is left is what only the registry knows)."""
+    if isinstance(err, AdapterIncompatible):
+        err.param = "base_model" if err.field == "base_model" else "lora_path"
+    elif isinstance(err, AdapterLoadFailed):
+        err.param = "lora_path"
+    elif isinstance(err, AdapterAlreadyExists):
+        err.param = "replace"
+    elif isinstance(err, InvalidRequest) and err.param is None:
+        if req.lora_name == served.model_id:
+            err.param = "lora_name"
+        elif req.tenant is not None and req.tenant not in await registry.list_tenants():
+            return no_tenant(req.tenant)
+    return err

@@ -1,0 +1,125 @@
+"""The load endpoint's registry refusals name the body field at fault (fake registry
+raising what the real one raises; tests/integration/serve/test_request_validation.py
+runs the real one)."""
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from cluster.records import ServedBase
+from lora_core.base_shape import BaseShape
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterIncompatible,
+    AdapterLoadFailed,
+    InvalidRequest,
+    LoraFleetError,
+)
+from router.admin import load_adapter
+from router.errors import openai_error_body, status_for
+from router.openai_protocol import LoadAdapterRequest, parse_body
+
+SHAPE = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
+                  num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip
+SERVED = ServedBase("base", SHAPE, max_lora_rank=8)
+
+
+@dataclass
+class Rec:
+    name: str
+    version: int
+    content_hash: str
+
+
+class FakeCatalog:
+    """Tenant acme exists; register_adapter raises `error` (if any) like the registry."""
+
+    def __init__(self, error: LoraFleetError | None = None):
+        self.error = error
+        self.tenant_lookups = 0
+
+    async def register_adapter(self, name, path, **fields):
+        if self.error is not None:
+            raise self.error
+        return Rec(name, 3, "ab" * 32)
+
+    async def list_tenants(self):
+        self.tenant_lookups += 1
+        return ["acme"]
+
+
+def load(error: LoraFleetError | None, **fields) -> dict:
+    body = parse_body(LoadAdapterRequest, {"lora_name": "a1", "lora_path": "/x", **fields})
+    return asyncio.run(load_adapter(FakeCatalog(error), SERVED, body))
+
+
+def refusal(error: LoraFleetError, **fields) -> tuple[int, dict]:
+    with pytest.raises(LoraFleetError) as e:
+        load(error, **fields)
+    return status_for(e.value).http, openai_error_body(e.value)["error"]
+
+
+NO_TENANT = InvalidRequest("tenant 'ghost' does not exist; create it first")
+
+
+def test_an_unknown_tenant_is_named_with_how_to_create_one():
+    assert refusal(NO_TENANT, tenant="ghost") == (400, {
+        "message": "tenant 'ghost' does not exist; allowed: an existing tenant (create one "
+        "with `lorafleet tenants create ghost`), or leave tenant out (no owner)",
+        "type": "invalid_request_error", "param": "tenant", "code": "invalid_request",
+    })  # fmt: skip
+
+
+def test_an_invalid_request_not_about_the_tenant_is_left_as_it_is():
+    other = InvalidRequest("something else")
+    assert refusal(other, tenant="acme")[1]["message"] == "something else"
+    assert refusal(other, tenant="acme")[1]["param"] is None
+
+
+def test_the_base_model_id_as_name_names_lora_name():
+    taken = InvalidRequest("adapter name 'base' is the base model's id; allowed: any other name")
+    status, err = refusal(taken, lora_name="base", tenant="ghost")
+    assert (status, err["param"], err["message"]) == (400, "lora_name", str(taken))
+
+
+@pytest.mark.parametrize(
+    "error, status, param",
+    [
+        (AdapterLoadFailed("path='/x' does not exist; allowed: an existing directory"), 422,
+         "lora_path"),
+        (AdapterIncompatible("r", "r=128 is above max_lora_rank", "r <= 8"), 400, "lora_path"),
+        (AdapterIncompatible("base_model", "'other' is not served", "'base'"), 400,
+         "base_model"),
+        (AdapterAlreadyExists("adapter 'a1' already exists (version 1); allowed: pass replace"),
+         409, "replace"),
+    ],
+)  # fmt: skip
+def test_registry_refusals_name_the_field_at_fault(error, status, param):
+    assert refusal(error) == (status, {**openai_error_body(error)["error"], "param": param})
+
+
+def test_a_registration_answers_its_identity():
+    assert load(None, tenant="acme") == {"lora_name": "a1", "version": 3, "content_hash": "ab" * 32}
+
+
+@pytest.mark.parametrize(
+    "fields, param, message",
+    [
+        ({"lora_name": "bad name!"}, "lora_name", "lora_name: adapter name 'bad name!' is invalid"),
+        ({"lora_name": ""}, "lora_name", "lora_name: adapter name '' is invalid"),
+        ({"tenant": "a b"}, "tenant", "tenant: tenant name 'a b' is invalid"),
+        ({"lora_path": ""}, "lora_path", "lora_path: String should have at least 1 character"),
+        ({"base_model": 1}, "base_model", "base_model: Input should be a valid string"),
+        ({"public": "yes"}, "public", "public: Input should be a valid boolean"),
+        ({"replace": 1}, "replace", "replace: Input should be a valid boolean"),
+    ],
+)
+def test_bad_fields_are_refused_when_the_body_is_parsed(fields, param, message):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(LoadAdapterRequest, {"lora_name": "a1", "lora_path": "/x", **fields})
+    assert e.value.param == param and str(e.value).startswith(message)
+    if param in ("lora_name", "tenant"):
+        assert str(e.value).endswith(
+            "allowed: 1-128 characters of letters, digits, '_', '.', '-', '/'"
+        )
