@@ -27,16 +27,20 @@ Tenants and API keys
 Base models
     {ns}:served                   string JSON of cluster.records.ServedBase: the base model
                                          this cluster serves (id, shapes, max adapter
-                                         rank), stored by the deployment at start;
-                                         `register` checks every adapter against it
+                                         rank, GPU adapter slots), stored by the
+                                         deployment at start; `register` checks every
+                                         adapter against it, `pin` the slots
     {ns}:base:{model_id}          string JSON of lora_core.base_shape.BaseShape, for
                                          `register --base-model` outside a cluster
 
 Replicas, leases and residency
-    {ns}:replicas                 set    every replica id ever registered (live or not;
-                                         liveness is only ever the lease below)
+    {ns}:replicas                 set    registered replica ids, live or not (liveness is
+                                         only ever the lease below); a replica leaves it
+                                         when it deregisters, or when `reap` (run by
+                                         live replicas, or the CLI) finds its lease lapsed
     {ns}:replica:{id}             hash   id, pool, deployment, slot_capacity, epoch, registered
-    {ns}:epoch:{id}               string fencing counter: INCR on every registration
+    {ns}:epoch:{id}               string fencing counter: INCR on every registration (kept
+                                         after deregister / reap, so epochs never repeat)
     {ns}:lease:{id}               string the epoch holding the lease, with a PX TTL; absent or
                                          a different epoch means the replica is not live
     {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|pool|ref_key"

@@ -34,6 +34,7 @@ from lora_core.errors import (
     AdapterDraining,
     AdapterNotFound,
     InvalidRequest,
+    PinRefused,
     StaleEpoch,
     Unauthorized,
 )
@@ -126,6 +127,35 @@ def heartbeat(replica_id: str, epoch: int, ttl_ms: int) -> Plan[bool]:
         return _fenced(replica_id, epoch, json.loads(raw)) is not None
 
     return Plan("heartbeat", (replica_id, epoch, ttl_ms), _parse)
+
+
+def deregister_replica(replica_id: str, epoch: int) -> Plan[bool]:
+    """True: the record of (replica_id, epoch) is gone; False: a newer epoch holds the id."""
+    return Plan("deregister_replica", (replica_id, epoch), lambda raw: json.loads(raw)[0] == "ok")
+
+
+def pin_refused(name: str, slots: int, held: list[str]) -> PinRefused:
+    """The refusal of pinning name: replicas have slots GPU adapter slots and the adapters
+    in held are pinned already, so one more pin would leave them no evictable slot."""
+    already = f"{len(held)} pinned already ({', '.join(held)})" if held else "none pinned yet"
+    advice = "; unpin one of them first" if held else ""
+    return PinRefused(
+        f"pinning {name!r} would leave replicas no evictable GPU adapter slot: each has "
+        f"{slots} slots (max_loras) and {already}; allowed: at most {slots - 1} pinned at "
+        f"a time (max_loras - 1, over all pools: mixed replicas take every pin){advice}"
+    )
+
+
+def pin(name: str, pool: str) -> Plan[None]:
+    """Pin name to pool; PinRefused when that would leave replicas no evictable slot."""
+
+    def _parse(raw: str) -> None:
+        reply = json.loads(raw)
+        if reply[0] == "refused":
+            raise pin_refused(name, int(reply[1]), _list(reply[2]))
+        _status(name, reply)
+
+    return Plan("pin", (name, pool), _parse)
 
 
 def get_adapter(keys: Keys, name: str) -> Plan[AdapterRecord]:

@@ -128,11 +128,19 @@ class ServedBase:
     model_id: the base model's id in requests' `model` (no adapter may take it).
     shape: its projections' shapes (every adapter must fit them).
     max_lora_rank: the largest adapter rank its replicas take.
+    max_loras: GPU adapter slots per replica (pins must leave one of them evictable);
+        None when the deployment did not publish it (records of older versions), and
+        then pins are not checked against it.
     """
 
     model_id: str
     shape: BaseShape
     max_lora_rank: int
+    max_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError(f"max_loras={self.max_loras}; allowed: >= 1, or None (unknown)")
 
     def to_json(self) -> str:
         return json.dumps(
@@ -140,6 +148,7 @@ class ServedBase:
                 "model_id": self.model_id,
                 "shape": dataclasses.asdict(self.shape),
                 "max_lora_rank": self.max_lora_rank,
+                "max_loras": self.max_loras,
             },
             sort_keys=True,
         )
@@ -147,13 +156,21 @@ class ServedBase:
     @classmethod
     def from_json(cls, raw: str) -> ServedBase:
         d = json.loads(raw)
-        return cls(d["model_id"], BaseShape(**d["shape"]), int(d["max_lora_rank"]))
+        slots = d.get("max_loras")  # absent from records published before pins were checked
+        return cls(
+            d["model_id"],
+            BaseShape(**d["shape"]),
+            int(d["max_lora_rank"]),
+            int(slots) if slots is not None else None,
+        )
 
     @classmethod
-    def from_model_dir(cls, model_id: str, model_dir: str, max_lora_rank: int) -> ServedBase:
+    def from_model_dir(
+        cls, model_id: str, model_dir: str, max_lora_rank: int, max_loras: int | None = None
+    ) -> ServedBase:
         """The ServedBase of the HF model directory model_dir (its config.json)."""
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        return cls(model_id, BaseShape.from_hf_config(cfg), max_lora_rank)
+        return cls(model_id, BaseShape.from_hf_config(cfg), max_lora_rank, max_loras)
 
 
 @dataclass(frozen=True, slots=True)

@@ -319,17 +319,30 @@ class _Api:
         """Every registered replica (live or not), sorted by id."""
         return self._run(ops.script("list_replicas", (), ops.replicas, ""))
 
+    def deregister_replica(self, replica_id: str, epoch: int) -> Reply[bool]:
+        """A stopping replica's goodbye: remove its record, residency and lease in one
+        step (routers stop sending there, `replicas list` no longer shows it) and finish
+        unregistering draining adapters only it held. False, with nothing removed, when
+        a newer registration of replica_id exists."""
+        return self._run(ops.deregister_replica(replica_id, epoch))
+
     def reap(self) -> Reply[tuple[int, int]]:
         """Forget replicas whose lease lapsed and finish drained adapters.
-        Returns (replicas removed, adapters removed). Safe to run from anywhere."""
+        Returns (replicas removed, adapters removed). Idempotent and atomic, so safe to
+        run from anywhere, concurrently (every live replica runs it periodically)."""
         return self._run(ops.script("reap", (), lambda r: (int(r[0]), int(r[1])), ""))
 
     # -- desired state ---------------------------------------------------------------
 
     def pin(self, name: str, pool: str = "all") -> Reply[None]:
-        """Replicas of pool ("all" | "prefill" | "decode") holding name keep it in GPU."""
+        """Replicas of pool ("all" | "prefill" | "decode") holding name keep it in GPU.
+
+        PinRefused, with nothing written, when the pins would reach the served base's
+        max_loras: each replica must keep one evictable GPU slot, and pins of every pool
+        count (mixed replicas take them all, see `records.pin_applies`). Not checked
+        while no deployment published max_loras (`set_served`)."""
         check_choice("pool", pool, PIN_POOLS)
-        return self._run(ops.script("pin", (name, pool), lambda _: None, name))
+        return self._run(ops.pin(name, pool))
 
     def unpin(self, name: str) -> Reply[None]:
         return self._run(ops.script("pin", (name, ""), lambda _: None, name))

@@ -67,6 +67,29 @@ local function allowed(rec, tenant)
   return rec.public == '1' or rec.owner == tenant
     or redis.call('SISMEMBER', k('grants', rec.name), tenant) == 1
 end
+-- Drop replica id's record, residency and set membership. Its epoch counter stays, so a
+-- later registration of the same id still gets a newer epoch than any old incarnation.
+local function forget(id)
+  for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
+    redis.call('HDEL', k('resident', name), id)
+  end
+  redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
+  redis.call('SREM', k('replicas'), id)
+end
+-- nil when pinning name leaves every replica an evictable GPU slot, else {slots, names
+-- pinned already}. All pins share one budget whatever their pool: a mixed replica takes
+-- pins of every pool (records.pin_applies), and replicas apply every pin. slots is the
+-- served base's max_loras; without one (no deployment published it) nothing is checked.
+-- Re-pinning a pinned name (to any pool) adds no pin, so it is never refused.
+local function pin_overflow(name)
+  local raw = redis.call('GET', k('served'))
+  local slots = raw and tonumber(cjson.decode(raw).max_loras)
+  if not slots or redis.call('HEXISTS', k('pins'), name) == 1 then return nil end
+  local held = redis.call('HKEYS', k('pins'))
+  if #held + 1 < slots then return nil end
+  table.sort(held)
+  return {slots, held}
+end
 """
 
 _BODIES: dict[str, str] = {
@@ -213,6 +236,23 @@ if f then return ret(f, redis.call('GET', k('epoch', ARGV[2])) or '0') end
 redis.call('PEXPIRE', k('lease', ARGV[2]), ARGV[4])
 return ret('ok')
 """,
+    # ARGV: ns, id, epoch. A stopping replica removes its own record, residency and lease
+    # at once, and finishes unregistering the draining adapters only it held. 'stale'
+    # (nothing removed) when a newer registration of id exists: that record is not ours.
+    "deregister_replica": r"""
+local id = ARGV[2]
+local cur = redis.call('GET', k('epoch', id))
+if cur ~= ARGV[3] then return ret('stale', cur or '0') end
+local held = redis.call('SMEMBERS', k('replica', id, 'adapters'))
+forget(id)
+redis.call('DEL', k('lease', id))
+for _, name in ipairs(held) do
+  if redis.call('SISMEMBER', k('draining'), name) == 1 and #locations(name, nil) == 0 then
+    finalize(name)
+  end
+end
+return ret('ok')
+""",
     # ARGV: ns, id, epoch, name, version, tier, ref_key
     "report_resident": r"""
 local id, name = ARGV[2], ARGV[4]
@@ -245,7 +285,8 @@ if redis.call('SISMEMBER', k('draining'), name) == 1 and #locations(name, nil) =
 end
 return ret('ok', removed)
 """,
-    # ARGV: ns, name, pool ('' = unpin)
+    # ARGV: ns, name, pool ('' = unpin). 'refused' (slots, names pinned) when the pin
+    # would leave replicas no evictable GPU slot.
     "pin": r"""
 local name = ARGV[2]
 local state = redis.call('HGET', k('adapter', name), 'state')
@@ -255,6 +296,9 @@ if ARGV[3] == '' then
   return ret('ok')
 end
 if state == 'draining' then return ret('draining') end
+-- checked here, in the write's own script, so concurrent pins cannot both pass
+local over = pin_overflow(name)
+if over then return ret('refused', over[1], over[2]) end
 redis.call('HSET', k('pins'), name, ARGV[3])
 bump(name, 'pin')
 return ret('ok')
@@ -319,17 +363,14 @@ for _, id in ipairs(redis.call('SMEMBERS', k('replicas'))) do
 end
 return ret('ok', out)
 """,
-    # ARGV: ns
+    # ARGV: ns. Idempotent: replicas run it periodically, concurrently; each run removes
+    # what is lapsed at its instant, and a second run finds nothing left.
     "reap": r"""
 local dead = 0
 for _, id in ipairs(redis.call('SMEMBERS', k('replicas'))) do
   local epoch = redis.call('HGET', k('replica', id), 'epoch')
   if not epoch or redis.call('GET', k('lease', id)) ~= epoch then
-    for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
-      redis.call('HDEL', k('resident', name), id)
-    end
-    redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
-    redis.call('SREM', k('replicas'), id)
+    forget(id)
     dead = dead + 1
   end
 end

@@ -300,6 +300,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         admin_key=cfg.admin_key,
         max_model_len=cfg.max_model_len,
         max_lora_rank=cfg.max_lora_rank,
+        max_loras=cfg.max_loras,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

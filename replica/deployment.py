@@ -182,6 +182,9 @@ class LoraReplica:
     async def __del__(self) -> None:
         if self._task is not None:
             self._task.cancel()
+            # let the cancel land first: a tick still in flight could otherwise register
+            # this replica again right after it deregistered
+            await asyncio.wait([self._task], timeout=2.0)
         if self.publisher is not None:
             try:
                 await asyncio.wait_for(self.publisher.deregister(), timeout=2.0)

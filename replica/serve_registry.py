@@ -3,19 +3,22 @@
 Runs as one background task per replica. Every tick it renews the lease (registering
 again, with a new epoch, when the lease was lost), publishes the difference between
 what the engine holds and what it last published, and applies desired-state changes
-(pins, warm targets, draining adapters). Any registry error is logged and retried on
-the next tick: a Redis outage never stops serving and never fails health checks,
-it only makes this replica's registry entries go stale until Redis is back.
+(pins, warm targets, draining adapters); every `reap_every` ticks it also reaps
+replicas whose lease lapsed (crashed ones), so no operator has to. Any registry error
+is logged and retried on the next tick: a Redis outage never stops serving and never
+fails health checks, it only makes this replica's registry entries go stale until
+Redis is back. On shutdown `deregister` removes this replica's record at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lora_core.errors import LoraFleetError, StaleEpoch
+from lora_core.errors import AdapterNotFound, LoraFleetError, RegistryUnavailable, StaleEpoch
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
 
@@ -26,13 +29,21 @@ log = logging.getLogger("lorafleet.replica")
 class PublisherConfig:
     """replica_id: Serve's replica unique id. pool: prefill | decode | mixed.
     deployment: the Serve deployment name. tick_s: seconds between ticks.
-    lease_ttl_s: lease lifetime (several ticks, so one slow tick does not drop it)."""
+    lease_ttl_s: lease lifetime (several ticks, so one slow tick does not drop it).
+    reap_every: ticks between reaps of lapsed replicas (>= 1; every live replica reaps,
+        so a crashed one leaves the registry within about lease_ttl_s + reap_every ticks).
+    """
 
     replica_id: str
     deployment: str
     pool: str = "mixed"
     tick_s: float = 1.0
     lease_ttl_s: float = 5.0
+    reap_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.reap_every < 1:
+            raise ValueError(f"reap_every={self.reap_every}; allowed: >= 1 (ticks)")
 
 
 def residency(stats: EngineStats) -> dict[str, str]:
@@ -40,6 +51,22 @@ def residency(stats: EngineStats) -> dict[str, str]:
     out = {key: "cpu" for key in stats.cpu_adapters}
     out.update({key: "gpu" for key in stats.gpu_adapters})
     return out
+
+
+class DesiredState(Protocol):
+    """The part of `cluster.records.DesiredState` the publisher reads (replica must not
+    import cluster): warm maps a name to a target with `.replicas`."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def pins(self) -> dict[str, str]: ...
+    @property
+    def warm(self) -> dict[str, Any]: ...
+    @property
+    def draining(self) -> frozenset[str]: ...
+    @property
+    def refs(self) -> dict[str, AdapterRef]: ...
 
 
 class Registry(Protocol):
@@ -53,8 +80,10 @@ class Registry(Protocol):
         self, replica_id: str, epoch: int, adapter: AdapterRef, tier: str
     ) -> None: ...
     async def remove_resident(self, replica_id: str, epoch: int, adapter: str) -> bool: ...
-    async def desired_state(self) -> Any: ...
+    async def desired_state(self) -> DesiredState: ...
     async def locations(self, name: str) -> Any: ...
+    async def reap(self) -> tuple[int, int]: ...
+    async def deregister_replica(self, replica_id: str, epoch: int) -> bool: ...
 
 
 class Engine(Protocol):
@@ -65,6 +94,41 @@ class Engine(Protocol):
     async def unload_adapter(self, name: str) -> None: ...
     def pin(self, ref: AdapterRef) -> None: ...
     def unpin(self, name: str) -> None: ...
+
+
+@dataclass
+class OncePerVersion:
+    """Remembers which failures were logged for one desired-state version, so a refusal
+    that repeats every tick (a pin this replica cannot take) is logged once, and once
+    more after the desired state changes.
+
+    Example: fresh(3, ["x"]) -> ["x"]; fresh(3, ["x", "y"]) -> ["y"]; fresh(4, ["x"]) -> ["x"].
+    """
+
+    version: int = -1
+    seen: set[str] = field(default_factory=set)
+
+    def fresh(self, version: int, failures: list[str]) -> list[str]:
+        """The failures not yet returned for version, in order (now marked as seen)."""
+        if version != self.version:
+            self.version, self.seen = version, set()
+        out = [f for f in dict.fromkeys(failures) if f not in self.seen]
+        self.seen.update(out)
+        return out
+
+
+async def attempt(failures: list[str], what: str, step: Awaitable[None]) -> bool:
+    """Await step; True when it succeeded. A refusal (any LoraFleetError but a registry
+    outage, which fails the whole tick) is appended to failures as "what: why" instead
+    of raised, so one refused step does not keep the others from running."""
+    try:
+        await step
+    except RegistryUnavailable:
+        raise
+    except LoraFleetError as e:
+        failures.append(f"{what}: {e}")
+        return False
+    return True
 
 
 @dataclass
@@ -87,6 +151,8 @@ class RegistryPublisher:
     desired_version: int = -1
     pinned: set[str] = field(default_factory=set)
     newest_version: dict[str, int] = field(default_factory=dict)
+    logged: OncePerVersion = field(default_factory=OncePerVersion)
+    ticks: int = 0
 
     async def run(self) -> None:
         while True:
@@ -121,6 +187,17 @@ class RegistryPublisher:
             self.published = {}
         await self.publish(self.engine.stats())
         await self.follow_desired()
+        await self._reap_now_and_then()
+
+    async def _reap_now_and_then(self) -> None:
+        # Every live replica reaps (reap is atomic and idempotent), so the registry needs
+        # no singleton janitor: as long as one replica lives, dead rows go away.
+        self.ticks += 1
+        if self.ticks % self.config.reap_every:
+            return
+        replicas, adapters = await self.registry.reap()
+        if replicas or adapters:
+            log.info("reaped %d lapsed replicas and %d drained adapters", replicas, adapters)
 
     async def publish(self, stats: EngineStats) -> None:
         now = residency(stats)
@@ -142,46 +219,74 @@ class RegistryPublisher:
         for name, ref in state.refs.items():
             self.refs[ref.key] = ref
             self.newest_version[name] = max(ref.version, self.newest_version.get(name, 0))
-        try:
-            await self._apply_pins(state)
-            await self._apply_warm(state)
-            for name in state.draining:
-                await self.engine.unload_adapter(name)
-                self.pinned.discard(name)
-        except LoraFleetError as e:
-            # The engine refused (no evictable slot, bad adapter): retry next tick.
-            log.warning("desired state %d not applied yet: %s", state.version, e)
-            return
+        # Unpins before pins, so a legal final pin set never waits on a slot an old pin
+        # holds; every step runs even when an earlier one was refused, so a pin this
+        # replica cannot take never blocks an unload or a warm target.
+        failures: list[str] = []
+        await self._apply_unpins(state, failures)
+        await self._apply_pins(state, failures)
+        await self._apply_warm(state, failures)
+        await self._apply_draining(state, failures)
+        if failures:
+            for failure in self.logged.fresh(state.version, failures):
+                log.warning("desired state %d not applied yet: %s", state.version, failure)
+            return  # desired_version stays behind, so the next tick tries again
         self.desired_version = state.version
 
-    async def _apply_pins(self, state) -> None:
-        for name in state.pins:
+    async def _apply_unpins(self, state: DesiredState, failures: list[str]) -> None:
+        for name in sorted(self.pinned - state.pins.keys()):
+            if await attempt(failures, f"unpin {name!r}", self._unpin(name)):
+                self.pinned.discard(name)
+
+    async def _unpin(self, name: str) -> None:
+        try:
+            self.engine.unpin(name)
+        except AdapterNotFound:
+            pass  # no longer held here (unloaded): nothing is left to unpin
+
+    async def _apply_pins(self, state: DesiredState, failures: list[str]) -> None:
+        for name in sorted(state.pins):
             ref = state.refs.get(name)
             if ref is not None and name not in self.pinned:
-                await self.engine.load_adapter(ref, to_gpu=True)
-                self.engine.pin(ref)
-                self.pinned.add(name)
-        for name in [n for n in self.pinned if n not in state.pins]:
-            self.engine.unpin(name)
-            self.pinned.discard(name)
+                if await attempt(failures, f"pin {name!r}", self._pin(ref)):
+                    self.pinned.add(name)
 
-    async def _apply_warm(self, state) -> None:
+    async def _pin(self, ref: AdapterRef) -> None:
+        await self.engine.load_adapter(ref, to_gpu=True)
+        self.engine.pin(ref)
+
+    async def _apply_warm(self, state: DesiredState, failures: list[str]) -> None:
         held = residency(self.engine.stats())
-        for name, target in state.warm.items():
+        for name, target in sorted(state.warm.items()):
             ref = state.refs.get(name)
             if ref is None or held.get(ref.key) == "gpu":
                 continue
-            locations = await self.registry.locations(name)
-            on_gpu = sum(1 for loc in locations if loc.tier == "gpu")
-            if on_gpu < target.replicas:
-                await self.engine.load_adapter(ref, to_gpu=True)
+            await attempt(failures, f"warm {name!r}", self._warm(name, ref, target.replicas))
+
+    async def _warm(self, name: str, ref: AdapterRef, replicas: int) -> None:
+        locations = await self.registry.locations(name)
+        if sum(1 for loc in locations if loc.tier == "gpu") < replicas:
+            await self.engine.load_adapter(ref, to_gpu=True)
+
+    async def _apply_draining(self, state: DesiredState, failures: list[str]) -> None:
+        for name in sorted(state.draining):
+            if await attempt(failures, f"unload {name!r}", self._unload(name)):
+                self.pinned.discard(name)
+
+    async def _unload(self, name: str) -> None:
+        try:
+            await self.engine.unload_adapter(name)
+        except AdapterNotFound:
+            pass  # never held here, or already unloaded
 
     async def deregister(self) -> None:
-        """Best effort on shutdown: drop residency so routers stop sending here at once."""
+        """On shutdown: remove this replica's registry record (residency, lease, the row
+        `replicas list` shows) in one step, so routers stop sending here at once and no
+        dead row is left behind. Best effort: when it fails the lease lapses and a live
+        replica's reap removes the row."""
         if self.epoch is None:
             return
-        for key in list(self.published):
-            ref = self.refs.get(key)
-            if ref is not None:
-                await self.registry.remove_resident(self.config.replica_id, self.epoch, ref.name)
+        if not await self.registry.deregister_replica(self.config.replica_id, self.epoch):
+            log.info("replica %s: a newer registration owns its record", self.config.replica_id)
+        self.epoch = None
         self.published = {}

@@ -50,7 +50,9 @@ class IngressSettings:
     registry. auth: require tenant API keys. admin_key: key of the admin endpoints
     ("" disables them). max_model_len: prompt + output tokens per request at most
     (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
-    largest adapter rank (registration refuses larger)."""
+    largest adapter rank (registration refuses larger). max_loras: the replicas' GPU
+    adapter slots; published with the base model so that the registry refuses a pin that
+    would leave no evictable slot (None: not published, pins are not checked)."""
 
     model_dir: str
     served_model_name: str
@@ -60,6 +62,7 @@ class IngressSettings:
     admin_key: str = ""
     max_model_len: int = 0
     max_lora_rank: int = 64
+    max_loras: int | None = None
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -97,13 +100,17 @@ class LoraIngress(GrpcInferenceMixin):
         from cluster.records import ServedBase
 
         self.served = ServedBase.from_model_dir(
-            settings.served_model_name, settings.model_dir, settings.max_lora_rank
+            settings.served_model_name,
+            settings.model_dir,
+            settings.max_lora_rank,
+            settings.max_loras,
         )
         registry = None
         if settings.redis_url:
             from cluster.registry import AsyncRegistry, Registry
 
-            # Published for `lorafleet adapters register`, which checks adapters against it.
+            # Published for `lorafleet adapters register`, which checks adapters against it,
+            # and for `pin` (CLI and /v1/pin_lora_adapter), which checks max_loras.
             with contextlib.closing(Registry(settings.redis_url, settings.namespace)) as sync:
                 sync.set_served(self.served)
             registry = AsyncRegistry(

@@ -243,3 +243,22 @@ def test_register_checks_the_clusters_served_base(cli, adapters, registry: Regis
     assert dump_redis(redis_url) == before
     ok(cli("adapters", "register", "s", str(adapters["small"])))
     assert registry.get_adapter("s").base_model == "tiny-base"
+
+
+def test_pin_refused_when_no_slot_would_stay_evictable(
+    cli, adapters, registry: Registry, redis_url
+):
+    shape = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4, num_kv_heads=2,
+                      head_dim=16, intermediate=128)  # fmt: skip
+    registry.set_served(ServedBase("tiny-base", shape, max_lora_rank=16, max_loras=2))
+    for name in ("x", "y"):
+        registry.register_adapter(name, str(adapters["a"]))
+    assert ok(cli("adapters", "pin", "x")) == "pinned x (pool all)\n"
+    before = dump_redis(redis_url)
+    msg = error_line(cli("adapters", "pin", "y", "--pool", "decode"))
+    assert msg.startswith("pinning 'y' would leave replicas no evictable GPU adapter slot")
+    assert "2 slots (max_loras) and 1 pinned already (x); allowed: at most 1 pinned" in msg
+    assert dump_redis(redis_url) == before
+    ok(cli("adapters", "unpin", "x"))
+    ok(cli("adapters", "pin", "y", "--pool", "decode"))
+    assert registry.desired_state().pins == {"y": "decode"}

@@ -313,6 +313,13 @@ def test_admin_endpoints(cluster):
     assert r.status_code == 200
     reg = cluster.registry()
     assert reg.desired_state().pins == {"late-tenant": "all"}
+    # max_loras 2: a second pin would leave the replicas no evictable slot
+    r = httpx.post(
+        f"{cluster.http}/v1/pin_lora_adapter", json={"lora_name": "extra-1"}, headers=admin
+    )
+    assert r.status_code == 409 and r.json()["error"]["code"] == "pin_refused", r.text
+    assert "2 slots (max_loras) and 1 pinned already (late-tenant)" in r.json()["error"]["message"]
+    assert reg.desired_state().pins == {"late-tenant": "all"}
     r = httpx.post(
         f"{cluster.http}/v1/unpin_lora_adapter", json={"lora_name": "late-tenant"}, headers=admin
     )
@@ -483,9 +490,10 @@ def test_killing_a_replica_mid_traffic(cluster):
     live = None
     while time.monotonic() < deadline:
         live = {r.replica_id: r.live for r in reg.list_replicas()}
-        if live.get(victim_id) is False:
+        if live.get(victim_id) is not True:
             break
         time.sleep(0.3)
-    assert live.get(victim_id) is False
+    # lapsed, or already reaped by a live replica's publisher (then it has no row at all)
+    assert live.get(victim_id) in (False, None)
     assert all(loc.replica != victim_id for name in names for loc in reg.locations(name))
     reg.close()

@@ -1,34 +1,39 @@
-"""RegistryPublisher against a real redis-server: lease, residency, desired state, outages.
+"""RegistryPublisher against a real redis-server: lease, residency, desired state, outages,
+deregistration and reaping.
 
 The engine is a stand-in exposing only what the publisher reads (stats) and calls
-(load/pin/unpin/unload), so each test sets residency exactly.
+(load/pin/unpin/unload), so each test sets residency exactly. Like the real slot pool
+it has 2 GPU slots and refuses a pin that would leave none evictable.
 """
 
 import asyncio
+import logging
 
 import pytest
 
 from cluster.client import RetryPolicy
 from cluster.registry import AsyncRegistry, Registry
 from deploy.demo import ensure_demo
+from lora_core.errors import AdapterNotFound, PinRefused
 from replica.outputs import EngineStats
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 from tests.redis_fixture import start_redis
 
 pytestmark = pytest.mark.integration
 FAST = RetryPolicy(retries=0, connect_timeout_s=0.2, socket_timeout_s=0.5)
+SLOTS = 2
 
 
 class StubEngine:
     def __init__(self):
         self.gpu: list[str] = []
         self.cpu: list[str] = []
+        self.pinned: list[str] = []
         self.calls: list[tuple] = []
 
     def stats(self) -> EngineStats:
-        return EngineStats(
-            tuple(self.gpu), tuple(self.cpu), (), 2 - len(self.gpu), 2, 0, 0, 0.0, 0, 0, 0
-        )
+        free = max(0, SLOTS - len(self.gpu))
+        return EngineStats(tuple(self.gpu), tuple(self.cpu), (), free, SLOTS, 0, 0, 0.0, 0, 0, 0)
 
     async def load_adapter(self, ref, to_gpu=False):
         self.calls.append(("load", ref.name, to_gpu))
@@ -36,13 +41,24 @@ class StubEngine:
             self.gpu.append(ref.key)
 
     def pin(self, ref):
+        if len(self.pinned) + 1 >= SLOTS:
+            self.calls.append(("pin refused", ref.name))
+            raise PinRefused(f"pinning {ref.key!r} would pin every one of the {SLOTS} slots")
         self.calls.append(("pin", ref.name))
+        self.pinned.append(ref.name)
 
     def unpin(self, name):
         self.calls.append(("unpin", name))
+        if name in self.pinned:
+            self.pinned.remove(name)
 
     async def unload_adapter(self, name):
         self.calls.append(("unload", name))
+        held = [k for k in self.gpu + self.cpu if k.startswith(f"{name}@")]
+        if not held:
+            raise AdapterNotFound(name)
+        self.gpu = [k for k in self.gpu if k not in held]
+        self.cpu = [k for k in self.cpu if k not in held]
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +66,23 @@ def demo(tmp_path_factory):
     return ensure_demo(tmp_path_factory.mktemp("demo"))
 
 
-def setup(url, demo, names=("demo-poet", "demo-chef")):
+def setup(url, demo, names=("demo-poet", "demo-chef"), replica="rep1", reap_every=10):
+    """A publisher for replica over a StubEngine; names (demo adapters, or others that
+    reuse demo-poet's files) are registered and known to it."""
     reg = Registry(url)
-    refs = {n: reg.register_adapter(n, str(demo.adapters[n]), public=True).ref for n in names}
+    refs = {
+        n: reg.register_adapter(
+            n, str(demo.adapters.get(n, demo.adapters["demo-poet"])), public=True
+        ).ref
+        for n in names
+    }
     reg.close()
     engine = StubEngine()
     areg = AsyncRegistry(url, retry=FAST)
-    pub = RegistryPublisher(
-        PublisherConfig("rep1", "LoraReplica", tick_s=0.05, lease_ttl_s=1.0), areg, engine, {}
+    config = PublisherConfig(
+        replica, "LoraReplica", tick_s=0.05, lease_ttl_s=1.0, reap_every=reap_every
     )
+    pub = RegistryPublisher(config, areg, engine, {})
     for ref in refs.values():
         pub.refs[ref.key] = ref
     return engine, pub, refs
@@ -88,6 +112,9 @@ def test_registers_and_publishes_residency_changes(redis_url, demo):
         assert locations(redis_url, "demo-chef") == [("rep1", "gpu")]
         await pub.deregister()
         assert locations(redis_url, "demo-chef") == []
+        reg = Registry(redis_url)
+        assert reg.list_replicas() == [] and reg.status().replicas_total == 0
+        reg.close()
 
     asyncio.run(go())
 
@@ -160,3 +187,88 @@ def test_survives_a_redis_outage_and_re_registers(tmp_path, demo):
         stop2()
 
     asyncio.run(go())
+
+
+def test_impossible_pin_blocks_neither_unload_nor_warm(redis_url, demo, caplog):
+    names = ("demo-poet", "demo-coder", "demo-chef", "gone")
+    engine, pub, refs = setup(redis_url, demo, names=names)
+    reg = Registry(redis_url)  # standalone: no served max_loras, so the registry takes both pins
+
+    async def go():
+        engine.cpu = [refs["gone"].key]
+        await pub.tick()
+        reg.pin("demo-coder")
+        reg.pin("demo-poet")  # with 2 slots this replica can keep one pin only
+        reg.warm("demo-chef", 1)
+        assert reg.unregister_adapter("gone") == "draining"
+        with caplog.at_level(logging.WARNING, logger="lorafleet.replica"):
+            await pub.tick()
+            assert ("pin", "demo-coder") in engine.calls
+            assert ("pin refused", "demo-poet") in engine.calls
+            assert ("load", "demo-chef", True) in engine.calls  # the warm target applied
+            assert ("unload", "gone") in engine.calls  # and the unload too
+            await pub.tick()  # publishes that "gone" left: its unregistering finishes
+            with pytest.raises(AdapterNotFound):
+                reg.get_adapter("gone")
+            version = reg.desired_state().version  # bumped by that removal
+            for _ in range(3):
+                await pub.tick()
+        assert pub.desired_version < version  # still "not applied": retried every tick
+        refusals = [r.getMessage() for r in caplog.records if "demo-poet" in r.getMessage()]
+        # once per desired-state version (the one pinned, then the one after the removal)
+        assert [m.split(" not applied")[0] for m in refusals] == [
+            f"desired state {version - 1}",
+            f"desired state {version}",
+        ]
+        assert refusals[1].endswith(
+            "not applied yet: pin 'demo-poet': pinning "
+            f"'{refs['demo-poet'].key}' would pin every one of the 2 slots"
+        )
+
+    asyncio.run(go())
+    reg.close()
+
+
+def test_unpins_before_pins_so_a_legal_pin_set_applies(redis_url, demo):
+    engine, pub, refs = setup(redis_url, demo)
+    reg = Registry(redis_url)
+
+    async def go():
+        await pub.tick()
+        reg.pin("demo-chef")
+        await pub.tick()
+        reg.pin("demo-poet")
+        await pub.tick()
+        assert engine.pinned == ["demo-chef"] and ("pin refused", "demo-poet") in engine.calls
+        reg.unpin("demo-chef")  # the registry now holds demo-poet's pin only: it must apply
+        del engine.calls[:]
+        await pub.tick()
+        assert engine.calls[:2] == [("unpin", "demo-chef"), ("load", "demo-poet", True)]
+        assert engine.calls[2] == ("pin", "demo-poet") and engine.pinned == ["demo-poet"]
+        assert pub.desired_version == reg.desired_state().version
+
+    asyncio.run(go())
+    reg.close()
+
+
+def test_a_lapsed_replica_is_reaped_by_a_live_replicas_publisher(redis_url, demo):
+    engine, pub, refs = setup(redis_url, demo, reap_every=2)
+    reg = Registry(redis_url)
+    crashed = reg.register_replica("crashed", "mixed", "LoraReplica", 2, 0.2)
+    reg.report_resident("crashed", crashed, refs["demo-chef"], "gpu")
+    assert reg.unregister_adapter("demo-chef") == "draining"  # only "crashed" holds it
+
+    async def go():
+        await pub.tick()  # tick 1: no reap yet
+        while any(r.live for r in reg.list_replicas() if r.replica_id == "crashed"):
+            await asyncio.sleep(0.02)
+        assert [r.replica_id for r in reg.list_replicas()] == ["crashed", "rep1"]
+        await pub.tick()  # tick 2 reaps, no operator involved
+        assert [r.replica_id for r in reg.list_replicas()] == ["rep1"]
+        assert reg.list_adapter_names() == ["demo-poet"]  # the drained adapter finished
+        await pub.tick()
+        await pub.tick()  # reaping again finds nothing and fails nothing
+        assert [r.replica_id for r in reg.list_replicas()] == ["rep1"]
+
+    asyncio.run(go())
+    reg.close()

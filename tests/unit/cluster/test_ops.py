@@ -14,6 +14,7 @@ from lora_core.errors import (
     AdapterDraining,
     AdapterNotFound,
     InvalidRequest,
+    PinRefused,
     StaleEpoch,
     Unauthorized,
 )
@@ -125,3 +126,31 @@ def test_revoke_api_keys_statuses():
         plan.parse(reply("ambiguous", ["abcdef1111119", "abcdef0000009"]))
     with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):
         plan.parse(reply("no_tenant", "x"))
+
+
+def test_pin_statuses():
+    plan = ops.pin("c", "decode")
+    assert (plan.script, plan.args) == ("pin", ("c", "decode"))
+    assert plan.parse(reply("ok")) is None
+    with pytest.raises(PinRefused) as err:
+        plan.parse(reply("refused", 3, ["a", "b"]))
+    assert str(err.value) == (
+        "pinning 'c' would leave replicas no evictable GPU adapter slot: each has 3 slots "
+        "(max_loras) and 2 pinned already (a, b); allowed: at most 2 pinned at a time "
+        "(max_loras - 1, over all pools: mixed replicas take every pin); unpin one of them first"
+    )
+    # one slot: nothing to unpin, no pin is possible at all (cjson sends [] as {})
+    none = r"1 slots \(max_loras\) and none pinned yet; allowed: at most 0 pinned .*every pin\)$"
+    with pytest.raises(PinRefused, match=none):
+        plan.parse(reply("refused", 1, {}))
+    with pytest.raises(AdapterNotFound, match="'c'"):
+        plan.parse(reply("not_found"))
+    with pytest.raises(AdapterDraining, match="'c'"):
+        plan.parse(reply("draining"))
+
+
+def test_deregister_replica_statuses():
+    plan = ops.deregister_replica("r1", 4)
+    assert (plan.script, plan.args) == ("deregister_replica", ("r1", 4))
+    assert plan.parse(reply("ok")) is True
+    assert plan.parse(reply("stale", "5")) is False

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cluster.records import (
     AdapterRecord,
     ApiKeyInfo,
+    ServedBase,
     check_choice,
     check_key_id,
     key_id,
     pin_applies,
 )
+from lora_core.base_shape import BaseShape
+
+SHAPE = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4, num_kv_heads=2,
+                  head_dim=16, intermediate=128)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -60,3 +67,20 @@ def test_check_key_id_accepts_hex_prefixes(text: str, expected: str):
 def test_check_key_id_refuses(text: str):
     with pytest.raises(ValueError, match="key id .* is invalid; allowed: 6-64 hex characters"):
         check_key_id(text)
+
+
+@pytest.mark.parametrize("max_loras", [None, 1, 8])
+def test_served_base_json_round_trip(max_loras: int | None):
+    served = ServedBase("m", SHAPE, max_lora_rank=16, max_loras=max_loras)
+    assert ServedBase.from_json(served.to_json()) == served
+
+
+def test_served_base_from_a_record_without_max_loras():
+    old = json.loads(ServedBase("m", SHAPE, 16, 4).to_json())
+    del old["max_loras"]  # published before the slot count was
+    assert ServedBase.from_json(json.dumps(old)) == ServedBase("m", SHAPE, 16, None)
+
+
+def test_served_base_refuses_no_slots():
+    with pytest.raises(ValueError, match="max_loras=0; allowed: >= 1, or None"):
+        ServedBase("m", SHAPE, 16, 0)

@@ -1,0 +1,166 @@
+"""How the registry publisher applies a desired state (pure: fake registry and engine).
+
+Order (unpins, pins, warm targets, draining), one refusal not stopping the rest,
+"not applied" until every step succeeded, and each failure logged once per version.
+The same flows against a real Redis are in tests/integration/serve/test_replica_registry.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from cluster.records import DesiredState, Location, WarmTarget
+from lora_core.errors import AdapterNotFound, PinRefused, RegistryUnavailable
+from lora_core.identity import AdapterRef
+from replica.outputs import EngineStats
+from replica.serve_registry import OncePerVersion, PublisherConfig, RegistryPublisher, attempt
+
+
+def ref(name: str) -> AdapterRef:
+    return AdapterRef(name, 1, "ab" * 32, f"/adapters/{name}", 8, "base")
+
+
+class FakeRegistry:
+    def __init__(self, state: DesiredState, locations_error: Exception | None = None):
+        self.state = state
+        self.locations_error = locations_error
+
+    async def desired_state(self) -> DesiredState:
+        return self.state
+
+    async def locations(self, name: str) -> tuple[Location, ...]:
+        if self.locations_error is not None:
+            raise self.locations_error
+        return ()
+
+
+class FakeEngine:
+    """Refuses pins of the names in refuse; holds only the names in held."""
+
+    def __init__(self, refuse: set[str], held: set[str]):
+        self.refuse, self.held = refuse, held
+        self.calls: list[tuple[str, str]] = []
+
+    def stats(self) -> EngineStats:
+        return EngineStats((), (), (), 2, 2, 0, 0, 0.0, 0, 0, 0)
+
+    async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
+        self.calls.append(("load", ref.name))
+
+    def pin(self, ref: AdapterRef) -> None:
+        if ref.name in self.refuse:
+            raise PinRefused(f"pinning {ref.name!r} would pin every one of the 2 GPU slots")
+        self.calls.append(("pin", ref.name))
+
+    def unpin(self, name: str) -> None:
+        if name not in self.held:
+            raise AdapterNotFound(name)
+        self.calls.append(("unpin", name))
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self.held:
+            raise AdapterNotFound(name)
+        self.calls.append(("unload", name))
+
+
+def state(version: int, pins=(), warm=(), draining=()) -> DesiredState:
+    names = set(pins) | set(warm)
+    return DesiredState(
+        version=version,
+        pins={n: "all" for n in pins},
+        warm={n: WarmTarget(1, "all") for n in warm},
+        draining=frozenset(draining),
+        refs={n: ref(n) for n in names},
+    )
+
+
+def publisher(registry: FakeRegistry, engine: FakeEngine, pinned=()) -> RegistryPublisher:
+    pub = RegistryPublisher(PublisherConfig("r1", "d"), registry, engine, {})
+    pub.pinned = set(pinned)
+    return pub
+
+
+def test_refused_pin_lets_unpins_warm_and_draining_run_and_retries():
+    engine = FakeEngine(refuse={"b"}, held={"old", "gone"})
+    reg = FakeRegistry(state(7, pins=("a", "b"), warm=("w",), draining=("gone",)))
+    pub = publisher(reg, engine, pinned={"old"})
+    asyncio.run(pub.follow_desired())
+    assert engine.calls == [
+        ("unpin", "old"),
+        ("load", "a"),
+        ("pin", "a"),
+        ("load", "b"),  # loaded, then its pin refused
+        ("load", "w"),
+        ("unload", "gone"),
+    ]
+    assert pub.pinned == {"a"}
+    assert pub.desired_version == -1  # not applied: the next tick tries b again
+    engine.refuse = set()
+    asyncio.run(pub.follow_desired())
+    assert pub.pinned == {"a", "b"} and pub.desired_version == 7
+
+
+def test_names_this_replica_does_not_hold_are_nothing_to_unpin_or_unload():
+    engine = FakeEngine(refuse=set(), held=set())
+    pub = publisher(FakeRegistry(state(3, draining=("never-here",))), engine, pinned={"gone"})
+    asyncio.run(pub.follow_desired())
+    assert (engine.calls, pub.pinned, pub.desired_version) == ([], set(), 3)
+
+
+def test_each_failure_logged_once_per_version(caplog):
+    engine = FakeEngine(refuse={"b"}, held=set())
+    reg = FakeRegistry(state(4, pins=("b",)))
+    pub = publisher(reg, engine)
+    with caplog.at_level(logging.WARNING, logger="lorafleet.replica"):
+        for version in (4, 4, 4, 5, 5):
+            reg.state = state(version, pins=("b",))
+            asyncio.run(pub.follow_desired())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"desired state {v} not applied yet: pin 'b': pinning 'b' would pin every one of "
+        "the 2 GPU slots"
+        for v in (4, 5)
+    ]
+
+
+def test_a_registry_outage_fails_the_tick_instead_of_counting_as_a_refusal():
+    outage = RegistryUnavailable("cannot reach Redis at redis://x")
+    reg = FakeRegistry(state(2, warm=("w",)), locations_error=outage)
+    pub = publisher(reg, FakeEngine(refuse=set(), held=set()))
+    with pytest.raises(RegistryUnavailable):
+        asyncio.run(pub.follow_desired())
+
+
+def test_attempt_records_refusals_and_passes_other_errors():
+    async def ok() -> None:
+        pass
+
+    async def refused() -> None:
+        raise AdapterNotFound("x")
+
+    async def broken() -> None:
+        raise OSError("disk")
+
+    failures: list[str] = []
+    assert asyncio.run(attempt(failures, "load 'x'", ok())) is True
+    assert asyncio.run(attempt(failures, "load 'x'", refused())) is False
+    assert failures == ["load 'x': adapter 'x' not found"]
+    with pytest.raises(OSError):
+        asyncio.run(attempt(failures, "load 'x'", broken()))
+
+
+def test_once_per_version():
+    seen = OncePerVersion()
+    assert seen.fresh(3, ["x"]) == ["x"]
+    assert seen.fresh(3, ["x", "y", "y"]) == ["y"]
+    assert seen.fresh(3, ["x", "y"]) == []
+    assert seen.fresh(4, ["x"]) == ["x"]
+    assert seen.fresh(3, ["x"]) == ["x"]  # any change of version starts over
+
+
+@pytest.mark.parametrize("reap_every", [0, -1])
+def test_reap_every_validated(reap_every: int):
+    with pytest.raises(ValueError, match=f"reap_every={reap_every}; allowed: >= 1"):
+        PublisherConfig("r1", "d", reap_every=reap_every)
