@@ -11,13 +11,10 @@ largest of three demands:
     adapters = sum over replicas of active adapters / (max_loras * target_slot_use)
     kv       = replicas * mean kv_usage / kv_target      (only while requests wait)
 
-"active adapters" of a replica: its adapter working set, the distinct adapters among
-its running and waiting requests and those whose last request ended within the last
-10 s (replica.scheduler.AdapterWorkingSet), so an adapter spread to two replicas counts
-twice (it fills two slots). In-flight adapters alone would drop once the fleet has grown
-(each adapter has its slot, requests finish faster, fewer are in flight at an instant)
-and the fleet would shrink back into swapping; the working set stays while the adapters
-keep being used, and the affinity router keeps each on the replicas that hold it.
+"active adapters" of a replica: distinct adapters among its running and waiting
+requests, so an adapter spread to two replicas counts twice (it fills two slots).
+The sum does not shrink when replicas are added: the affinity router keeps each
+adapter on the replicas that hold it, so the adapter demand is stable once met.
 
 Serve wraps the returned figure with min/max_replicas, the up/downscale delays and
 the scaling factors (`ray.serve.autoscaling_policy._apply_autoscaling_config`). This

@@ -72,7 +72,6 @@ def stats_dict(stats: EngineStats, now: float) -> dict[str, Any]:
         "cpu": list(stats.cpu_adapters),
         "free_slots": stats.free_slots,
         "max_loras": stats.max_loras,
-        "working_set": stats.active_adapters,
         "queue_len": stats.num_running + stats.num_waiting,
         "kv_usage": stats.kv_usage,
         "adapter_loads": stats.adapter_loads,

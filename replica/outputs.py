@@ -52,9 +52,8 @@ class EngineStats:
     kv_usage: fraction of KV blocks in use (0..1).
     adapter_loads: GPU slot loads since start (disk or CPU -> slot).
     num_preemptions: sequences preempted since start.
-    active_adapters: the adapter working set: distinct adapters among running and
-        waiting sequences and those whose last request ended within the last 10 s (the
-        slot demand the autoscaling policy compares with max_loras).
+    active_adapters: distinct adapters among running and waiting sequences (the slot
+        demand the autoscaling policy compares with max_loras).
     """
 
     gpu_adapters: tuple[str, ...]

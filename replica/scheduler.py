@@ -13,7 +13,6 @@ freed, its slot released, and it is recomputed from its tokens later.
 from __future__ import annotations
 
 import itertools
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,35 +48,6 @@ class SchedulerOutput:
         return sum(n for _, n in self.scheduled)
 
 
-# How long an adapter counts as needed after its last request ended (see AdapterWorkingSet).
-ADAPTER_WINDOW_S = 10.0
-
-
-class AdapterWorkingSet:
-    """Adapters in use now or within the last window_s: the GPU-slot demand that
-    autoscaling sizes the fleet for (cluster.autoscaling).
-
-    In-flight requests alone undercount it: once the fleet has grown and each adapter
-    has its slot, requests finish faster and fewer adapters are in flight at any instant,
-    so a fleet sized on that shrinks back and starts swapping again.
-    Example (window 10): last use a at t=0, b at t=5; at t=12 the set is {b} plus
-    whatever is in flight.
-    """
-
-    def __init__(self, window_s: float = ADAPTER_WINDOW_S, clock=time.monotonic):
-        self.window_s = window_s
-        self.clock = clock
-        self._last: dict[str, float] = {}
-
-    def touch(self, key: str) -> None:
-        self._last[key] = self.clock()
-
-    def size(self, in_flight: set[str]) -> int:
-        cutoff = self.clock() - self.window_s
-        self._last = {k: t for k, t in self._last.items() if t >= cutoff}
-        return len(in_flight | self._last.keys())
-
-
 class Scheduler:
     def __init__(
         self,
@@ -85,11 +55,9 @@ class Scheduler:
         adapters: AdapterAdmission,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        working_set: AdapterWorkingSet | None = None,
     ):
         self.blocks = blocks
         self.adapters = adapters
-        self.working_set = working_set or AdapterWorkingSet()
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -103,10 +71,9 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def active_adapters(self) -> int:
-        """Distinct adapters among running and waiting sequences and those whose last
-        request ended within the working set's window."""
+        """Distinct adapters among running and waiting sequences."""
         seqs = itertools.chain(self.running, self.waiting)
-        return self.working_set.size({seq.adapter_key for seq in seqs if seq.adapter is not None})
+        return len({seq.adapter_key for seq in seqs if seq.adapter is not None})
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -227,7 +194,5 @@ class Scheduler:
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         self._release(seq)
-        if seq.adapter is not None:
-            self.working_set.touch(seq.adapter_key)
         seq.status = Status.FINISHED
         seq.finish_reason = reason

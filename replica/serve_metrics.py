@@ -17,7 +17,7 @@ GAUGES = {
     "cpu_adapters": "adapters in the CPU cache",
     "free_slots": "GPU adapter slots holding nothing",
     "queue_len": "requests running + waiting in the engine",
-    "active_adapters": "adapters of running + waiting requests or used in the last 10 s",
+    "active_adapters": "distinct adapters among running + waiting requests",
     "kv_usage": "fraction of KV blocks in use",
 }
 

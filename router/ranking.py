@@ -8,8 +8,6 @@ Tiers, best first, for a request naming adapter key K:
      adapters, the adapter's rendezvous-hash "home" alone, then the rest;
   3. replicas holding K in the CPU cache with every GPU slot taken (K would evict
      another adapter), not overloaded;
-     (when every GPU holder is swapping, i.e. its working set exceeds its slots and none
-     is free, the best replica with a free slot joins tier 0 too);
   4. any replica not offered yet.
 Tiers 2 and 3 swap when no other replica has a free slot either: then a CPU copy
 beats a disk read. A CPU-cache holder with no free slot would swap adapters on every
@@ -51,8 +49,6 @@ class ReplicaLoad:
     replica_id: Serve's replica unique id (the same id the replica registers under).
     gpu_adapters / cpu_adapters: AdapterRef.key of adapters in GPU slots / CPU cache.
     free_slots: GPU adapter slots holding nothing.
-    working_set: adapters its requests used lately (EngineStats.active_adapters); above
-        its slot count it swaps adapters in and out of its slots.
     queue_len: requests running + waiting on the replica.
     kv_usage: fraction of KV blocks in use (0..1).
     stats_time: wall-clock time the replica took its stats (0 = no stats yet).
@@ -62,7 +58,6 @@ class ReplicaLoad:
     gpu_adapters: frozenset[str] = frozenset()
     cpu_adapters: frozenset[str] = frozenset()
     free_slots: int = 0
-    working_set: int = 0
     queue_len: int = 0
     kv_usage: float = 0.0
     stats_time: float = 0.0
@@ -186,14 +181,7 @@ def _affinity_tiers(
         cpu_full = [r for r in cpu if r.free_slots == 0]
     else:
         cpu_room, cpu_full = cpu, []
-    hot = all(r.queue_len >= config.hot_queue_len for r in holders)
-    # A holder swapping adapters (more in use than it has slots, none free) shares this
-    # one with a replica that has a free slot, as a hot holder does: the shorter queue
-    # takes it, so adapters spread until the free slots are taken (e.g. onto a replica
-    # the autoscaler added for adapter demand) and the swapping stops.
-    swapping = all(r.free_slots == 0 and r.working_set > len(r.gpu_adapters) for r in gpu)
-    room = bool(spare) and spare[0].free_slots > 0
-    if holders and spare and (hot or (gpu and swapping and room)):
+    if holders and spare and all(r.queue_len >= config.hot_queue_len for r in holders):
         return [gpu + spare[:1], cpu_room, spare[1:], cpu_full]
     return [gpu, cpu_room, spare[:1], spare[1:], cpu_full]
 

@@ -34,7 +34,6 @@ def load_of(replica_id: str, stats: dict[str, Any], cached_queue_len: int | None
         gpu_adapters=frozenset(stats.get("gpu", ())),
         cpu_adapters=frozenset(stats.get("cpu", ())),
         free_slots=int(stats.get("free_slots", 0)),
-        working_set=int(stats.get("working_set", 0)),
         queue_len=queue,
         kv_usage=float(stats.get("kv_usage", 0.0)),
         stats_time=float(stats.get("time", 0.0)),

@@ -181,10 +181,9 @@ REPLICA_ROW = Row(
         ),
         Panel(
             8,
-            "Adapter working set per replica",
-            "Distinct adapters of each replica's running + waiting requests or used in "
-            "the last 10 s (ray_lorafleet_active_adapters, the autoscaler's slot demand), "
-            "beside its GPU slot count (resident + free). "
+            "Adapters in flight per replica",
+            "Distinct adapters among each replica's running + waiting requests "
+            "(ray_lorafleet_active_adapters), beside its GPU slot count (resident + free). "
             "Above the slot count, requests wait for slot swaps: route fewer tenants to it "
             "or raise max_loras.",
             "short",

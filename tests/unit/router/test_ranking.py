@@ -45,13 +45,6 @@ def test_adapters_move_to_a_replica_added_for_them():
     new = ReplicaLoad("new", free_slots=2)
     assert rank([old, new], key=c)[0] == ["new"]
     assert rank([old, new], key=a)[0] == ["old"]
-    # The old replica swaps (3 adapters in use, 2 slots): its GPU-resident adapters
-    # share tier 0 with the new one too, the shorter queue first, until the new is full.
-    swapping = ReplicaLoad("old", gpu_adapters=frozenset({a, b}),
-                           cpu_adapters=frozenset({a, b, c}), working_set=3, queue_len=3)  # fmt: skip
-    assert rank([swapping, new], key=a)[0] == ["new", "old"]
-    assert rank([swapping, ReplicaLoad("new", gpu_adapters=frozenset({c}), free_slots=0)],
-                key=a)[0] == ["old"]  # fmt: skip
     # Nowhere a free slot: the CPU copy still beats a disk read.
     full = ReplicaLoad("full", gpu_adapters=frozenset({a}), free_slots=0)
     assert rank([old, full], key=c)[0] == ["old"]

@@ -14,13 +14,12 @@ def test_load_of_reads_routing_stats_and_prefers_the_longer_queue():
         "gpu": ["k1"],
         "cpu": ["k1", "k2"],
         "free_slots": 1,
-        "working_set": 3,
         "queue_len": 2,
         "kv_usage": 0.5,
         "time": 9.0,
     }
     assert load_of("r", stats, None) == ReplicaLoad(
-        "r", frozenset({"k1"}), frozenset({"k1", "k2"}), 1, 3, 2, 0.5, 9.0
+        "r", frozenset({"k1"}), frozenset({"k1", "k2"}), 1, 2, 0.5, 9.0
     )
     assert load_of("r", stats, 5).queue_len == 5
     assert load_of("r", stats, 1).queue_len == 2
