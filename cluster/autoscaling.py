@@ -31,17 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lora_core.errors import InvalidRequest
+from replica.autoscaling_metrics import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, METRICS, WAITING
 
 # The policy runs inside Serve's controller, whose handlers hang on the "ray.serve" logger:
 # a child of it lands in the controller's log (logs/serve/controller_*.log).
 log = logging.getLogger("ray.serve.lorafleet.autoscaling")
-
-# The custom metrics each replica reports (LoraReplica.record_autoscaling_stats).
-ACTIVE_ADAPTERS = "active_adapters"
-MAX_LORAS = "max_loras"
-KV_USAGE = "kv_usage"
-WAITING = "waiting"
-METRICS = (ACTIVE_ADAPTERS, MAX_LORAS, KV_USAGE, WAITING)
 
 
 class ScalingContext(Protocol):

@@ -24,9 +24,9 @@ from typing import Any
 
 from ray import serve
 
-from cluster.autoscaling import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING
 from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
+from replica.autoscaling_metrics import autoscaling_metrics
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
 from replica.serve_metrics import ReplicaGauges, RequestCounters
@@ -76,16 +76,6 @@ def stats_dict(stats: EngineStats, now: float) -> dict[str, Any]:
         "kv_usage": stats.kv_usage,
         "adapter_loads": stats.adapter_loads,
         "time": now,
-    }
-
-
-def autoscaling_stats(stats: EngineStats) -> dict[str, float]:
-    """EngineStats as the metrics named in cluster.autoscaling.METRICS."""
-    return {
-        ACTIVE_ADAPTERS: float(stats.active_adapters),
-        MAX_LORAS: float(stats.max_loras),
-        KV_USAGE: float(stats.kv_usage),
-        WAITING: float(stats.num_waiting),
     }
 
 
@@ -171,7 +161,7 @@ class LoraReplica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """The custom metrics `cluster.autoscaling` reads (Serve averages them over
         look_back_period_s and hands them to the policy on the controller)."""
-        return autoscaling_stats(self.engine.stats())
+        return autoscaling_metrics(self.engine.stats())
 
     async def check_health(self) -> None:
         """Local only: the engine must answer; the registry's state is not consulted."""

@@ -16,7 +16,8 @@ import pytest
 import ray
 from ray import serve
 
-from cluster.autoscaling import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING, LoraAutoscalingPolicy
+from cluster.autoscaling import LoraAutoscalingPolicy
+from replica.autoscaling_metrics import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING
 from tests.integration.serve.cluster_fixture import APP, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration

@@ -92,3 +92,13 @@ def test_zero_replicas_keeps_serves_target():
 def test_bad_policy_kwargs_are_refused(kwargs):
     with pytest.raises(InvalidRequest, match=next(iter(kwargs))):
         LoraAutoscalingPolicy(**kwargs)
+
+
+def test_replicas_report_every_metric_the_policy_reads():
+    from replica.autoscaling_metrics import METRICS, autoscaling_metrics
+    from replica.outputs import EngineStats
+
+    stats = EngineStats(("a",), ("a", "b"), (), 1, 2, 3, 4, 0.25, 5, 0, 3)
+    reported = autoscaling_metrics(stats)
+    assert tuple(reported) == METRICS
+    assert reported == {"active_adapters": 3.0, "max_loras": 2.0, "kv_usage": 0.25, "waiting": 4.0}

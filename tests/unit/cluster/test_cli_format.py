@@ -31,7 +31,7 @@ def test_redact_hides_password():
 
 def test_cluster_never_imports_torch():
     code = (
-        "import cluster.registry, cluster.cli.main, cluster.lease, sys; "
+        "import cluster.registry, cluster.cli.main, cluster.lease, cluster.autoscaling, sys; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run(
