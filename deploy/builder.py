@@ -244,6 +244,7 @@ def build_app(args: dict) -> serve.Application:
 
 
 def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Application:
+    base_name = served_model_name(cfg, model_dir)
     engine = EngineConfig(
         model=model_dir,
         dtype=cfg.dtype,
@@ -260,7 +261,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         namespace=cfg.namespace,
         registry_tick_s=cfg.registry_tick_s,
         lease_ttl_s=cfg.lease_ttl_s,
-        served_model_name=served_model_name(cfg, model_dir),
+        served_model_name=base_name,
     )
     router = RequestRouterConfig(
         request_router_class=AFFINITY_ROUTER if cfg.router == "affinity" else DEFAULT_ROUTER,
@@ -293,7 +294,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
     ).bind(replica)
     ingress = IngressSettings(
         model_dir=model_dir,
-        served_model_name=served_model_name(cfg, model_dir),
+        served_model_name=base_name,
         redis_url=redis_url,
         namespace=cfg.namespace,
         auth=cfg.auth,
