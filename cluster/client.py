@@ -2,12 +2,15 @@
 
 Both executors run a `cluster.ops.Plan` in exactly one round trip (EVALSHA, with
 redis-py's transparent reload when the script cache is empty, e.g. after a Redis
-restart) and turn connection failures, after the retry policy is spent, into
-`RegistryUnavailable` naming the URL.
+restart) and turn every Redis failure into `RegistryUnavailable` naming the URL
+(connection failures after the retry policy is spent; a refused password, a missing
+database, a non-Redis server or an ACL denial at once), so no caller ever sees a
+redis-py exception.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -25,6 +28,10 @@ from lora_core.errors import RegistryUnavailable
 T = TypeVar("T")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Everything a command can raise from Redis or the socket (redis.RedisError covers the
+# protocol, response and authentication errors too).
+REDIS_ERRORS = (redis.RedisError, OSError)
+_URL_FORM = "redis://[USER]:PASSWORD@HOST:PORT/DB"
 
 
 @dataclass(frozen=True)
@@ -64,15 +71,55 @@ class RetryPolicy:
 
 def redact(url: str) -> str:
     """The URL with any password replaced by '***' (safe for error messages)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # unparseable (a broken IPv6 host, a bad port): mask all userinfo
+        return re.sub(r"//[^/@]*@", "//***@", url)
+    if password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
 
 
 def unavailable(url: str, err: BaseException) -> RegistryUnavailable:
-    return RegistryUnavailable(f"cannot reach Redis at {redact(url)}: {err}")
+    """The RegistryUnavailable for err, saying what went wrong and what would work."""
+    where, text = redact(url), str(err).strip() or type(err).__name__
+    if isinstance(err, redis.AuthenticationError) or "NOAUTH" in text:
+        if redact(url) == url:  # no password in the URL
+            return RegistryUnavailable(
+                f"Redis at {where} requires a password ({text}); allowed: a URL "
+                f"carrying it, {_URL_FORM}"
+            )
+        return RegistryUnavailable(
+            f"Redis at {where} refused the user / password of the URL ({text}); "
+            f"allowed: the credentials it expects, {_URL_FORM}"
+        )
+    if isinstance(err, redis.exceptions.NoPermissionError):
+        return RegistryUnavailable(
+            f"Redis at {where} denied a command to the URL's user ({text}); allowed: a user "
+            "whose ACL permits the registry's commands (EVALSHA, SCRIPT LOAD, and the "
+            "GET / SET / HGETALL / SMEMBERS / PUBLISH / SUBSCRIBE family)"
+        )
+    if isinstance(err, _CONNECTION_ERRORS):
+        return RegistryUnavailable(f"cannot reach Redis at {where}: {text}")
+    if isinstance(err, redis.InvalidResponse):
+        return RegistryUnavailable(
+            f"the server at {where} does not speak the Redis protocol ({text}); "
+            "allowed: the URL of a Redis server"
+        )
+    return RegistryUnavailable(f"Redis at {where} refused the request: {text}")
+
+
+def _from_url(make: Any, url: str, **options: Any) -> Any:
+    """make(url, **options), with a malformed URL refused as a ValueError naming it."""
+    try:
+        return make(url, **options)
+    except ValueError as e:
+        raise ValueError(
+            f"redis url {redact(url)!r} is invalid ({e}); allowed: "
+            "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS) or unix:///PATH"
+        ) from e
 
 
 class SyncExecutor:
@@ -80,7 +127,8 @@ class SyncExecutor:
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
         self.url, self.ns = url, ns
-        self.client = redis.Redis.from_url(
+        self.client = _from_url(
+            redis.Redis.from_url,
             url,
             decode_responses=True,
             retry=policy.sync_retry(),
@@ -92,7 +140,7 @@ class SyncExecutor:
     def run(self, plan: Plan[T]) -> T:
         try:
             raw = self._send(plan)
-        except _CONNECTION_ERRORS as e:
+        except REDIS_ERRORS as e:
             raise unavailable(self.url, e) from e
         return plan.parse(raw)
 
@@ -110,7 +158,8 @@ class AsyncExecutor:
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
         self.url, self.ns = url, ns
-        self.client = redis.asyncio.Redis.from_url(
+        self.client = _from_url(
+            redis.asyncio.Redis.from_url,
             url,
             decode_responses=True,
             retry=policy.async_retry(),
@@ -122,7 +171,7 @@ class AsyncExecutor:
     async def run(self, plan: Plan[T]) -> T:
         try:
             raw = await self._send(plan)
-        except _CONNECTION_ERRORS as e:
+        except REDIS_ERRORS as e:
             raise unavailable(self.url, e) from e
         return plan.parse(raw)
 

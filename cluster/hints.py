@@ -9,10 +9,10 @@ import time
 import redis
 import redis.asyncio
 
-from cluster.client import unavailable
+from cluster.client import REDIS_ERRORS, unavailable
 from cluster.records import Hint
 
-_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_ERRORS = REDIS_ERRORS
 
 
 def parse_hint(message: dict | None) -> Hint | None:

@@ -8,12 +8,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from cluster.client import DEFAULT_URL, RetryPolicy
+from cluster.client import DEFAULT_URL, RetryPolicy, redact
 from cluster.registry import Registry
 from lora_core.errors import LoraFleetError
 
 # The CLI is interactive: fail within about a second when Redis is down.
 CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, connect_timeout_s=0.5)
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a tool killed by SIGPIPE
 Handler = Callable[[Registry, argparse.Namespace], int]
 
 
@@ -25,10 +26,14 @@ def env_default(name: str, default: str) -> str:
 
 def connection_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
+    url = env_default("LORAFLEET_REDIS_URL", DEFAULT_URL)
     p.add_argument(
         "--redis-url",
-        default=env_default("LORAFLEET_REDIS_URL", DEFAULT_URL),
-        help="registry Redis (env LORAFLEET_REDIS_URL; default %(default)s)",
+        default=url,
+        # the default may come from the environment: --help must not print its password
+        help="registry Redis (env LORAFLEET_REDIS_URL; default "
+        + redact(url).replace("%", "%%")
+        + ")",
     )
     p.add_argument(
         "--namespace",
@@ -61,7 +66,8 @@ def add_verb(
 
 
 def run(handler: Handler, args: argparse.Namespace) -> int:
-    """Open the registry, run handler; LoraFleetError / ValueError -> one line, exit 1."""
+    """Open the registry, run handler; LoraFleetError / ValueError -> one line, exit 1;
+    stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141."""
     try:
         registry = Registry(
             args.redis_url, args.namespace, max_lora_rank=args.max_lora_rank, retry=CLI_RETRY
@@ -72,6 +78,11 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return handler(registry, args)
     except (LoraFleetError, ValueError) as e:
         return fail(e)
+    except BrokenPipeError:
+        # what a shell tool killed by SIGPIPE does; stdout is pointed at /dev/null so
+        # the interpreter's final flush does not print a second traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
     finally:
         registry.close()
 
