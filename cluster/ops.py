@@ -217,19 +217,24 @@ def resolve_request(name: str, key_hash: str, require_key: bool) -> Plan[Resolve
     return script("resolve_request", (name, key_hash, int(require_key)), _parse, name)
 
 
-def register_adapter(record: AdapterRecord, replace: bool) -> Plan[AdapterRecord]:
-    """Store record (its version is ignored) as its name's next version."""
+def register_adapter(
+    record: AdapterRecord, replace: bool, *, owner_given: bool = True, public_given: bool = True
+) -> Plan[AdapterRecord]:
+    """Store record (its version is ignored) as its name's next version. On a replace of
+    an active adapter, its owner / public flag are kept unless given (owner_given /
+    public_given); the reply is the record as stored."""
     args = (
         record.name,
         int(replace),
         record.owner,
-        int(record.public),
+        int(record.public) if public_given else "",
         record.content_hash,
         record.path,
         record.rank,
         record.base_model,
         json.dumps(list(record.target_modules)),
         record.created,
+        int(owner_given),
     )
 
     def _parse(raw: str) -> AdapterRecord:
@@ -239,7 +244,8 @@ def register_adapter(record: AdapterRecord, replace: bool) -> Plan[AdapterRecord
                 f"adapter {record.name!r} already exists (version {reply[1]}); "
                 "allowed: pass replace (--replace) to register a new version"
             )
-        return dataclasses.replace(record, version=int(_status(record.name, reply)[0]))
+        version, owner, public = _status(record.name, reply)
+        return dataclasses.replace(record, version=int(version), owner=owner, public=public == "1")
 
     return Plan("register_adapter", args, _parse)
 

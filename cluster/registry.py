@@ -115,7 +115,7 @@ class _Api:
         *,
         base_model: str | None = None,
         tenant: str | None = None,
-        public: bool = False,
+        public: bool | None = None,
         replace: bool = False,
         base: BaseShape | None = None,
         served: ServedBase | None = None,
@@ -127,6 +127,10 @@ class _Api:
         shape that does not fit `base` when given), an existing name without replace
         (AdapterAlreadyExists), an unknown tenant (InvalidRequest). tenant becomes the
         owner (always authorized). Returns the stored record.
+
+        tenant / public None: a replace keeps the adapter's owner / public flag (a new
+        version must not lock its users out); a new adapter gets none / private. A name
+        being unregistered (draining) is registered afresh: its old grants are dropped.
 
         served (the cluster's base model, `get_served`): the adapter must fit its shapes
         and rank limit, may not take its id as name, and is recorded as adapting it
@@ -151,11 +155,14 @@ class _Api:
             base_model=base_model if base_model is not None else manifest.base_model,
             target_modules=tuple(sorted(manifest.target_modules)),
             owner=tenant or "",
-            public=public,
+            public=bool(public),
             created=time.time(),
             state="active",
         )
-        return self._run(ops.register_adapter(record, replace))
+        plan = ops.register_adapter(
+            record, replace, owner_given=tenant is not None, public_given=public is not None
+        )
+        return self._run(plan)
 
     def set_served(self, served: ServedBase) -> Reply[None]:
         """Publish the base model this cluster serves (the deployment does this at start)."""

@@ -93,30 +93,40 @@ end
 """
 
 _BODIES: dict[str, str] = {
-    # ARGV: ns, name, replace, owner, public, content_hash, path, rank, base_model,
-    #       target_modules (JSON), created
+    # ARGV: ns, name, replace, owner, public ('1'/'0', '' = keep), content_hash, path,
+    #       rank, base_model, target_modules (JSON), created, owner given ('1'/'0').
+    # A replace is a new version of the same adapter: owner and public are kept unless
+    # given, and so are its grants. A draining name was unregistered: registering it again
+    # makes a new adapter, so the old grants go (they must not open it to old grantees).
     "register_adapter": r"""
-local name, owner = ARGV[2], ARGV[4]
+local name, owner, public = ARGV[2], ARGV[4], ARGV[5]
 if owner ~= '' and redis.call('EXISTS', k('tenant', owner)) == 0 then
   return ret('no_tenant', owner)
 end
-local exists = redis.call('EXISTS', k('adapter', name)) == 1
--- a draining name was unregistered: registering it again needs no replace
-local draining = redis.call('HGET', k('adapter', name), 'state') == 'draining'
+local old = hmap(redis.call('HGETALL', k('adapter', name)))
+local exists = old.name ~= nil
+local draining = old.state == 'draining'
 if exists and ARGV[3] ~= '1' and not draining then
-  return ret('exists', redis.call('HGET', k('adapter', name), 'version'))
+  return ret('exists', old.version)
 end
+if draining then
+  redis.call('DEL', k('grants', name))
+elseif exists then
+  if ARGV[12] ~= '1' then owner = old.owner or '' end
+  if public == '' then public = old.public or '0' end
+end
+if public == '' then public = '0' end
 local v = redis.call('INCR', k('version', name))
 redis.call('DEL', k('adapter', name))
 redis.call('HSET', k('adapter', name), 'name', name, 'version', v, 'content_hash', ARGV[6],
   'path', ARGV[7], 'rank', ARGV[8], 'base_model', ARGV[9], 'target_modules', ARGV[10],
-  'owner', owner, 'public', ARGV[5], 'created', ARGV[11], 'state', 'active')
+  'owner', owner, 'public', public, 'created', ARGV[11], 'state', 'active')
 redis.call('SADD', k('adapters'), name)
 if exists then
   redis.call('SREM', k('draining'), name)
   bump(name, 'replaced')
 end
-return ret('ok', v)
+return ret('ok', v, owner, public)
 """,
     # ARGV: ns, name
     "unregister_adapter": r"""

@@ -32,7 +32,7 @@ class CatalogRegistry(Protocol):
         *,
         base_model: str | None,
         tenant: str | None,
-        public: bool,
+        public: bool | None,
         replace: bool,
         served: ServedBase,
     ) -> AdapterRecord: ...

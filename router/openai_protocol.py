@@ -238,8 +238,9 @@ class LoadAdapterRequest(BaseModel):
     lora_path: str = Field(min_length=1)
     base_model: str | None = None
     tenant: Annotated[str | None, AfterValidator(_tenant_name)] = None
-    """The owning tenant (it must exist); null: no owner."""
-    public: bool = False
+    """The owning tenant (it must exist); null: no owner (with replace: keep the owner)."""
+    public: bool | None = None
+    """Any tenant may use it; null: private (with replace: keep the current setting)."""
     replace: bool = False
 
 

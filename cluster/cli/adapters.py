@@ -24,9 +24,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="base model id (default: the cluster's; without a cluster, the adapter config's)",
     )
-    p.add_argument("--tenant", default=None, help="owning tenant (always authorized)")
-    p.add_argument("--public", action="store_true", help="any tenant may use it")
-    p.add_argument("--replace", action="store_true", help="register a new version of NAME")
+    p.add_argument(
+        "--tenant",
+        default=None,
+        help="owning tenant (always authorized); --replace keeps the current owner unless given",
+    )
+    access = p.add_mutually_exclusive_group()
+    access.add_argument(
+        "--public",
+        dest="public",
+        action="store_const",
+        const=True,
+        default=None,
+        help="any tenant may use it (--replace keeps the current setting unless "
+        "--public or --private is given; a new adapter is private)",
+    )
+    access.add_argument(
+        "--private",
+        dest="public",
+        action="store_const",
+        const=False,
+        help="only the owner and granted tenants may use it",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="register a new version of NAME (its owner, public flag and grants are kept)",
+    )
 
     add_verb(verbs, "list", _list, "list adapters with pins, warm targets, locations", listing=True)
     add_verb(verbs, "show", _show, "show one adapter", listing=True).add_argument("name")

@@ -1,6 +1,7 @@
 """Admin verbs of the `lorafleet` CLI (registered into deploy/cli.py's parser).
 
-    lorafleet adapters register NAME PATH [--base-model ID] [--tenant T] [--public] [--replace]
+    lorafleet adapters register NAME PATH [--base-model ID] [--tenant T]
+        [--public | --private] [--replace]
     lorafleet adapters list | show NAME | unregister NAME
     lorafleet adapters pin NAME [--pool P] | unpin NAME | warm NAME --replicas N [--pool P]
     lorafleet replicas list

@@ -78,8 +78,13 @@ def test_fenced_write_statuses():
 def test_register_and_tenant_statuses():
     rec = AdapterRecord.from_hash(REC)
     plan = ops.register_adapter(rec, False)
-    assert plan.args[:3] == ("a", 0, "")
-    assert plan.parse(reply("ok", 4)) == dataclasses.replace(rec, version=4)
+    assert plan.args[:4] == ("a", 0, "", 0) and plan.args[-1] == 1
+    assert plan.parse(reply("ok", 4, "", "0")) == dataclasses.replace(rec, version=4)
+    # a replace that keeps the stored owner / public flag: the reply says what was kept
+    keep = ops.register_adapter(rec, True, owner_given=False, public_given=False)
+    assert (keep.args[1], keep.args[3], keep.args[-1]) == (1, "", 0)
+    stored = keep.parse(reply("ok", 5, "acme", "1"))
+    assert stored == dataclasses.replace(rec, version=5, owner="acme", public=True)
     with pytest.raises(AdapterAlreadyExists, match=r"version 2\); allowed: pass replace"):
         plan.parse(reply("exists", "2"))
     with pytest.raises(InvalidRequest, match="tenant 'x' does not exist"):

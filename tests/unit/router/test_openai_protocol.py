@@ -228,7 +228,7 @@ def test_chat_top_logprobs_need_logprobs():
 
 def test_load_adapter_body_is_vllm_compatible():
     req = parse_body(LoadAdapterRequest, {"lora_name": "t1", "lora_path": "/x"})
-    assert (req.lora_name, req.lora_path, req.public, req.replace) == ("t1", "/x", False, False)
+    assert (req.lora_name, req.lora_path, req.public, req.replace) == ("t1", "/x", None, False)
     with pytest.raises(InvalidRequest, match="lora_path"):
         parse_body(LoadAdapterRequest, {"lora_name": "t1"})
 
