@@ -258,6 +258,24 @@ def create_tenant(name: str, now: float) -> Plan[None]:
     return Plan("create_tenant", (name, now), _parse)
 
 
+def delete_tenant(tenant: str) -> Plan[tuple[int, int]]:
+    """Delete tenant with its keys and grants: (keys revoked, grants removed)."""
+
+    def _parse(raw: str) -> tuple[int, int]:
+        reply = json.loads(raw)
+        if reply[0] == "owns":
+            names = ", ".join(reply[1])
+            raise InvalidRequest(
+                f"tenant {tenant!r} owns adapters ({names}); allowed: delete a tenant that "
+                "owns none: unregister them, or give them another owner first "
+                "(`adapters register NAME PATH --replace --tenant OTHER`)"
+            )
+        keys, grants = _status("", reply)
+        return int(keys), int(grants)
+
+    return Plan("delete_tenant", (tenant,), _parse)
+
+
 def list_api_keys(tenant: str) -> Plan[list[ApiKeyInfo]]:
     """tenant's keys sorted by issue time (keys without one first), then id."""
 

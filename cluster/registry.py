@@ -219,6 +219,13 @@ class _Api:
         """Create tenant name (InvalidRequest if it exists)."""
         return self._run(ops.create_tenant(check_name("tenant", name), time.time()))
 
+    def delete_tenant(self, name: str) -> Reply[tuple[int, int]]:
+        """Delete tenant name, its API keys (they stop resolving at once) and its grants;
+        returns (keys revoked, grants removed). InvalidRequest: no such tenant, or it owns
+        active adapters (nothing is deleted then: a tenant created later under the same
+        name would own them)."""
+        return self._run(ops.delete_tenant(check_name("tenant", name)))
+
     def list_tenants(self) -> Reply[list[str]]:
         return self._run(ops.list_tenants(self.keys))
 

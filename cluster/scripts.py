@@ -215,6 +215,34 @@ for _, h in ipairs(hit) do
 end
 return ret('ok', hit)
 """,
+    # ARGV: ns, tenant. Deletes the tenant, every key of it (they stop resolving at once)
+    # and every grant to it, so a tenant created later under the same name inherits
+    # nothing. 'owns' (sorted names) when it owns active adapters: deleting it would leave
+    # them an owner that a new tenant of that name would become; nothing is deleted then.
+    # O(adapters): one SREM per adapter, an admin action, never on the request path.
+    "delete_tenant": r"""
+local tenant = ARGV[2]
+if redis.call('EXISTS', k('tenant', tenant)) == 0 then return ret('no_tenant', tenant) end
+local names, owned = redis.call('SMEMBERS', k('adapters')), {}
+for _, name in ipairs(names) do
+  local owner, state = unpack(redis.call('HMGET', k('adapter', name), 'owner', 'state'))
+  if owner == tenant and state ~= 'draining' then owned[#owned + 1] = name end
+end
+if #owned > 0 then
+  table.sort(owned)
+  return ret('owns', owned)
+end
+local keys = redis.call('SMEMBERS', k('tenant', tenant, 'keys'))
+for _, h in ipairs(keys) do redis.call('DEL', k('apikey', h)) end
+local grants = 0
+for _, name in ipairs(names) do
+  grants = grants + redis.call('SREM', k('grants', name), tenant)
+end
+redis.call('DEL', k('tenant', tenant), k('tenant', tenant, 'keys'),
+  k('tenant', tenant, 'key_created'))
+redis.call('SREM', k('tenants'), tenant)
+return ret('ok', #keys, grants)
+""",
     # ARGV: ns, tenant, adapter, '1' grant / '0' revoke
     "grant": r"""
 if redis.call('EXISTS', k('tenant', ARGV[2])) == 0 then return ret('no_tenant', ARGV[2]) end

@@ -1,4 +1,4 @@
-"""`lorafleet tenants ...`: create, list, key, keys, revoke-key, grant, revoke."""
+"""`lorafleet tenants ...`: create, delete, list, key, keys, revoke-key, grant, revoke."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tenants", help="manage tenants, API keys and grants")
     verbs = parser.add_subparsers(dest="verb", required=True)
     add_verb(verbs, "create", _create, "create a tenant", listing=False).add_argument("name")
+    add_verb(
+        verbs, "delete", _delete, "delete a tenant with its API keys and grants", listing=False
+    ).add_argument("name")
     add_verb(verbs, "list", _list, "list tenants", listing=True)
     add_verb(
         verbs, "key", _key, "issue a new API key (printed once, stored hashed)", listing=True
@@ -52,6 +55,12 @@ class _AllKeys(argparse.Action):
 def _create(reg: Registry, args: argparse.Namespace) -> int:
     reg.create_tenant(args.name)
     print(f"created tenant {args.name}")
+    return 0
+
+
+def _delete(reg: Registry, args: argparse.Namespace) -> int:
+    keys, grants = reg.delete_tenant(args.name)
+    print(f"deleted tenant {args.name} ({keys} keys revoked, {grants} grants removed)")
     return 0
 
 
