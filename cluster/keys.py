@@ -51,7 +51,9 @@ Desired state
     {ns}:warm                     hash   adapter name -> "replicas|pool"
     {ns}:draining                 set    names of adapters being unregistered
     {ns}:desired                  string desired-state version, INCR on every pin/warm/
-                                         drain change
+                                         drain change; created at the clock in ms (never
+                                         0), so a flushed or restarted Redis never hands
+                                         out a version it handed out before
     {ns}:hints                    pub/sub channel: JSON {"version", "adapter", "change"}
                                          published after each desired-state change
 

@@ -22,9 +22,10 @@ def reg(registry: Registry, adapters) -> Registry:
 def test_pin_warm_and_full_reconcile(reg: Registry):
     assert reg.desired_state().version == 0
     reg.pin("a", "prefill")
+    first = reg.desired_state().version  # the clock in ms: see test_desired_version_*
     reg.warm("b", 2, "decode")
     state = reg.desired_state()
-    assert state.version == 2
+    assert state.version == first + 1
     assert state.pins == {"a": "prefill"}
     assert state.warm == {"b": WarmTarget(2, "decode")}
     assert state.refs == {"a": reg.get_adapter("a").ref, "b": reg.get_adapter("b").ref}
@@ -32,7 +33,7 @@ def test_pin_warm_and_full_reconcile(reg: Registry):
     reg.unpin("a")  # not pinned: no change, no bump
     reg.warm("b", 0)
     state = reg.desired_state()
-    assert (state.version, state.pins, state.warm, state.refs) == (4, {}, {}, {})
+    assert (state.version, state.pins, state.warm, state.refs) == (first + 3, {}, {}, {})
 
 
 def test_desired_state_refusals_leave_redis_unchanged(reg: Registry, redis_url):
@@ -62,7 +63,8 @@ def test_sync_hints_follow_changes(reg: Registry):
         reg.warm("b", 3)
         reg.register_adapter("a", reg.get_adapter("b").path, replace=True)
         got = [hints.get(1.0) for _ in range(3)]
-    assert got == [Hint(1, "a", "pin"), Hint(2, "b", "warm"), Hint(3, "a", "replaced")]
+    v = got[0].version
+    assert got == [Hint(v, "a", "pin"), Hint(v + 1, "b", "warm"), Hint(v + 2, "a", "replaced")]
 
 
 def test_async_hints(reg: Registry, redis_url):
@@ -75,4 +77,5 @@ def test_async_hints(reg: Registry, redis_url):
         await areg.close()
         return got
 
-    assert asyncio.run(scenario()) == [Hint(1, "b", "pin"), Hint(2, "b", "removed")]
+    got = asyncio.run(scenario())
+    assert got == [Hint(got[0].version, "b", "pin"), Hint(got[0].version + 1, "b", "removed")]

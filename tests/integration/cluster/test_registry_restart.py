@@ -117,3 +117,28 @@ def test_async_client_reconnects(restartable):
         await reg.close()
 
     asyncio.run(scenario())
+
+
+def test_desired_versions_never_repeat_across_a_restart(restartable, adapters):
+    """A replica skips a desired-state version equal to the one it applied last; after
+    Redis restarts empty the same number of changes must not land on that version."""
+    url, restart_later, stop = restartable
+    reg = Registry(url, "t", retry=FAST)
+
+    def setup(pins: tuple[str, ...]) -> int:
+        for name in ("a", "b", "c"):
+            reg.register_adapter(name, str(adapters["a"]))
+        for name in pins:
+            reg.pin(name)
+        return reg.desired_state().version
+
+    applied = setup(("a", "b"))
+    stop()
+    restart_later(0.0).join()
+    assert reg.desired_state().version == 0  # empty: differs from any applied version
+    after = setup(("c", "a"))  # as many changes as before, different pins
+    assert after > applied
+    assert reg.desired_state().pins == {"c": "all", "a": "all"}
+    reg.client.flushall()  # the same without a restart
+    assert setup(("b", "c")) > after
+    reg.close()
