@@ -49,6 +49,7 @@ from lora_core.identity import AdapterRef
 T = TypeVar("T")
 Reply = T | Awaitable[T]
 API_KEY_PREFIX = "lf-"
+MAX_LORA_RANK = 1024  # the largest rank limit a registry takes
 LIST_PAGE = 256
 AdapterVersion = AdapterRef | str | tuple[str, int]  # a str is an AdapterRef.key
 
@@ -96,8 +97,8 @@ class _Api:
     """The registry methods, shared by the sync and asyncio registries."""
 
     def __init__(self, url: str, namespace: str, max_lora_rank: int, retry: RetryPolicy):
-        if not 1 <= max_lora_rank <= 1024:
-            raise ValueError(f"max_lora_rank={max_lora_rank}; allowed: 1 .. 1024")
+        if not 1 <= max_lora_rank <= MAX_LORA_RANK:
+            raise ValueError(f"max_lora_rank={max_lora_rank}; allowed: 1 .. {MAX_LORA_RANK}")
         self.url = url
         self.keys = Keys(namespace)
         self.max_lora_rank = max_lora_rank
@@ -119,6 +120,7 @@ class _Api:
         replace: bool = False,
         base: BaseShape | None = None,
         served: ServedBase | None = None,
+        max_lora_rank: int | None = None,
     ) -> Reply[AdapterRecord]:
         """Validate the PEFT directory at path, then record it as name's next version.
 
@@ -135,11 +137,12 @@ class _Api:
         served (the cluster's base model, `get_served`): the adapter must fit its shapes
         and rank limit, may not take its id as name, and is recorded as adapting it
         (a different explicit base_model is refused: the cluster serves one base).
+        max_lora_rank: this call's rank limit instead of the registry's (served's applies too).
         """
         check_name("adapter", name)
         if tenant is not None:
             check_name("tenant", tenant)
-        max_rank = self.max_lora_rank
+        max_rank = self.max_lora_rank if max_lora_rank is None else max_lora_rank
         if served is not None:
             _check_served(name, base_model, served)
             base = base or served.shape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from cluster.catalog import validate_for_registry
-from cluster.cli.common import add_verb, print_json, print_table
+from cluster.cli.common import DEFAULT_MAX_LORA_RANK, add_verb, print_json, print_table
 from cluster.records import PIN_POOLS, AdapterListing
 from cluster.registry import LIST_PAGE, Registry
 
@@ -72,11 +72,12 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
     # The cluster's own base model (published by its deployment) decides shapes and
     # rank; without a cluster, a base model whose shapes were stored under its id.
     served = reg.get_served()
-    base = None
+    base, limit = None, args.max_lora_rank
     if served is None:
+        limit = DEFAULT_MAX_LORA_RANK if limit is None else limit
         base_id = args.base_model
         if base_id is None:
-            base_id = validate_for_registry(args.path, args.max_lora_rank, None).base_model
+            base_id = validate_for_registry(args.path, limit, None).base_model
         base = reg.get_base_shape(base_id) if base_id else None
     rec = reg.register_adapter(
         args.name,
@@ -87,6 +88,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
         replace=args.replace,
         base=base,
         served=served,
+        max_lora_rank=limit,
     )
     if args.json:
         print_json(AdapterListing(rec, None, None, ()).to_json())

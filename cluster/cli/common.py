@@ -9,11 +9,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cluster.client import DEFAULT_URL, RetryPolicy, redact
-from cluster.registry import Registry
+from cluster.registry import MAX_LORA_RANK, Registry
 from lora_core.errors import LoraFleetError
 
 # The CLI is interactive: fail within about a second when Redis is down.
 CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, connect_timeout_s=0.5)
+# without --max-lora-rank: the served base's limit, or this (the cluster's default) when
+# no deployment published one
+DEFAULT_MAX_LORA_RANK = 64
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a tool killed by SIGPIPE
 Handler = Callable[[Registry, argparse.Namespace], int]
 
@@ -43,9 +46,10 @@ def connection_parent() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-lora-rank",
         type=int,
-        default=env_default("LORAFLEET_MAX_LORA_RANK", "64"),
+        default=env_default("LORAFLEET_MAX_LORA_RANK", "") or None,
         help="max LoRA rank checked by register; a running cluster's own limit applies "
-        "too (env LORAFLEET_MAX_LORA_RANK; default %(default)s)",
+        f"too (env LORAFLEET_MAX_LORA_RANK; default: the cluster's limit, or "
+        f"{DEFAULT_MAX_LORA_RANK} when no cluster published one)",
     )
     return p
 
@@ -69,9 +73,8 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
     """Open the registry, run handler; LoraFleetError / ValueError -> one line, exit 1;
     stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141."""
     try:
-        registry = Registry(
-            args.redis_url, args.namespace, max_lora_rank=args.max_lora_rank, retry=CLI_RETRY
-        )
+        rank = MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank
+        registry = Registry(args.redis_url, args.namespace, max_lora_rank=rank, retry=CLI_RETRY)
     except ValueError as e:
         return fail(e)
     try:

@@ -16,6 +16,7 @@ from cluster.records import ServedBase
 from cluster.registry import Registry
 from lora_core.base_shape import BaseShape
 from lora_core.validate import content_hash
+from tests.integration.cluster.conftest import _save_peft
 from tests.redis_fixture import dump_redis
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -243,6 +244,22 @@ def test_register_checks_the_clusters_served_base(cli, adapters, registry: Regis
     assert dump_redis(redis_url) == before
     ok(cli("adapters", "register", "s", str(adapters["small"])))
     assert registry.get_adapter("s").base_model == "tiny-base"
+
+
+def test_register_rank_limit_defaults_to_the_clusters(cli, registry: Registry, tmp_path):
+    big = _save_peft(tmp_path / "r80", seed=3, r=80, targets=["q_proj"])
+    # no cluster published its limit: the default one (64, the cluster's default)
+    assert error_line(cli("adapters", "register", "big", str(big))).endswith("rank <= 64")
+    shape = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
+                      num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip
+    registry.set_served(ServedBase("tiny-base", shape, max_lora_rank=128))
+    # the cluster takes rank 80, so the CLI does too (it refused it with its own 64)
+    assert ok(cli("adapters", "register", "big", str(big))).startswith(
+        "registered big version 1 (rank 80,"
+    )
+    # an explicit client limit below the cluster's still applies
+    msg = error_line(cli("adapters", "register", "b2", str(big), "--max-lora-rank", "32"))
+    assert msg.endswith("rank <= 32")
 
 
 def test_pin_refused_when_no_slot_would_stay_evictable(
