@@ -52,7 +52,8 @@ def test_empty_or_unset_env_falls_back_to_defaults(monkeypatch, value: str | Non
         else:
             monkeypatch.setenv(name, value)
     args = connection_parent().parse_args([])
-    assert (args.redis_url, args.namespace, args.max_lora_rank) == (DEFAULT_URL, "lorafleet", 64)
+    # max_lora_rank None: the cluster's published limit (or 64 without one), see _register
+    assert (args.redis_url, args.namespace, args.max_lora_rank) == (DEFAULT_URL, "lorafleet", None)
 
 
 def test_env_and_flags_still_win(monkeypatch):
