@@ -305,6 +305,14 @@ local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
 if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
+-- One entry per replica and name: a replica still caching an older version beside a
+-- newer one keeps the newer entry (requests resolve to the newest version, so an old
+-- copy's report must not hide it from routing).
+local cur = redis.call('HGET', k('resident', name), id)
+if cur then
+  local _, ver = split_resident(cur)
+  if tonumber(ver) > tonumber(ARGV[5]) then return ret('ok') end
+end
 -- the pool is copied in: it is fixed per epoch, so reads need no replica lookup
 local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 redis.call('HSET', k('resident', name), id,

@@ -209,7 +209,8 @@ class RegistryPublisher:
         for key in [k for k in self.published if k not in now]:
             ref = self.refs.get(key)
             if ref is not None:
-                await reg.remove_resident(rid, self.epoch, ref.name)
+                # by key: the name alone would also drop a newer version held here
+                await reg.remove_resident(rid, self.epoch, ref.key)
             del self.published[key]
 
     async def follow_desired(self) -> None:
