@@ -320,6 +320,14 @@ def listing(rest: list[Any]) -> list[AdapterListing]:
     return sorted(out, key=lambda a: a.record.name)
 
 
+def visible(rest: list[Any]) -> list[AdapterRef]:
+    refs = [
+        AdapterRef(name=n, version=int(v), content_hash=h, path=p, rank=int(r), base_model=b)
+        for n, v, h, p, r, b in _list(rest[0])
+    ]
+    return sorted(refs, key=lambda ref: ref.name)
+
+
 def desired(rest: list[Any]) -> DesiredState:
     version, pins, warm, draining, refs = rest
     return DesiredState(

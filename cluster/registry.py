@@ -210,6 +210,17 @@ class _Api:
         args = ("all",) if names is None else ("names", *names)
         return self._run(ops.script("list_adapters", args, ops.listing, ""))
 
+    def visible_adapters(
+        self, tenant: str | None, names: Sequence[str] | None = None
+    ) -> Reply[list[AdapterRef]]:
+        """Refs of the active adapters tenant may use (owned, public or granted; every
+        active one for tenant None), sorted by name: what `/v1/models` lists, in one round
+        trip with no residency reads (list_adapters + one authorize per private adapter
+        cost a round trip each). names None means the whole catalog in one script (Redis
+        blocks ~5 ms per 1k adapters); page big catalogs like list_adapters."""
+        args = (tenant or "", "all") if names is None else (tenant or "", "names", *names)
+        return self._run(ops.script("visible_adapters", args, ops.visible, ""))
+
     def unregister_adapter(self, name: str) -> Reply[str]:
         """Stop new requests for name. Returns "removed" when no live replica holds it
         (the record is deleted now), else "draining" (deleted when the last live

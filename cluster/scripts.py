@@ -398,6 +398,23 @@ for _, name in ipairs(names) do
 end
 return ret('ok', out)
 """,
+    # ARGV: ns, tenant ('' = no tenant: every active adapter), 'all' | 'names', name...
+    # The `/v1/models` read: identity fields of the active adapters tenant may use, no
+    # residency (no lease reads) and one script instead of one `authorize` per adapter.
+    "visible_adapters": r"""
+local tenant, names = ARGV[2], {unpack(ARGV, 4)}
+if ARGV[3] == 'all' then names = redis.call('SMEMBERS', k('adapters')) end
+local out = {}
+for _, name in ipairs(names) do
+  local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
+    'base_model', 'owner', 'public', 'state')
+  if v[1] and v[8] ~= 'draining' and (tenant == '' or v[7] == '1' or v[6] == tenant
+      or redis.call('SISMEMBER', k('grants', name), tenant) == 1) then
+    out[#out + 1] = {name, v[1], v[2], v[3], v[4], v[5] or ''}
+  end
+end
+return ret('ok', out)
+""",
     # ARGV: ns
     "list_replicas": r"""
 local out = {}
