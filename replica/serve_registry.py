@@ -204,7 +204,13 @@ class RegistryPublisher:
         reg, rid = self.registry, self.config.replica_id
         for key, tier in now.items():
             if self.published.get(key) != tier and key in self.refs:
-                await reg.report_resident(rid, self.epoch, self.refs[key], tier)
+                try:
+                    await reg.report_resident(rid, self.epoch, self.refs[key], tier)
+                except AdapterNotFound:
+                    # gone from the catalog while held here (a Redis restarted empty, a
+                    # removal racing a load): nothing to publish, and no reason to stop
+                    # the tick; retried next tick in case the name is registered again
+                    continue
                 self.published[key] = tier
         for key in [k for k in self.published if k not in now]:
             ref = self.refs.get(key)

@@ -65,3 +65,42 @@ def test_publisher_evicting_the_old_copy_keeps_the_new_one(registry: Registry, r
         return locations
 
     assert asyncio.run(scenario()) == (Location("r1", "gpu", "mixed"),)
+
+
+def test_publisher_keeps_ticking_when_a_held_adapter_left_the_catalog(
+    registry: Registry, redis_url, adapters
+):
+    """An adapter the catalog lost while a replica holds it (a Redis restarted empty, or
+    finalized while the replica was loading it) must not stop the replica's ticks: pins,
+    warm targets and drains must still be followed, and live adapters still published."""
+    ghost = registry.register_adapter("ghost", str(adapters["a"])).ref
+    pinned = registry.register_adapter("p", str(adapters["b"])).ref
+    assert registry.unregister_adapter("ghost") == "removed"
+    registry.pin("p")
+
+    class Engine(_Engine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pins: list[str] = []
+
+        async def load_adapter(self, ref, to_gpu: bool = False) -> None:
+            self.gpu = (*self.gpu, ref.key)
+
+        def pin(self, ref) -> None:
+            self.pins.append(ref.key)
+
+    async def scenario() -> tuple[list[str], tuple[Location, ...]]:
+        areg = AsyncRegistry(redis_url, namespace="t")
+        engine = Engine()
+        engine.gpu = (ghost.key,)
+        refs = {ghost.key: ghost, pinned.key: pinned}
+        pub = RegistryPublisher(PublisherConfig("r1", "d"), areg, engine, refs)
+        await pub.tick()  # publishes what it can, then follows the pin
+        await pub.tick()  # publishes the pinned adapter it loaded
+        locations = await areg.locations("p")
+        await areg.close()
+        return engine.pins, locations
+
+    pins, locations = asyncio.run(scenario())
+    assert pins == [pinned.key]
+    assert locations == (Location("r1", "gpu", "mixed"),)
