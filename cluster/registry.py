@@ -43,7 +43,7 @@ from cluster.records import (
     check_key_id,
 )
 from lora_core.base_shape import BaseShape
-from lora_core.errors import AdapterIncompatible, AdapterNotFound, InvalidRequest
+from lora_core.errors import AdapterIncompatible, AdapterLoadFailed, AdapterNotFound, InvalidRequest
 from lora_core.identity import AdapterRef
 
 T = TypeVar("T")
@@ -140,6 +140,12 @@ class _Api:
         max_lora_rank: this call's rank limit instead of the registry's (served's applies too).
         """
         check_name("adapter", name)
+        if not path.strip():
+            # Path("") is the working directory: an empty field must not register it
+            raise AdapterLoadFailed(
+                "path is empty; allowed: an existing local directory holding "
+                "adapter_config.json and adapter_model.safetensors"
+            )
         if tenant is not None:
             check_name("tenant", tenant)
         max_rank = self.max_lora_rank if max_lora_rank is None else max_lora_rank
@@ -373,8 +379,9 @@ class _Api:
         check_choice("pool", pool, PIN_POOLS)
         return self._run(ops.pin(name, pool))
 
-    def unpin(self, name: str) -> Reply[None]:
-        return self._run(ops.script("pin", (name, ""), lambda _: None, name))
+    def unpin(self, name: str) -> Reply[bool]:
+        """Remove name's pin; True if it was pinned. AdapterNotFound for an unknown name."""
+        return self._run(ops.script("pin", (name, ""), lambda r: r[0] == 1, name))
 
     def warm(self, name: str, replicas: int, pool: str = "all") -> Reply[None]:
         """Desire `replicas` GPU-resident copies of name in pool (0 clears the target)."""

@@ -346,8 +346,9 @@ local name = ARGV[2]
 local state = redis.call('HGET', k('adapter', name), 'state')
 if not state then return ret('not_found') end
 if ARGV[3] == '' then
-  if redis.call('HDEL', k('pins'), name) == 1 then bump(name, 'unpin') end
-  return ret('ok')
+  local removed = redis.call('HDEL', k('pins'), name)
+  if removed == 1 then bump(name, 'unpin') end
+  return ret('ok', removed)
 end
 if state == 'draining' then return ret('draining') end
 -- checked here, in the write's own script, so concurrent pins cannot both pass

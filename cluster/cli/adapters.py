@@ -161,8 +161,8 @@ def _pin(reg: Registry, args: argparse.Namespace) -> int:
 
 
 def _unpin(reg: Registry, args: argparse.Namespace) -> int:
-    reg.unpin(args.name)
-    print(f"unpinned {args.name}")
+    was = reg.unpin(args.name)
+    print(f"unpinned {args.name}" + ("" if was else " (was not pinned)"))
     return 0
 
 

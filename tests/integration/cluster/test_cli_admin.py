@@ -262,6 +262,14 @@ def test_register_rank_limit_defaults_to_the_clusters(cli, registry: Registry, t
     assert msg.endswith("rank <= 32")
 
 
+def test_unpin_says_when_nothing_was_pinned(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    assert ok(cli("adapters", "pin", "a")) == "pinned a (pool all)\n"
+    assert ok(cli("adapters", "unpin", "a")) == "unpinned a\n"
+    assert ok(cli("adapters", "unpin", "a")) == "unpinned a (was not pinned)\n"
+    assert error_line(cli("adapters", "unpin", "zzz")) == "adapter 'zzz' not found"
+
+
 def test_pin_refused_when_no_slot_would_stay_evictable(
     cli, adapters, registry: Registry, redis_url
 ):

@@ -92,6 +92,10 @@ def test_unknown_tenant_and_bad_names_refused(registry: Registry, adapters, redi
         registry.register_adapter("a:b", str(adapters["a"]))
     with pytest.raises(AdapterLoadFailed, match="does not exist"):
         registry.register_adapter("a", "/nonexistent/dir")
+    # "" would resolve to the working directory (an adapter directory when run inside one)
+    for empty in ("", "  "):
+        with pytest.raises(AdapterLoadFailed, match="^path is empty; allowed: an existing"):
+            registry.register_adapter("a", empty)
     assert dump_redis(redis_url) == before
 
 

@@ -29,8 +29,8 @@ def test_pin_warm_and_full_reconcile(reg: Registry):
     assert state.pins == {"a": "prefill"}
     assert state.warm == {"b": WarmTarget(2, "decode")}
     assert state.refs == {"a": reg.get_adapter("a").ref, "b": reg.get_adapter("b").ref}
-    reg.unpin("a")
-    reg.unpin("a")  # not pinned: no change, no bump
+    assert reg.unpin("a") is True
+    assert reg.unpin("a") is False  # not pinned: no change, no bump
     reg.warm("b", 0)
     state = reg.desired_state()
     assert (state.version, state.pins, state.warm, state.refs) == (first + 3, {}, {}, {})
