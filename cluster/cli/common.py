@@ -17,6 +17,7 @@ CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, conne
 # without --max-lora-rank: the served base's limit, or this (the cluster's default) when
 # no deployment published one
 DEFAULT_MAX_LORA_RANK = 64
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, one line instead of a traceback
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a tool killed by SIGPIPE
 Handler = Callable[[Registry, argparse.Namespace], int]
 
@@ -71,7 +72,8 @@ def add_verb(
 
 def run(handler: Handler, args: argparse.Namespace) -> int:
     """Open the registry, run handler; LoraFleetError / ValueError -> one line, exit 1;
-    stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141."""
+    stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141;
+    Ctrl-C -> one line, exit 130."""
     try:
         rank = MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank
         registry = Registry(args.redis_url, args.namespace, max_lora_rank=rank, retry=CLI_RETRY)
@@ -81,6 +83,9 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return handler(registry, args)
     except (LoraFleetError, ValueError) as e:
         return fail(e)
+    except KeyboardInterrupt:
+        print("lorafleet: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # what a shell tool killed by SIGPIPE does; stdout is pointed at /dev/null so
         # the interpreter's final flush does not print a second traceback

@@ -12,8 +12,9 @@
 Every verb takes --redis-url (env LORAFLEET_REDIS_URL, default redis://127.0.0.1:6379/0)
 and --namespace (env LORAFLEET_NAMESPACE, default lorafleet); an empty variable counts as
 unset. Listings (and `tenants key`) take --json.
-Exit codes: 0 success, 1 error (one line on stderr), 2 usage error (argparse), 141 stdout
-closed before the output was written (`| head`; nothing on stderr).
+Exit codes: 0 success, 1 error (one line on stderr), 2 usage error (argparse), 130
+interrupted (Ctrl-C), 141 stdout closed before the output was written (`| head`; nothing
+on stderr).
 """
 
 from __future__ import annotations

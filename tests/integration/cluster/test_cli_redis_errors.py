@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -212,3 +213,21 @@ def test_output_cut_short_by_its_reader_is_quiet(redis_url: str):
         assert proc.wait(timeout=60) == 141
         assert proc.stderr.read() == b""
         proc.stderr.close()
+
+
+def test_ctrl_c_while_redis_does_not_answer(tmp_path):
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster.cli", "status", "--redis-url", url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # started, connected, waiting for the reply (5 s socket timeout)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    silent.close()
+    assert (proc.returncode, out, err) == (130, "", "lorafleet: interrupted\n")
