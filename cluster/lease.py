@@ -6,7 +6,9 @@ or Redis restarted and lost everything) the beat re-registers, gets a new epoch
 and calls `on_register(epoch)` so the replica can re-report what it holds. When
 Redis is unreachable a beat returns without raising and the next one retries.
 A StaleEpoch (a newer incarnation took the id) is final: the lease stops and the
-replica must stop writing.
+replica must stop writing. When `on_register` fails (say it re-reports an adapter a
+restarted, empty Redis no longer knows) the error is logged and the call is retried on
+each later beat until it succeeds; the lease itself is kept either way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from cluster.records import REPLICA_POOLS, check_choice
 from cluster.registry import Registry
-from lora_core.errors import RegistryUnavailable, StaleEpoch
+from lora_core.errors import LoraFleetError, RegistryUnavailable, StaleEpoch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class ReplicaLease:
         self.on_register = on_register
         self.epoch: int | None = None
         self.fenced = False
+        self._reported = True  # False while on_register has not yet succeeded for epoch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -72,6 +75,8 @@ class ReplicaLease:
             if self.epoch is not None and self.registry.heartbeat(
                 c.replica_id, self.epoch, c.ttl_s
             ):
+                if not self._reported:
+                    self._report(self.epoch)
                 return self.epoch
             return self._register()
         except RegistryUnavailable as e:
@@ -86,9 +91,23 @@ class ReplicaLease:
         self.epoch = self.registry.register_replica(
             c.replica_id, c.pool, c.deployment, c.slot_capacity, c.ttl_s
         )
-        if self.on_register is not None:
-            self.on_register(self.epoch)
+        self._reported = False
+        self._report(self.epoch)
         return self.epoch
+
+    def _report(self, epoch: int) -> None:
+        """Run on_register(epoch); a failure is logged and retried on the next beat (a
+        registry outage or a fencing error propagates as from any beat)."""
+        if self.on_register is not None:
+            try:
+                self.on_register(epoch)
+            except (RegistryUnavailable, StaleEpoch):
+                raise
+            except LoraFleetError as e:
+                log.warning("replica %s: re-reporting after registration failed (%s); "
+                            "retrying next beat", self.config.replica_id, e)  # fmt: skip
+                return
+        self._reported = True
 
     def start_thread(self) -> None:
         """Beat now, then every interval_s on a daemon thread until stop()."""

@@ -121,6 +121,28 @@ def test_replica_lease_reregisters_after_lapse(reg: Registry):
         lease.beat()
 
 
+def test_failing_on_register_is_retried_and_keeps_the_lease(reg: Registry, adapters):
+    """on_register re-reports what the replica holds; after Redis restarted empty the
+    catalog may not know it yet. The lease thread must live on and retry the report."""
+    reg.unregister_adapter("a")
+
+    def on_register(epoch: int) -> None:  # AdapterNotFound while "a" is not registered
+        reg.report_resident("r1", epoch, reg.get_adapter("a").ref, "gpu")
+
+    cfg = LeaseConfig("r1", "mixed", "d", 4, ttl_s=1.0, interval_s=0.1)
+    lease = ReplicaLease(reg, cfg, on_register)
+    lease.start_thread()
+    try:
+        time.sleep(0.35)  # a few beats, each retrying the report
+        assert lease._thread.is_alive() and lease.epoch == 1
+        assert [r.live for r in reg.list_replicas()] == [True]
+        reg.register_adapter("a", str(adapters["a"]))  # back in the catalog
+        _wait_until(lambda: reg.locations("a") == (Location("r1", "gpu", "mixed"),))
+        assert lease.epoch == 1  # the same registration: only the report was retried
+    finally:
+        lease.stop()
+
+
 def test_lease_thread_keeps_replica_live(reg: Registry):
     lease = ReplicaLease(reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=1.0, interval_s=0.1))
     lease.start_thread()
