@@ -146,6 +146,7 @@ class RegistryPublisher:
     engine: Engine
     refs: dict[str, AdapterRef]
     epoch: int | None = None
+    last_epoch: int = 0
     healthy_registry: bool = False
     published: dict[str, str] = field(default_factory=dict)
     desired_version: int = -1
@@ -184,6 +185,13 @@ class RegistryPublisher:
             self.epoch = await reg.register_replica(
                 cfg.replica_id, cfg.pool, cfg.deployment, stats.max_loras, cfg.lease_ttl_s
             )
+            if self.epoch <= self.last_epoch:
+                # Epochs only grow while Redis keeps its data: a smaller one means it
+                # restarted empty (or from an older snapshot), and adapter and desired-state
+                # versions restart with it, so what was seen before must not refuse them.
+                self.newest_version.clear()
+                self.desired_version = -1
+            self.last_epoch = self.epoch
             self.published = {}
         await self.publish(self.engine.stats())
         await self.follow_desired()

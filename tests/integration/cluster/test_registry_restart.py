@@ -15,7 +15,10 @@ from cluster.client import RetryPolicy
 from cluster.lease import LeaseConfig, ReplicaLease
 from cluster.records import Location
 from cluster.registry import AsyncRegistry, Registry
-from lora_core.errors import RegistryUnavailable
+from lora_core.errors import AdapterVersionUnavailable, RegistryUnavailable
+from replica.outputs import EngineStats
+from replica.serve_protocol import check_version
+from replica.serve_registry import PublisherConfig, RegistryPublisher
 from tests.redis_fixture import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -144,24 +147,39 @@ def test_desired_versions_never_repeat_across_a_restart(restartable, adapters):
     reg.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, not fixed: an empty restart resets `{ns}:version:{name}`, so a name "
-    "registered again gets version 1, which replicas that saw a higher version before the "
-    "restart refuse as replaced (AdapterVersionUnavailable, retried forever)",
-)
-def test_versions_after_an_empty_restart_are_servable_by_replicas_that_saw_older(
-    restartable, adapters
-):
-    from replica.serve_protocol import check_version
-
+def test_replicas_serve_versions_handed_out_after_an_empty_restart(restartable, adapters):
+    """An empty restart resets `{ns}:version:{name}`: a name registered again gets version
+    1, which a replica that saw version 3 before would refuse as replaced (retried
+    forever). Its publisher sees its epoch go back, and forgets the old versions."""
     url, restart_later, stop = restartable
     reg = Registry(url, "t", retry=FAST)
-    newest: dict[str, int] = {}  # a replica's memory of the versions it has seen
-    for replace in (False, True, True):
-        check_version(reg.register_adapter("a", str(adapters["a"]), replace=replace).ref, newest)
-    stop()
-    restart_later(0.0).join()
-    fresh = reg.register_adapter("a", str(adapters["b"])).ref
+
+    class Engine:
+        def stats(self) -> EngineStats:
+            return EngineStats((), (), (), 4, 4, 0, 0, 0.0, 0, 0, 0)
+
+    async def scenario() -> None:
+        areg = AsyncRegistry(url, "t", retry=FAST)
+        pub = RegistryPublisher(PublisherConfig("r1", "d"), areg, Engine(), {})
+        await pub.tick()
+        for replace in (False, True, True):  # a request for each version reached r1
+            ref = reg.register_adapter("a", str(adapters["a"]), replace=replace).ref
+            check_version(ref, pub.newest_version)
+        await pub.tick()
+        stop()
+        await asyncio.to_thread(lambda: restart_later(0.0).join())
+        fresh = reg.register_adapter("a", str(adapters["b"])).ref
+        assert fresh.version == 1
+        with pytest.raises(AdapterVersionUnavailable):
+            check_version(fresh, dict(pub.newest_version))  # what r1 did before the fix
+        await pub.tick()  # the lease is gone: r1 registers again, with epoch 1
+        check_version(fresh, pub.newest_version)
+        assert pub.newest_version == {"a": 1}
+        # a lease that merely lapsed (no restart) keeps what the replica has seen
+        pub.epoch = None
+        await pub.tick()
+        assert (pub.epoch, pub.newest_version) == (2, {"a": 1})
+        await areg.close()
+
+    asyncio.run(scenario())
     reg.close()
-    check_version(fresh, newest)  # raises: "version 1 was replaced by version 3"
