@@ -324,7 +324,8 @@ class _Api:
         """Record that replica holds adapter (an AdapterRef, its key "name@version:hash",
         or (name, version)) in tier ("gpu" | "cpu"); a later report of the same adapter
         replaces the earlier one (one entry per replica and name; a report of an older
-        version than the one recorded is ignored, so the newest stays routable). StaleEpoch unless
+        version than the one recorded is ignored, so the newest stays routable, and so is
+        a key whose content hash is not the registered version's). StaleEpoch unless
         (replica_id, epoch) holds the lease; AdapterNotFound for an unknown name."""
         check_choice("tier", tier, TIERS)
         name, version, ref_key = _name_version(adapter)

@@ -304,7 +304,14 @@ return ret('ok')
 local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
-if redis.call('EXISTS', k('adapter', name)) == 0 then return ret('not_found') end
+local rec = redis.call('HMGET', k('adapter', name), 'version', 'content_hash')
+if not rec[1] then return ret('not_found') end
+-- A copy of the current version number with other content (weights registered before
+-- Redis restarted empty, when numbering started over) is not the current adapter.
+local hash = string.match(ARGV[7], ':(%x+)$')
+if rec[1] == ARGV[5] and hash and string.sub(rec[2], 1, #hash) ~= hash then
+  return ret('ok')
+end
 -- One entry per replica and name: a replica still caching an older version beside a
 -- newer one keeps the newer entry (requests resolve to the newest version, so an old
 -- copy's report must not hide it from routing).

@@ -104,3 +104,22 @@ def test_publisher_keeps_ticking_when_a_held_adapter_left_the_catalog(
     pins, locations = asyncio.run(scenario())
     assert pins == [pinned.key]
     assert locations == (Location("r1", "gpu", "mixed"),)
+
+
+def test_a_copy_with_other_content_under_the_current_version_is_not_a_location(
+    registry: Registry, adapters
+):
+    """After Redis restarts empty, version numbers start over: a replica's copy of the old
+    "foo@1" (other weights) must not be routed to as the new "foo@1"."""
+    old = registry.register_adapter("foo", str(adapters["a"])).ref
+    registry.client.flushdb()  # what an empty restart leaves
+    new = registry.register_adapter("foo", str(adapters["b"])).ref
+    assert (old.version, new.version) == (1, 1) and old.key != new.key
+    epoch = registry.register_replica("r1", "mixed", "d", 4, 30.0)
+    registry.report_resident("r1", epoch, old, "gpu")
+    registry.report_resident("r1", epoch, old.key, "gpu")
+    assert registry.locations("foo") == ()
+    registry.report_resident("r1", epoch, new.key, "cpu")
+    assert registry.locations("foo") == (Location("r1", "cpu", "mixed"),)
+    registry.report_resident("r1", epoch, ("foo", 1), "gpu")  # no hash: trusted
+    assert registry.locations("foo") == (Location("r1", "gpu", "mixed"),)
