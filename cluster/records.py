@@ -180,6 +180,10 @@ class WarmTarget:
     replicas: int
     pool: str
 
+    def binds(self, replica_pool: str) -> bool:
+        """Whether a replica of replica_pool takes part (and its copies count)."""
+        return pin_applies(self.pool, replica_pool)
+
 
 @dataclass(frozen=True, slots=True)
 class AdapterListing:
@@ -283,6 +287,14 @@ class DesiredState:
     warm: dict[str, WarmTarget]
     draining: frozenset[str]
     refs: dict[str, AdapterRef]
+
+    def pins_for(self, replica_pool: str) -> dict[str, str]:
+        """The pins that bind a replica of replica_pool (`pin_applies`)."""
+        return {n: p for n, p in self.pins.items() if pin_applies(p, replica_pool)}
+
+    def warm_for(self, replica_pool: str) -> dict[str, WarmTarget]:
+        """The warm targets a replica of replica_pool helps meet."""
+        return {n: t for n, t in self.warm.items() if t.binds(replica_pool)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ local function forget(id)
 end
 -- nil when pinning name leaves every replica an evictable GPU slot, else {slots, names
 -- pinned already}. All pins share one budget whatever their pool: a mixed replica takes
--- pins of every pool (records.pin_applies), and replicas apply every pin. slots is the
+-- pins of every pool (records.pin_applies), so the budget is one for all. slots is the
 -- served base's max_loras; without one (no deployment published it) nothing is checked.
 -- Re-pinning a pinned name (to any pool) adds no pin, so it is never refused.
 local function pin_overflow(name)

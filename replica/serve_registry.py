@@ -53,20 +53,26 @@ def residency(stats: EngineStats) -> dict[str, str]:
     return out
 
 
+class WarmTarget(Protocol):
+    """`cluster.records.WarmTarget`: replicas wanted GPU-resident, in the pools it binds."""
+
+    @property
+    def replicas(self) -> int: ...
+    def binds(self, replica_pool: str) -> bool: ...
+
+
 class DesiredState(Protocol):
     """The part of `cluster.records.DesiredState` the publisher reads (replica must not
-    import cluster): warm maps a name to a target with `.replicas`."""
+    import cluster, so the pool rule stays there: pins_for / warm_for a replica pool)."""
 
     @property
     def version(self) -> int: ...
     @property
-    def pins(self) -> dict[str, str]: ...
-    @property
-    def warm(self) -> dict[str, Any]: ...
-    @property
     def draining(self) -> frozenset[str]: ...
     @property
     def refs(self) -> dict[str, AdapterRef]: ...
+    def pins_for(self, replica_pool: str) -> dict[str, str]: ...
+    def warm_for(self, replica_pool: str) -> dict[str, WarmTarget]: ...
 
 
 class Registry(Protocol):
@@ -150,7 +156,7 @@ class RegistryPublisher:
     healthy_registry: bool = False
     published: dict[str, str] = field(default_factory=dict)
     desired_version: int = -1
-    pinned: set[str] = field(default_factory=set)
+    pinned: dict[str, str] = field(default_factory=dict)  # name -> AdapterRef.key pinned
     newest_version: dict[str, int] = field(default_factory=dict)
     logged: OncePerVersion = field(default_factory=OncePerVersion)
     ticks: int = 0
@@ -249,9 +255,15 @@ class RegistryPublisher:
         self.desired_version = state.version
 
     async def _apply_unpins(self, state: DesiredState, failures: list[str]) -> None:
-        for name in sorted(self.pinned - state.pins.keys()):
+        # A pin that no longer binds this replica's pool, or whose adapter was replaced
+        # (the new version is pinned next), lets go of its slot first.
+        pins = state.pins_for(self.config.pool)
+        for name, key in sorted(self.pinned.items()):
+            ref = state.refs.get(name)
+            if name in pins and (ref is None or ref.key == key):
+                continue
             if await attempt(failures, f"unpin {name!r}", self._unpin(name)):
-                self.pinned.discard(name)
+                del self.pinned[name]
 
     async def _unpin(self, name: str) -> None:
         try:
@@ -260,11 +272,11 @@ class RegistryPublisher:
             pass  # no longer held here (unloaded): nothing is left to unpin
 
     async def _apply_pins(self, state: DesiredState, failures: list[str]) -> None:
-        for name in sorted(state.pins):
+        for name in sorted(state.pins_for(self.config.pool)):
             ref = state.refs.get(name)
             if ref is not None and name not in self.pinned:
                 if await attempt(failures, f"pin {name!r}", self._pin(ref)):
-                    self.pinned.add(name)
+                    self.pinned[name] = ref.key
 
     async def _pin(self, ref: AdapterRef) -> None:
         await self.engine.load_adapter(ref, to_gpu=True)
@@ -272,21 +284,23 @@ class RegistryPublisher:
 
     async def _apply_warm(self, state: DesiredState, failures: list[str]) -> None:
         held = residency(self.engine.stats())
-        for name, target in sorted(state.warm.items()):
+        for name, target in sorted(state.warm_for(self.config.pool).items()):
             ref = state.refs.get(name)
             if ref is None or held.get(ref.key) == "gpu":
                 continue
-            await attempt(failures, f"warm {name!r}", self._warm(name, ref, target.replicas))
+            await attempt(failures, f"warm {name!r}", self._warm(ref, target))
 
-    async def _warm(self, name: str, ref: AdapterRef, replicas: int) -> None:
-        locations = await self.registry.locations(name)
-        if sum(1 for loc in locations if loc.tier == "gpu") < replicas:
+    async def _warm(self, ref: AdapterRef, target: WarmTarget) -> None:
+        # Only copies in the target's pools count: a decode target is not met by prefill copies.
+        locations = await self.registry.locations(ref.name)
+        copies = sum(1 for loc in locations if loc.tier == "gpu" and target.binds(loc.pool))
+        if copies < target.replicas:
             await self.engine.load_adapter(ref, to_gpu=True)
 
     async def _apply_draining(self, state: DesiredState, failures: list[str]) -> None:
         for name in sorted(state.draining):
             if await attempt(failures, f"unload {name!r}", self._unload(name)):
-                self.pinned.discard(name)
+                self.pinned.pop(name, None)
 
     async def _unload(self, name: str) -> None:
         try:

@@ -77,9 +77,11 @@ def state(version: int, pins=(), warm=(), draining=()) -> DesiredState:
     )
 
 
-def publisher(registry: FakeRegistry, engine: FakeEngine, pinned=()) -> RegistryPublisher:
-    pub = RegistryPublisher(PublisherConfig("r1", "d"), registry, engine, {})
-    pub.pinned = set(pinned)
+def publisher(
+    registry: FakeRegistry, engine: FakeEngine, pinned=(), pool: str = "mixed"
+) -> RegistryPublisher:
+    pub = RegistryPublisher(PublisherConfig("r1", "d", pool=pool), registry, engine, {})
+    pub.pinned = {n: ref(n).key for n in pinned}
     return pub
 
 
@@ -96,18 +98,86 @@ def test_refused_pin_lets_unpins_warm_and_draining_run_and_retries():
         ("load", "w"),
         ("unload", "gone"),
     ]
-    assert pub.pinned == {"a"}
+    assert set(pub.pinned) == {"a"}
     assert pub.desired_version == -1  # not applied: the next tick tries b again
     engine.refuse = set()
     asyncio.run(pub.follow_desired())
-    assert pub.pinned == {"a", "b"} and pub.desired_version == 7
+    assert set(pub.pinned) == {"a", "b"} and pub.desired_version == 7
 
 
 def test_names_this_replica_does_not_hold_are_nothing_to_unpin_or_unload():
     engine = FakeEngine(refuse=set(), held=set())
     pub = publisher(FakeRegistry(state(3, draining=("never-here",))), engine, pinned={"gone"})
     asyncio.run(pub.follow_desired())
-    assert (engine.calls, pub.pinned, pub.desired_version) == ([], set(), 3)
+    assert (engine.calls, pub.pinned, pub.desired_version) == ([], {}, 3)
+
+
+@pytest.mark.parametrize(
+    ("pool", "binding"),
+    [
+        ("mixed", {"all", "prefill", "decode"}),
+        ("prefill", {"all", "prefill"}),
+        ("decode", {"all", "decode"}),
+    ],
+)
+def test_pins_and_warm_targets_bind_only_their_pools(pool: str, binding: set[str]):
+    pools = ("all", "prefill", "decode")
+    desired = DesiredState(
+        version=2,
+        pins={f"pin-{p}": p for p in pools},
+        warm={f"warm-{p}": WarmTarget(1, p) for p in pools},
+        draining=frozenset(),
+        refs={n: ref(n) for p in pools for n in (f"pin-{p}", f"warm-{p}")},
+    )
+    engine = FakeEngine(refuse=set(), held=set())
+    pub = publisher(FakeRegistry(desired), engine, pool=pool)
+    asyncio.run(pub.follow_desired())
+    assert set(pub.pinned) == {f"pin-{p}" for p in binding}
+    assert {n for c, n in engine.calls if c == "load"} == {
+        f"{kind}-{p}" for kind in ("pin", "warm") for p in binding
+    }
+
+
+def test_a_pin_that_stops_binding_this_pool_is_released():
+    engine = FakeEngine(refuse=set(), held={"a"})
+    reg = FakeRegistry(state(1, pins=("a",)))
+    pub = publisher(reg, engine, pool="decode")
+    asyncio.run(pub.follow_desired())
+    reg.state = DesiredState(2, {"a": "prefill"}, {}, frozenset(), {"a": ref("a")})
+    asyncio.run(pub.follow_desired())
+    assert engine.calls == [("load", "a"), ("pin", "a"), ("unpin", "a")]
+    assert pub.pinned == {} and pub.desired_version == 2
+
+
+def test_a_replaced_pinned_adapter_pins_its_new_version():
+    engine = FakeEngine(refuse=set(), held={"a"})
+    reg = FakeRegistry(state(1, pins=("a",)))
+    pub = publisher(reg, engine)
+    asyncio.run(pub.follow_desired())
+    v2 = AdapterRef("a", 2, "cd" * 32, "/adapters/a-v2", 8, "base")
+    reg.state = DesiredState(2, {"a": "all"}, {}, frozenset(), {"a": v2})
+    asyncio.run(pub.follow_desired())
+    # the old version lets go of its slot before the new one is pinned
+    assert engine.calls == [
+        ("load", "a"),
+        ("pin", "a"),
+        ("unpin", "a"),
+        ("load", "a"),
+        ("pin", "a"),
+    ]
+    assert pub.pinned == {"a": v2.key} and pub.desired_version == 2
+
+
+def test_warm_counts_only_copies_in_the_targets_pools():
+    class Located(FakeRegistry):
+        async def locations(self, name: str) -> tuple[Location, ...]:
+            return (Location("p1", "gpu", "prefill"),)
+
+    for pool, loads in (("prefill", 0), ("decode", 1)):
+        desired = DesiredState(1, {}, {"w": WarmTarget(1, pool)}, frozenset(), {"w": ref("w")})
+        engine = FakeEngine(refuse=set(), held=set())
+        asyncio.run(publisher(Located(desired), engine).follow_desired())
+        assert engine.calls == [("load", "w")] * loads, pool
 
 
 def test_each_failure_logged_once_per_version(caplog):
