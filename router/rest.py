@@ -105,7 +105,7 @@ async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]
 
 async def completions(front: Frontend, api_key: str | None, req: CompletionRequest) -> Response:
     try:
-        ids = front.encode_prompt(req.prompt)
+        ids = await front.encode_prompt(req.prompt)
         params = req.to_sampling_params()
         prepared = await front.prepare(
             api_key, req.model, ids, params, max_tokens_sent=req.max_tokens_sent
@@ -146,7 +146,7 @@ async def chat_completions(
     front: Frontend, api_key: str | None, req: ChatCompletionRequest
 ) -> Response:
     try:
-        ids = front.encode_chat(req.chat_dicts())
+        ids = await front.encode_chat(req.chat_dicts())
         params = req.to_sampling_params(front.room_after(ids))
         prepared = await front.prepare(
             api_key,

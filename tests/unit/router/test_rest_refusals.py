@@ -75,7 +75,7 @@ def test_the_happy_path_makes_one_registry_round_trip(tokenizer):
 def test_chat_max_tokens_defaults_to_the_room_left(tokenizer, fields, max_tokens):
     front, _, dispatch = make_front(tokenizer, max_len=64)
     body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}], **fields}
-    prompt = front.encode_chat([{"role": "user", "content": "hi"}])
+    prompt = asyncio.run(front.encode_chat([{"role": "user", "content": "hi"}]))
     assert len(prompt) == 5
     r = asyncio.run(rest.chat_completions(front, "k1", parse_body(ChatCompletionRequest, body)))
     assert r.status_code == 200
