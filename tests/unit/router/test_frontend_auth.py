@@ -193,7 +193,7 @@ def test_visible_adapters_per_tenant(auth, key, names):
 def test_admin_key_check():
     resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="adm")
     resolver.check_admin("adm")
-    for bad in (None, "k1", "adm2"):
+    for bad in (None, "k1", "adm2", "caf\xe9", "\u00e4dm"):  # non-ASCII: 401, not a 500
         with pytest.raises(Unauthorized):
             resolver.check_admin(bad)
     with pytest.raises(Unauthorized, match="disabled"):
