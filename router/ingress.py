@@ -38,6 +38,7 @@ from router.openai_protocol import (
     LoadAdapterRequest,
     UnloadAdapterRequest,
     WarmAdapterRequest,
+    param_of_check,
     parse_body,
 )
 from router.openai_responses import model_card
@@ -236,7 +237,7 @@ class LoraIngress(GrpcInferenceMixin):
             if self.registry is None:
                 raise InvalidRequest("admin endpoints need a registry (redis_url)")
             return JSONResponse(await act(req))
-        except ValueError as e:  # the registry's name/choice checks
-            return rest.error_response(InvalidRequest(str(e)))
+        except ValueError as e:  # the registry's name/choice/range checks
+            return rest.error_response(InvalidRequest(str(e), param_of_check(str(e))))
         except Exception as e:
             return rest.error_response(e)

@@ -229,13 +229,23 @@ def _tenant_name(name: str | None) -> str | None:
     return name if name is None else check_name("tenant", name)
 
 
+def _path_text(path: str) -> str:
+    # A NUL cannot be in a file name; os.stat would refuse it later without naming the field.
+    if "\x00" in path:
+        raise ValueError(
+            f"contains a NUL character at index {path.index(chr(0))}; allowed: an absolute "
+            "path to a local directory"
+        )
+    return path
+
+
 class LoadAdapterRequest(BaseModel):
     """POST /v1/load_lora_adapter (vLLM-compatible body); names follow the registry's rule."""
 
     model_config = BODY_CONFIG
 
     lora_name: Annotated[str, AfterValidator(_adapter_name)]
-    lora_path: str = Field(min_length=1)
+    lora_path: Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
     base_model: str | None = None
     tenant: Annotated[str | None, AfterValidator(_tenant_name)] = None
     """The owning tenant (it must exist); null: no owner."""
@@ -314,3 +324,9 @@ def _param_of(msg: str) -> str | None:
     """Model validators name their field first ("tool_choice: ..."); else None."""
     field, sep, _ = msg.partition(":")
     return field if sep and field.isidentifier() else None
+
+
+def param_of_check(msg: str) -> str | None:
+    """The field a registry check names first ("replicas=-1; allowed: ..." -> "replicas")."""
+    field, sep, _ = msg.partition("=")
+    return field if sep and field.isidentifier() else _param_of(msg)

@@ -219,7 +219,8 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
         ({"lora_name": "demo-chef", "replicas": 10**9}, f"replicas={10**9}; allowed: 0 .. 100000"),
     ]:
         r = post(cluster, warm, body, key="admin")
-        assert (r.status_code, r.json()["error"]["message"]) == (400, message)
+        error = r.json()["error"]
+        assert (r.status_code, error["message"], error["param"]) == (400, message, "replicas")
     body = {"lora_name": "x", "lora_path": "/nowhere", "public": "yes"}
     r = post(cluster, "/v1/load_lora_adapter", body, key="admin")
     assert r.status_code == 400
@@ -248,6 +249,7 @@ NAME_RULE = "allowed: 1-128 characters of letters, digits, '_', '.', '-', '/'"
         ),
         ({"tenant": "bad name"}, 400, "tenant", "tenant: tenant name 'bad name' is invalid"),
         ({"lora_path": "/nowhere"}, 422, "lora_path", "path='/nowhere' does not exist; allowed"),
+        ({"lora_path": "/a\x00b"}, 400, "lora_path", "lora_path: contains a NUL character"),
         ({"base_model": "other"}, 400, "base_model", "base_model: 'other' is not the model"),
         ({"lora_name": "demo-poet"}, 409, "replace", "adapter 'demo-poet' already exists"),
         ({"lora_name": BASE_ID}, 400, "lora_name", "adapter name 'lorafleet-demo-base' is the"),

@@ -9,6 +9,7 @@ from router.openai_protocol import (
     CompletionRequest,
     LoadAdapterRequest,
     WarmAdapterRequest,
+    param_of_check,
     parse_body,
 )
 
@@ -255,3 +256,16 @@ def test_warm_replicas_are_passed_on_as_given(replicas):
     req = parse_body(WarmAdapterRequest, {"lora_name": "t1", "replicas": replicas})
     assert req.replicas == replicas
     assert not hasattr(parse_body(AdapterNameRequest, {"lora_name": "t1"}), "replicas")
+
+
+@pytest.mark.parametrize(
+    "message, param",
+    [
+        ("replicas=-1; allowed: 0 .. 100000", "replicas"),
+        ("pool: 'x' is not a pool; allowed: ...", "pool"),
+        ("adapter name 'a=b' is invalid; allowed: ...", None),
+        ("embedded null byte", None),
+    ],
+)
+def test_a_registry_check_names_the_field_it_names_first(message, param):
+    assert param_of_check(message) == param
