@@ -29,6 +29,8 @@ from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from router.body_checks import (
+    DEPTH_ALLOWED,
+    MAX_DEPTH,
     TEXT_ALLOWED,
     TOOL_CHOICE_ALLOWED,
     RefusedAt,
@@ -39,6 +41,7 @@ from router.body_checks import (
     is_text_format,
     json_kind,
     only_neutral,
+    too_deep,
 )
 
 # A JSON integer still fits a float field; nothing else is coerced.
@@ -290,8 +293,12 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
             raise InvalidRequest(
                 f"body is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
             ) from None
+        except RecursionError:  # the parser's own limit, far deeper than MAX_DEPTH
+            raise InvalidRequest(f"body: nested too deeply; {DEPTH_ALLOWED}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
+    if too_deep(body):
+        raise InvalidRequest(f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}")
     bad = invalid_text(body)
     if bad:
         loc, problem = bad

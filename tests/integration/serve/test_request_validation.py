@@ -420,3 +420,14 @@ def test_the_openai_client_streams_chunks_with_one_id_and_created(cluster):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 250
+
+
+@pytest.mark.parametrize("depth", [500, 100_000])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/pin_lora_adapter"])
+def test_a_deeply_nested_body_is_400_in_the_openai_shape(cluster, path, depth):
+    body = f'{{"model": "demo-poet", "prompt": "x", "x": {"[" * depth}{"]" * depth}}}'
+    key = ADMIN_KEY if path.endswith("adapter") else cluster.keys["ops"]
+    headers = {**_bearer(key), "Content-Type": "application/json"}
+    r = httpx.post(f"{cluster.http}{path}", content=body, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text  # was 500 (a RecursionError)
+    assert r.json()["error"]["message"].startswith("body: nested ")

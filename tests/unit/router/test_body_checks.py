@@ -8,7 +8,14 @@ import pytest
 from pydantic import BaseModel
 
 from lora_core.errors import AdapterLoadFailed, InvalidRequest
-from router.body_checks import CONTENT_ALLOWED, STOP_ALLOWED, TEXT_ALLOWED
+from router.body_checks import (
+    CONTENT_ALLOWED,
+    DEPTH_ALLOWED,
+    MAX_DEPTH,
+    STOP_ALLOWED,
+    TEXT_ALLOWED,
+    too_deep,
+)
 from router.errors import openai_error_body
 from router.openai_protocol import (
     ChatCompletionRequest,
@@ -251,3 +258,32 @@ def test_every_union_field_is_covered():
         ("ChatCompletionRequest", "tool_choice"),
         ("ChatMessage", "content"),
     }
+
+
+@pytest.mark.parametrize(
+    "value, limit, deep",
+    [({"a": [[1]]}, 3, False), ({"a": [[1]]}, 2, True), ([], 1, False), ("x" * 9, 0, False)],
+)
+def test_too_deep_counts_arrays_and_objects(value, limit, deep):
+    assert too_deep(value, limit) is deep
+
+
+@pytest.mark.parametrize("model", [CompletionRequest, LoadAdapterRequest])
+@pytest.mark.parametrize(
+    "depth, message",
+    [
+        (63, None),  # the body object + 63 arrays: 64 levels
+        (64, f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}"),
+        (500, f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}"),
+        (200_000, f"body: nested too deeply; {DEPTH_ALLOWED}"),  # json's own recursion limit
+    ],
+)
+def test_deeply_nested_bodies_are_400_not_500(model, depth, message):
+    fields = '"model": "m", "prompt": "x", "lora_name": "a", "lora_path": "/x"'
+    body = f'{{{fields}, "extra": {"[" * depth}{"]" * depth}}}'.encode()
+    if message is None:
+        parse_body(model, body)
+        return
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(model, body)
+    assert (str(e.value), e.value.param) == (message, None)
