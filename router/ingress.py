@@ -90,6 +90,13 @@ async def _route_error(request: Request, exc: StarletteHTTPException) -> Respons
     return rest.route_error_response(request.method, request.url.path, exc.status_code, headers)
 
 
+@app.exception_handler(Exception)
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    """Anything a route did not answer itself: the OpenAI error JSON from the error table
+    (a 500 naming only the error's type), not Starlette's plain-text 500."""
+    return rest.error_response(exc)
+
+
 @serve.deployment(name="Ingress")
 @serve.ingress(app)
 class LoraIngress(GrpcInferenceMixin):

@@ -191,3 +191,22 @@ def test_a_wrong_method_answers_in_the_openai_shape(client):
         }
     })  # fmt: skip
     assert r.headers["allow"] == "POST"
+
+
+def test_an_unexpected_error_answers_in_the_openai_shape():
+    from router.ingress import app
+
+    async def boom():
+        raise KeyError("internal detail")
+
+    app.add_api_route("/test-boom", boom)
+    try:
+        r = TestClient(app, raise_server_exceptions=False).get("/test-boom")
+    finally:
+        app.router.routes.pop()
+    assert (r.status_code, r.json()) == (500, {
+        "error": {
+            "message": "internal error (KeyError)",
+            "type": "server_error", "param": None, "code": "internal_error",
+        }
+    })  # fmt: skip
