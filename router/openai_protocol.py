@@ -83,7 +83,7 @@ class _Sampling(BaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: Annotated[int, only_neutral(lambda n: n == 1, "1 or null")] = 1
     """Only one choice per request."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
@@ -136,10 +136,10 @@ class CompletionRequest(_Sampling):
     max_tokens: int = 16
     logprobs: TopCount = None
     """k: return each sampled token's logprob and the k most likely tokens per position."""
-    echo: Literal[False] = False
-    best_of: int = Field(1, ge=1, le=1)
+    echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
+    best_of: Annotated[int, only_neutral(lambda b: b == 1, "1 or null")] = 1
     """Only one sample per choice."""
-    suffix: Literal[""] = ""
+    suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -78,6 +78,11 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
         (CompletionRequest, completion(presence_penalty=0.5), "presence_penalty: 0.5; allowed: 0"),
         (ChatCompletionRequest, chat(frequency_penalty=-2), "frequency_penalty: -2.0; allowed: 0"),
         (CompletionRequest, completion(presence_penalty=3), "presence_penalty: 3.0; allowed: 0"),
+        (CompletionRequest, completion(echo=True), "echo: True; allowed: false or null"),
+        (CompletionRequest, completion(suffix="tail"), "suffix: 'tail'; allowed: \"\" or null"),
+        (CompletionRequest, completion(best_of=2), "best_of: 2; allowed: 1 or null"),
+        (CompletionRequest, completion(n=3), "n: 3; allowed: 1 or null"),
+        (ChatCompletionRequest, chat(n=2), "n: 2; allowed: 1 or null"),
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),
@@ -109,6 +114,8 @@ def test_fields_that_would_change_output_are_refused(model, body, message):
     [
         (CompletionRequest, completion(logit_bias={}, presence_penalty=0, frequency_penalty=0.0)),
         (CompletionRequest, completion(logit_bias=None, presence_penalty=None)),
+        (CompletionRequest, completion(echo=False, suffix="", best_of=1, n=1)),
+        (CompletionRequest, completion(echo=None, suffix=None, best_of=None, n=None)),
         (ChatCompletionRequest, chat(response_format={"type": "text"}, tools=[])),
         (ChatCompletionRequest, chat(response_format={}, tools=None, tool_choice="none")),
         (ChatCompletionRequest, chat(tool_choice="auto")),
