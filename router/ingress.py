@@ -39,7 +39,7 @@ from router.openai_protocol import (
     UnloadAdapterRequest,
     WarmAdapterRequest,
     param_of_check,
-    parse_body,
+    parse_request,
 )
 from router.openai_responses import model_card
 
@@ -171,7 +171,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         try:
-            req = parse_body(CompletionRequest, await request.body())
+            req = await parse_request(CompletionRequest, await request.body())
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.completions(self.frontend, _key(request), req)
@@ -179,7 +179,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = parse_body(ChatCompletionRequest, await request.body())
+            req = await parse_request(ChatCompletionRequest, await request.body())
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.chat_completions(self.frontend, _key(request), req)
@@ -240,7 +240,7 @@ class LoraIngress(GrpcInferenceMixin):
     async def _admin(self, request: Request, model, act) -> Response:
         try:
             self.frontend.resolver.check_admin(_key(request))
-            req = parse_body(model, await request.body())
+            req = await parse_request(model, await request.body())
             if self.registry is None:
                 raise InvalidRequest("admin endpoints need a registry (redis_url)")
             return JSONResponse(await act(req))
