@@ -25,6 +25,15 @@ def is_int(x: object) -> bool:
 
 MAX_TOP_LOGPROBS = 20
 """Most alternatives returned per sampled token (OpenAI's chat limit, vLLM's default)."""
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+"""Stop strings per request and characters per stop string (OpenAI allows 4 strings).
+The detokenizer checks every stop string against the text's tail on every step, under
+the engine lock: unbounded, one request's stops (1000 of 2000 characters: 0.3 s a step)
+stalled every request on its replica."""
+STOP_ALLOWED = (
+    f"allowed: a non-empty string or a list of at most {MAX_STOPS} non-empty strings, "
+    f"each of at most {MAX_STOP_CHARS} characters"
+)
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,13 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest(f"stop: {STOP_ALLOWED}", "stop")
+        if len(self.stop) > MAX_STOPS:
+            raise InvalidRequest(f"stop: {len(self.stop)} strings; {STOP_ALLOWED}", "stop")
+        longest = max(self.stop, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
             raise InvalidRequest(
-                "stop: allowed: a non-empty string or a list of non-empty strings", "stop"
+                f"stop: a string of {len(longest)} characters; {STOP_ALLOWED}", "stop"
             )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self._check_top_logprobs()

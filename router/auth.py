@@ -115,7 +115,9 @@ class AdapterResolver:
         """Raises Unauthorized unless `api_key` is the admin key."""
         if not self.admin_key:
             raise Unauthorized("admin endpoints are disabled; set admin_key in the app args")
-        if api_key is None or not hmac.compare_digest(api_key, self.admin_key):
+        # Bytes, not str: compare_digest raises TypeError on non-ASCII str (a header
+        # byte >= 0x80 arrives as one), which would answer 500 instead of 401.
+        if api_key is None or not hmac.compare_digest(api_key.encode(), self.admin_key.encode()):
             raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin key>'")
 
     def _registry(self) -> RegistryClient:

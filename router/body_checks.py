@@ -86,6 +86,27 @@ def check_tool_choice(choice: object) -> object:
     raise RefusedAt(f"got {json_kind(choice)}; {TOOL_CHOICE_ALLOWED}")
 
 
+MAX_DEPTH = 64
+"""Nesting levels of arrays and objects a body may have (OpenAI bodies need under 10; a
+tool's JSON schema a few more). Deeper bodies overflow the recursive checks: 500s."""
+DEPTH_ALLOWED = f"allowed: at most {MAX_DEPTH} levels of nested arrays and objects"
+
+
+def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests arrays/objects more than `limit` levels deep (no recursion).
+    Example: {"a": [[1]]} is 3 levels deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def invalid_text(value: object, path: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """(dotted path, problem) of the first string in `value` (keys too) that is not valid
     Unicode text; None when all are. Example: {"messages": [{"content": "\\ud800"}]} ->

@@ -12,8 +12,12 @@ like resolution does for a draining adapter: not found.
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
@@ -68,6 +72,15 @@ def length_refusal(
     )
 
 
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token can stand for: its vocabulary piece (for byte-level
+    BPE one character per byte, never fewer than the text's characters) or an added
+    token's content. Example: the demo tokenizer's longest is "<|endoftext|>" -> 13."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    added = (t.content for t in tokenizer.added_tokens_decoder.values())
+    return max(1, *(len(p) for p in pieces if p), *(len(a) for a in added))
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request ready to dispatch: its call, the name to echo as `model`, the resolved ref."""
@@ -95,10 +108,36 @@ class Frontend:
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
         self.token_table = TokenTable(tokenizer)
+        self.longest_token = longest_token_chars(tokenizer)
+        # Tokenizing runs in one worker thread on its own copy of the tokenizer: HF fast
+        # tokenizers release the GIL while encoding (the event loop keeps serving), but
+        # one instance used from two threads fails with "Already borrowed".
+        self._encoder = copy.deepcopy(tokenizer)
+        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="lorafleet-tokenize")
 
-    def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
+    async def _off_loop(self, fn: Callable, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._encode_pool, functools.partial(fn, *args, **kwargs))
+
+    def check_prompt_chars(self, chars: int, prompt_field: str) -> None:
+        """Refuse, before tokenizing, text that no tokenization can fit in the context:
+        tokenizing megabytes takes seconds of CPU for an answer known in advance."""
+        limit = self.max_model_len * self.longest_token
+        if chars > limit:
+            raise InvalidRequest(
+                f"{prompt_field}: {chars} characters cannot fit the model's context of "
+                f"{self.max_model_len} tokens (no token spells more than {self.longest_token} "
+                f"characters, so at most {limit}); allowed: a prompt of at most "
+                f"{self.max_model_len - 1} tokens",
+                prompt_field,
+            )
+
+    async def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
+        """Tokenizes off the event loop, so a long prompt does not stall every other
+        request on the ingress."""
         if isinstance(prompt, str):
-            ids = self.tokenizer(prompt).input_ids
+            self.check_prompt_chars(len(prompt), "prompt")
+            ids = (await self._off_loop(self._encoder, prompt)).input_ids
         else:
             ids = list(prompt)
             check_prompt_ids(ids, self.vocab_size)
@@ -108,10 +147,16 @@ class Frontend:
             )
         return tuple(ids)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+    async def encode_chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+        """Renders and tokenizes in a worker thread, like `encode_prompt`."""
+        self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            ids = await self._off_loop(
+                self._encoder.apply_chat_template,
+                messages,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
             )
         except TemplateError as e:  # the template's own checks (e.g. roles must alternate)
             raise InvalidRequest(

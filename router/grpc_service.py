@@ -75,7 +75,7 @@ class GrpcInferenceMixin:
                     "model: required (an adapter name or the base model name)", "model"
                 )
             prompt = request.prompt or list(request.prompt_token_ids)
-            ids = front.encode_prompt(prompt)
+            ids = await front.encode_prompt(prompt)
             params = sampling_of(request)
             prepared = await front.prepare(
                 api_key, request.model, ids, params, max_tokens_sent=request.max_tokens > 0

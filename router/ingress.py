@@ -38,7 +38,8 @@ from router.openai_protocol import (
     LoadAdapterRequest,
     UnloadAdapterRequest,
     WarmAdapterRequest,
-    parse_body,
+    param_of_check,
+    parse_request,
 )
 from router.openai_responses import model_card
 
@@ -87,6 +88,13 @@ app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
 async def _route_error(request: Request, exc: StarletteHTTPException) -> Response:
     headers = dict(exc.headers or {})
     return rest.route_error_response(request.method, request.url.path, exc.status_code, headers)
+
+
+@app.exception_handler(Exception)
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    """Anything a route did not answer itself: the OpenAI error JSON from the error table
+    (a 500 naming only the error's type), not Starlette's plain-text 500."""
+    return rest.error_response(exc)
 
 
 @serve.deployment(name="Ingress")
@@ -163,7 +171,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         try:
-            req = parse_body(CompletionRequest, await request.body())
+            req = await parse_request(CompletionRequest, await request.body())
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.completions(self.frontend, _key(request), req)
@@ -171,7 +179,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = parse_body(ChatCompletionRequest, await request.body())
+            req = await parse_request(ChatCompletionRequest, await request.body())
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.chat_completions(self.frontend, _key(request), req)
@@ -232,11 +240,11 @@ class LoraIngress(GrpcInferenceMixin):
     async def _admin(self, request: Request, model, act) -> Response:
         try:
             self.frontend.resolver.check_admin(_key(request))
-            req = parse_body(model, await request.body())
+            req = await parse_request(model, await request.body())
             if self.registry is None:
                 raise InvalidRequest("admin endpoints need a registry (redis_url)")
             return JSONResponse(await act(req))
-        except ValueError as e:  # the registry's name/choice checks
-            return rest.error_response(InvalidRequest(str(e)))
+        except ValueError as e:  # the registry's name/choice/range checks
+            return rest.error_response(InvalidRequest(str(e), param_of_check(str(e))))
         except Exception as e:
             return rest.error_response(e)

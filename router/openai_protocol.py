@@ -10,6 +10,7 @@ fields are `SamplingParams`'s, shared with gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -29,6 +30,8 @@ from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from router.body_checks import (
+    DEPTH_ALLOWED,
+    MAX_DEPTH,
     TEXT_ALLOWED,
     TOOL_CHOICE_ALLOWED,
     RefusedAt,
@@ -39,6 +42,7 @@ from router.body_checks import (
     is_text_format,
     json_kind,
     only_neutral,
+    too_deep,
 )
 
 # A JSON integer still fits a float field; nothing else is coerced.
@@ -80,7 +84,7 @@ class _Sampling(BaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: Annotated[int, only_neutral(lambda n: n == 1, "1 or null")] = 1
     """Only one choice per request."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
@@ -133,10 +137,10 @@ class CompletionRequest(_Sampling):
     max_tokens: int = 16
     logprobs: TopCount = None
     """k: return each sampled token's logprob and the k most likely tokens per position."""
-    echo: Literal[False] = False
-    best_of: int = Field(1, ge=1, le=1)
+    echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
+    best_of: Annotated[int, only_neutral(lambda b: b == 1, "1 or null")] = 1
     """Only one sample per choice."""
-    suffix: Literal[""] = ""
+    suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -229,13 +233,23 @@ def _tenant_name(name: str | None) -> str | None:
     return name if name is None else check_name("tenant", name)
 
 
+def _path_text(path: str) -> str:
+    # A NUL cannot be in a file name; os.stat would refuse it later without naming the field.
+    if "\x00" in path:
+        raise ValueError(
+            f"contains a NUL character at index {path.index(chr(0))}; allowed: an absolute "
+            "path to a local directory"
+        )
+    return path
+
+
 class LoadAdapterRequest(BaseModel):
     """POST /v1/load_lora_adapter (vLLM-compatible body); names follow the registry's rule."""
 
     model_config = BODY_CONFIG
 
     lora_name: Annotated[str, AfterValidator(_adapter_name)]
-    lora_path: str = Field(min_length=1)
+    lora_path: Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
     base_model: str | None = None
     tenant: Annotated[str | None, AfterValidator(_tenant_name)] = None
     """The owning tenant (it must exist); null: no owner (with replace: keep the owner)."""
@@ -270,6 +284,16 @@ class WarmAdapterRequest(AdapterNameRequest):
 
 
 M = TypeVar("M", bound=BaseModel)
+BIG_BODY = 64 * 1024
+"""Bodies larger than this are parsed in a worker thread: validating a 6 MB list of token
+ids takes ~1 s of CPU, which on the event loop stalled every request on the ingress."""
+
+
+async def parse_request(model: type[M], body: bytes) -> M:
+    """`parse_body` for a request body, off the event loop when the body is big."""
+    if len(body) <= BIG_BODY:
+        return parse_body(model, body)
+    return await asyncio.to_thread(parse_body, model, body)
 
 
 def parse_body(model: type[M], body: bytes | str | dict) -> M:
@@ -281,8 +305,12 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
             raise InvalidRequest(
                 f"body is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
             ) from None
+        except RecursionError:  # the parser's own limit, far deeper than MAX_DEPTH
+            raise InvalidRequest(f"body: nested too deeply; {DEPTH_ALLOWED}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
+    if too_deep(body):
+        raise InvalidRequest(f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}")
     bad = invalid_text(body)
     if bad:
         loc, problem = bad
@@ -315,3 +343,9 @@ def _param_of(msg: str) -> str | None:
     """Model validators name their field first ("tool_choice: ..."); else None."""
     field, sep, _ = msg.partition(":")
     return field if sep and field.isidentifier() else None
+
+
+def param_of_check(msg: str) -> str | None:
+    """The field a registry check names first ("replicas=-1; allowed: ..." -> "replicas")."""
+    field, sep, _ = msg.partition("=")
+    return field if sep and field.isidentifier() else _param_of(msg)

@@ -10,6 +10,23 @@ from typing import Any
 from router.logprobs import Candidate, TokenLogprob
 
 
+@dataclass(frozen=True)
+class Head:
+    """What every body and chunk of one response repeats: its id, the `model` it names
+    and `created`, taken once (OpenAI: each chunk of a stream has the same timestamp)."""
+
+    id: str
+    model: str
+    created: int
+
+    @classmethod
+    def now(cls, rid: str, model: str) -> Head:
+        return cls(rid, model, int(time.time()))
+
+    def fields(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
@@ -69,14 +86,11 @@ def _chat_logprobs(piece: Piece) -> dict[str, Any]:
 
 
 def completion_body(
-    rid: str, model: str, piece: Piece, usage: Usage | None, want_logprobs: bool
+    head: Head, piece: Piece, usage: Usage | None, want_logprobs: bool
 ) -> dict[str, Any]:
     """A whole response (usage set) or one stream chunk (usage None) of /v1/completions."""
     body: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
+        **head.fields("text_completion"),
         "choices": [
             {
                 "index": 0,
@@ -91,15 +105,10 @@ def completion_body(
     return body
 
 
-def chat_body(
-    rid: str, model: str, piece: Piece, usage: Usage, want_logprobs: bool
-) -> dict[str, Any]:
+def chat_body(head: Head, piece: Piece, usage: Usage, want_logprobs: bool) -> dict[str, Any]:
     """A whole /v1/chat/completions response."""
     return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
+        **head.fields("chat.completion"),
         "choices": [
             {
                 "index": 0,
@@ -113,14 +122,11 @@ def chat_body(
 
 
 def chat_chunk(
-    rid: str, model: str, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
+    head: Head, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
 ) -> dict[str, Any]:
     """One /v1/chat/completions stream chunk."""
     return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
+        **head.fields("chat.completion.chunk"),
         "choices": [
             {
                 "index": 0,
@@ -132,13 +138,10 @@ def chat_chunk(
     }
 
 
-def usage_chunk(rid: str, model: str, obj: str, usage: Usage) -> dict[str, Any]:
+def usage_chunk(head: Head, obj: str, usage: Usage) -> dict[str, Any]:
     """The last stream chunk when stream_options.include_usage: no choices, usage set."""
     return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
+        **head.fields(obj),
         "choices": [],
         "usage": usage.to_dict(),
     }

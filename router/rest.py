@@ -19,6 +19,7 @@ from router.frontend import Frontend, Prepared
 from router.logprobs import LogprobReader
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import (
+    Head,
     Piece,
     Usage,
     chat_body,
@@ -105,7 +106,7 @@ async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]
 
 async def completions(front: Frontend, api_key: str | None, req: CompletionRequest) -> Response:
     try:
-        ids = front.encode_prompt(req.prompt)
+        ids = await front.encode_prompt(req.prompt)
         params = req.to_sampling_params()
         prepared = await front.prepare(
             api_key, req.model, ids, params, max_tokens_sent=req.max_tokens_sent
@@ -113,30 +114,31 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
         return await refusal(front, api_key, e)
-    rid, want_lp = prepared.call.request_id.replace("req-", "cmpl-"), req.logprobs is not None
+    head = Head.now(prepared.call.request_id.replace("req-", "cmpl-"), req.model)
+    want_lp = req.logprobs is not None
     if not req.stream:
         try:
             whole, usage = await _collect(_chain(first, outputs), _reader(front, want_lp))
         except Exception as e:
             return error_response(e)
-        return JSONResponse(completion_body(rid, req.model, whole, usage, want_lp))
+        return JSONResponse(completion_body(head, whole, usage, want_lp))
 
     def chunk(p: Piece) -> dict[str, Any]:
-        return completion_body(rid, req.model, p, None, want_lp)
+        return completion_body(head, p, None, want_lp)
 
     reader = _reader(front, want_lp)
-    body = _completion_events(_chain(first, outputs), chunk, reader, req, rid)
+    body = _completion_events(_chain(first, outputs), chunk, reader, req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _completion_events(outputs, chunk: Callable, reader, req, rid):
+async def _completion_events(outputs, chunk: Callable, reader, req, head: Head):
     usage = Usage()
     try:
         async for out in outputs:
             yield sse(chunk(piece_of(out, reader)))
             usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            yield sse(usage_chunk(rid, req.model, "text_completion", usage))
+            yield sse(usage_chunk(head, "text_completion", usage))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
     yield sse("[DONE]")
@@ -146,7 +148,7 @@ async def chat_completions(
     front: Frontend, api_key: str | None, req: ChatCompletionRequest
 ) -> Response:
     try:
-        ids = front.encode_chat(req.chat_dicts())
+        ids = await front.encode_chat(req.chat_dicts())
         params = req.to_sampling_params(front.room_after(ids))
         prepared = await front.prepare(
             api_key,
@@ -159,28 +161,28 @@ async def chat_completions(
         outputs, first = await _start(front, api_key, prepared)
     except Exception as e:
         return await refusal(front, api_key, e)
-    rid = prepared.call.request_id.replace("req-", "chatcmpl-")
+    head = Head.now(prepared.call.request_id.replace("req-", "chatcmpl-"), req.model)
     if not req.stream:
         try:
             whole, usage = await _collect(_chain(first, outputs), _reader(front, req.logprobs))
         except Exception as e:
             return error_response(e)
-        return JSONResponse(chat_body(rid, req.model, whole, usage, req.logprobs))
-    body = _chat_events(front, _chain(first, outputs), req, rid)
+        return JSONResponse(chat_body(head, whole, usage, req.logprobs))
+    body = _chat_events(front, _chain(first, outputs), req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _chat_events(front: Frontend, outputs, req: ChatCompletionRequest, rid: str):
+async def _chat_events(front: Frontend, outputs, req: ChatCompletionRequest, head: Head):
     usage, reader = Usage(), _reader(front, req.logprobs)
-    yield sse(chat_chunk(rid, req.model, {"role": "assistant", "content": ""}, None, False))
+    yield sse(chat_chunk(head, {"role": "assistant", "content": ""}, None, False))
     try:
         async for out in outputs:
             p = piece_of(out, reader)
             delta = {"content": p.text} if p.text else {}
-            yield sse(chat_chunk(rid, req.model, delta, p, req.logprobs))
+            yield sse(chat_chunk(head, delta, p, req.logprobs))
             usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            yield sse(usage_chunk(rid, req.model, "chat.completion.chunk", usage))
+            yield sse(usage_chunk(head, "chat.completion.chunk", usage))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
     yield sse("[DONE]")

@@ -8,6 +8,7 @@ One module-scoped app with one replica (see cluster_fixture.py).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -219,7 +220,8 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
         ({"lora_name": "demo-chef", "replicas": 10**9}, f"replicas={10**9}; allowed: 0 .. 100000"),
     ]:
         r = post(cluster, warm, body, key="admin")
-        assert (r.status_code, r.json()["error"]["message"]) == (400, message)
+        error = r.json()["error"]
+        assert (r.status_code, error["message"], error["param"]) == (400, message, "replicas")
     body = {"lora_name": "x", "lora_path": "/nowhere", "public": "yes"}
     r = post(cluster, "/v1/load_lora_adapter", body, key="admin")
     assert r.status_code == 400
@@ -248,6 +250,7 @@ NAME_RULE = "allowed: 1-128 characters of letters, digits, '_', '.', '-', '/'"
         ),
         ({"tenant": "bad name"}, 400, "tenant", "tenant: tenant name 'bad name' is invalid"),
         ({"lora_path": "/nowhere"}, 422, "lora_path", "path='/nowhere' does not exist; allowed"),
+        ({"lora_path": "/a\x00b"}, 400, "lora_path", "lora_path: contains a NUL character"),
         ({"base_model": "other"}, 400, "base_model", "base_model: 'other' is not the model"),
         ({"lora_name": "demo-poet"}, 409, "replace", "adapter 'demo-poet' already exists"),
         ({"lora_name": BASE_ID}, 400, "lora_name", "adapter name 'lorafleet-demo-base' is the"),
@@ -355,3 +358,76 @@ def test_an_adapter_being_unloaded_answers_like_an_unknown_one(cluster):
         )
         rest = "".join(line for line in lines if line)
     assert '"finish_reason":"length"' in rest.replace(" ", "") and rest.endswith("data: [DONE]")
+
+
+def test_a_prompt_no_context_can_hold_is_refused_without_stalling_others(cluster):
+    """A 6 MB prompt was tokenized on the ingress's event loop (~10 s on this box, every
+    other request waiting) only to be refused as too long afterwards."""
+    huge = completion(prompt="a " * 3_000_000)
+    answer: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: answer.append(post(cluster, "/v1/completions", huge)))
+    sender.start()
+    waits = []
+    while sender.is_alive():
+        started = time.monotonic()
+        r = httpx.get(f"{cluster.http}/v1/models", headers=_bearer(cluster.keys["ops"]), timeout=60)
+        assert r.status_code == 200
+        waits.append(time.monotonic() - started)
+    sender.join()
+    assert answer[0].status_code == 400, answer[0].text
+    error = answer[0].json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"].startswith(
+        "prompt: 6000000 characters cannot fit the model's context of 1024 tokens"
+    )
+    assert max(waits) < 2.0, f"GET /v1/models waited {max(waits):.1f} s behind the prompt"
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_non_ascii_admin_key_is_401_not_500(cluster):
+    headers = {"Authorization": b"Bearer caf\xe9"}  # a Latin-1 byte, as a client may send
+    r = httpx.post(
+        f"{cluster.http}/v1/pin_lora_adapter", json={"lora_name": "demo-poet"}, headers=headers
+    )
+    assert r.status_code == 401, r.text
+    assert r.json()["error"] == {
+        "message": "admin endpoints need 'Authorization: Bearer <admin key>'",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+
+
+def test_the_openai_client_streams_chunks_with_one_id_and_created(cluster):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{cluster.http}/v1", api_key=cluster.keys["ops"], max_retries=0)
+    stream = client.chat.completions.create(
+        model="demo-poet",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=250,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    started = time.monotonic()
+    chunks = list(stream)
+    assert time.monotonic() - started > 1.0  # long enough to cross a second
+    assert len({(c.id, c.created, c.model, c.object) for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 250
+
+
+@pytest.mark.parametrize("depth", [500, 100_000])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/pin_lora_adapter"])
+def test_a_deeply_nested_body_is_400_in_the_openai_shape(cluster, path, depth):
+    body = f'{{"model": "demo-poet", "prompt": "x", "x": {"[" * depth}{"]" * depth}}}'
+    key = ADMIN_KEY if path.endswith("adapter") else cluster.keys["ops"]
+    headers = {**_bearer(key), "Content-Type": "application/json"}
+    r = httpx.post(f"{cluster.http}{path}", content=body, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text  # was 500 (a RecursionError)
+    assert r.json()["error"]["message"].startswith("body: nested ")

@@ -110,6 +110,12 @@ def test_a_registration_answers_its_identity():
         ({"lora_name": ""}, "lora_name", "lora_name: adapter name '' is invalid"),
         ({"tenant": "a b"}, "tenant", "tenant: tenant name 'a b' is invalid"),
         ({"lora_path": ""}, "lora_path", "lora_path: String should have at least 1 character"),
+        (
+            {"lora_path": "/a\x00b"},
+            "lora_path",
+            "lora_path: contains a NUL character at index 2; allowed: an absolute path to a "
+            "local directory",
+        ),
         ({"base_model": 1}, "base_model", "base_model: Input should be a valid string"),
         ({"public": "yes"}, "public", "public: Input should be a valid boolean"),
         ({"replace": 1}, "replace", "replace: Input should be a valid boolean"),

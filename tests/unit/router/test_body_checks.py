@@ -8,7 +8,14 @@ import pytest
 from pydantic import BaseModel
 
 from lora_core.errors import AdapterLoadFailed, InvalidRequest
-from router.body_checks import CONTENT_ALLOWED, STOP_ALLOWED, TEXT_ALLOWED
+from router.body_checks import (
+    CONTENT_ALLOWED,
+    DEPTH_ALLOWED,
+    MAX_DEPTH,
+    STOP_ALLOWED,
+    TEXT_ALLOWED,
+    too_deep,
+)
 from router.errors import openai_error_body
 from router.openai_protocol import (
     ChatCompletionRequest,
@@ -71,6 +78,11 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
         (CompletionRequest, completion(presence_penalty=0.5), "presence_penalty: 0.5; allowed: 0"),
         (ChatCompletionRequest, chat(frequency_penalty=-2), "frequency_penalty: -2.0; allowed: 0"),
         (CompletionRequest, completion(presence_penalty=3), "presence_penalty: 3.0; allowed: 0"),
+        (CompletionRequest, completion(echo=True), "echo: True; allowed: false or null"),
+        (CompletionRequest, completion(suffix="tail"), "suffix: 'tail'; allowed: \"\" or null"),
+        (CompletionRequest, completion(best_of=2), "best_of: 2; allowed: 1 or null"),
+        (CompletionRequest, completion(n=3), "n: 3; allowed: 1 or null"),
+        (ChatCompletionRequest, chat(n=2), "n: 2; allowed: 1 or null"),
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),
@@ -102,6 +114,8 @@ def test_fields_that_would_change_output_are_refused(model, body, message):
     [
         (CompletionRequest, completion(logit_bias={}, presence_penalty=0, frequency_penalty=0.0)),
         (CompletionRequest, completion(logit_bias=None, presence_penalty=None)),
+        (CompletionRequest, completion(echo=False, suffix="", best_of=1, n=1)),
+        (CompletionRequest, completion(echo=None, suffix=None, best_of=None, n=None)),
         (ChatCompletionRequest, chat(response_format={"type": "text"}, tools=[])),
         (ChatCompletionRequest, chat(response_format={}, tools=None, tool_choice="none")),
         (ChatCompletionRequest, chat(tool_choice="auto")),
@@ -251,3 +265,32 @@ def test_every_union_field_is_covered():
         ("ChatCompletionRequest", "tool_choice"),
         ("ChatMessage", "content"),
     }
+
+
+@pytest.mark.parametrize(
+    "value, limit, deep",
+    [({"a": [[1]]}, 3, False), ({"a": [[1]]}, 2, True), ([], 1, False), ("x" * 9, 0, False)],
+)
+def test_too_deep_counts_arrays_and_objects(value, limit, deep):
+    assert too_deep(value, limit) is deep
+
+
+@pytest.mark.parametrize("model", [CompletionRequest, LoadAdapterRequest])
+@pytest.mark.parametrize(
+    "depth, message",
+    [
+        (63, None),  # the body object + 63 arrays: 64 levels
+        (64, f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}"),
+        (500, f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}"),
+        (200_000, f"body: nested too deeply; {DEPTH_ALLOWED}"),  # json's own recursion limit
+    ],
+)
+def test_deeply_nested_bodies_are_400_not_500(model, depth, message):
+    fields = '"model": "m", "prompt": "x", "lora_name": "a", "lora_path": "/x"'
+    body = f'{{{fields}, "extra": {"[" * depth}{"]" * depth}}}'.encode()
+    if message is None:
+        parse_body(model, body)
+        return
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(model, body)
+    assert (str(e.value), e.value.param) == (message, None)

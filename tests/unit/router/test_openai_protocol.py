@@ -1,15 +1,22 @@
+import asyncio
+import json
+import time
+
 import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.openai_protocol import (
+    BIG_BODY,
     PROMPT_ALLOWED,
     AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
     LoadAdapterRequest,
     WarmAdapterRequest,
+    param_of_check,
     parse_body,
+    parse_request,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -255,3 +262,60 @@ def test_warm_replicas_are_passed_on_as_given(replicas):
     req = parse_body(WarmAdapterRequest, {"lora_name": "t1", "replicas": replicas})
     assert req.replicas == replicas
     assert not hasattr(parse_body(AdapterNameRequest, {"lora_name": "t1"}), "replicas")
+
+
+@pytest.mark.parametrize(
+    "message, param",
+    [
+        ("replicas=-1; allowed: 0 .. 100000", "replicas"),
+        ("pool: 'x' is not a pool; allowed: ...", "pool"),
+        ("adapter name 'a=b' is invalid; allowed: ...", None),
+        ("embedded null byte", None),
+    ],
+)
+def test_a_registry_check_names_the_field_it_names_first(message, param):
+    assert param_of_check(message) == param
+
+
+def _loop_stall(coro) -> tuple[float, object]:
+    """(longest the event loop was unavailable while `coro` ran, its result)."""
+
+    async def go():
+        done, worst = False, 0.0
+
+        async def ticker():
+            nonlocal worst
+            last = time.monotonic()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                worst, last = max(worst, now - last), now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.03)
+        result = await coro
+        done = True
+        await tick
+        return worst, result
+
+    return asyncio.run(go())
+
+
+def test_a_big_body_is_parsed_without_stalling_the_loop():
+    # ~1 s of validation on one core: 2M token ids (6 MB)
+    body = json.dumps({"model": "m", "prompt": [5] * 2_000_000}).encode()
+    assert len(body) > BIG_BODY
+    worst, req = _loop_stall(parse_request(CompletionRequest, body))
+    assert req.prompt == [5] * 2_000_000
+    assert worst < 0.5, f"the event loop stalled {worst:.2f} s"
+
+
+@pytest.mark.parametrize("size", [10, BIG_BODY + 10])
+def test_parse_request_answers_like_parse_body(size):
+    body = json.dumps({"model": "m", "prompt": "x" * size, "max_tokens": "2"}).encode()
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(parse_request(CompletionRequest, body))
+    assert (str(e.value), e.value.param) == (
+        "max_tokens: Input should be a valid integer",
+        "max_tokens",
+    )

@@ -75,7 +75,7 @@ def test_the_happy_path_makes_one_registry_round_trip(tokenizer):
 def test_chat_max_tokens_defaults_to_the_room_left(tokenizer, fields, max_tokens):
     front, _, dispatch = make_front(tokenizer, max_len=64)
     body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}], **fields}
-    prompt = front.encode_chat([{"role": "user", "content": "hi"}])
+    prompt = asyncio.run(front.encode_chat([{"role": "user", "content": "hi"}]))
     assert len(prompt) == 5
     r = asyncio.run(rest.chat_completions(front, "k1", parse_body(ChatCompletionRequest, body)))
     assert r.status_code == 200
@@ -191,3 +191,22 @@ def test_a_wrong_method_answers_in_the_openai_shape(client):
         }
     })  # fmt: skip
     assert r.headers["allow"] == "POST"
+
+
+def test_an_unexpected_error_answers_in_the_openai_shape():
+    from router.ingress import app
+
+    async def boom():
+        raise KeyError("internal detail")
+
+    app.add_api_route("/test-boom", boom)
+    try:
+        r = TestClient(app, raise_server_exceptions=False).get("/test-boom")
+    finally:
+        app.router.routes.pop()
+    assert (r.status_code, r.json()) == (500, {
+        "error": {
+            "message": "internal error (KeyError)",
+            "type": "server_error", "param": None, "code": "internal_error",
+        }
+    })  # fmt: skip
