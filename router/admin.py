@@ -7,6 +7,8 @@ names it and the message says what is allowed.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 from lora_core.errors import (
@@ -20,6 +22,28 @@ from router.openai_protocol import LoadAdapterRequest
 
 if TYPE_CHECKING:
     from cluster.records import AdapterRecord, ServedBase
+
+SERVED_REPUBLISH_S = 10.0
+log = logging.getLogger("lorafleet.router")
+
+
+class ServedPublisher(Protocol):
+    async def set_served(self, served: ServedBase) -> None: ...
+
+
+async def keep_served_published(
+    registry: ServedPublisher, served: ServedBase, every_s: float = SERVED_REPUBLISH_S
+) -> None:
+    """Publish the served base model again every every_s: a Redis that restarted empty
+    (or was flushed) would otherwise lose it until the ingress restarts, and meanwhile
+    `adapters register` skips its shape and rank checks and pins skip the slot check.
+    Errors are logged and retried: the registry may be down for a while."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await registry.set_served(served)
+        except Exception as e:  # an outage: the next round tries again
+            log.debug("publishing the served base model failed: %s", e)
 
 
 class CatalogRegistry(Protocol):

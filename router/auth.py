@@ -27,9 +27,7 @@ class RegistryClient(Protocol):
 
     async def resolve_key(self, api_key: str) -> str | None: ...
 
-    async def list_adapters(self): ...
-
-    async def authorize(self, tenant: str, adapter: str) -> bool: ...
+    async def visible_adapters(self, tenant: str | None) -> list[AdapterRef]: ...
 
 
 @dataclass(frozen=True)
@@ -98,18 +96,8 @@ class AdapterResolver:
         tenant = await self.tenant(api_key)
         if self.registry is None:
             return []
-        listings = await self.registry.list_adapters()
-        refs = []
-        for item in listings:
-            rec = item.record
-            if rec.state == "active" and await self._may_use(tenant, rec):
-                refs.append(rec.ref)
-        return sorted(refs, key=lambda r: r.name)
-
-    async def _may_use(self, tenant: str | None, rec) -> bool:
-        if tenant is None or rec.public or rec.owner == tenant:
-            return True
-        return await self.registry.authorize(tenant, rec.name)
+        # One registry script: no residency reads and no round trip per private adapter.
+        return await self.registry.visible_adapters(tenant)
 
     def check_admin(self, api_key: str | None) -> None:
         """Raises Unauthorized unless `api_key` is the admin key."""

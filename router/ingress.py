@@ -9,7 +9,7 @@ LoRA-affinity request router picks the replica.
 
 # No `from __future__ import annotations` here: FastAPI must see the real `Request`
 # annotation of the routes to inject the request.
-import contextlib
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from lora_core.errors import CapacityExceeded, InvalidRequest
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
 from router import admin, rest
+from router.admin import SERVED_REPUBLISH_S, keep_served_published
 from router.auth import AdapterResolver, bearer_key
 from router.errors import unwrap
 from router.frontend import Frontend
@@ -53,7 +54,9 @@ class IngressSettings:
     (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
     largest adapter rank (registration refuses larger). max_loras: the replicas' GPU
     adapter slots; published with the base model so that the registry refuses a pin that
-    would leave no evictable slot (None: not published, pins are not checked)."""
+    would leave no evictable slot (None: not published, pins are not checked).
+    served_republish_s: seconds between re-publications of the served base model (so a
+    Redis restarted empty gets it back)."""
 
     model_dir: str
     served_model_name: str
@@ -64,6 +67,7 @@ class IngressSettings:
     max_model_len: int = 0
     max_lora_rank: int = 64
     max_loras: int | None = None
+    served_republish_s: float = SERVED_REPUBLISH_S
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -102,7 +106,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
 class LoraIngress(GrpcInferenceMixin):
     """OpenAI REST + gRPC front door of the cluster."""
 
-    def __init__(self, replicas: DeploymentHandle, settings: IngressSettings):
+    async def __init__(self, replicas: DeploymentHandle, settings: IngressSettings):
         from transformers import AutoTokenizer
 
         from cluster.records import ServedBase
@@ -114,15 +118,18 @@ class LoraIngress(GrpcInferenceMixin):
             settings.max_loras,
         )
         registry = None
+        self._served_task: asyncio.Task | None = None
         if settings.redis_url:
-            from cluster.registry import AsyncRegistry, Registry
+            from cluster.registry import AsyncRegistry
 
-            # Published for `lorafleet adapters register`, which checks adapters against it,
-            # and for `pin` (CLI and /v1/pin_lora_adapter), which checks max_loras.
-            with contextlib.closing(Registry(settings.redis_url, settings.namespace)) as sync:
-                sync.set_served(self.served)
             registry = AsyncRegistry(
                 settings.redis_url, settings.namespace, max_lora_rank=settings.max_lora_rank
+            )
+            # Published for `lorafleet adapters register`, which checks adapters against it,
+            # and for `pin` (CLI and /v1/pin_lora_adapter), which checks max_loras.
+            await registry.set_served(self.served)
+            self._served_task = asyncio.get_running_loop().create_task(
+                keep_served_published(registry, self.served, settings.served_republish_s)
             )
         self.registry = registry
         self.replicas = replicas
@@ -132,6 +139,10 @@ class LoraIngress(GrpcInferenceMixin):
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
         max_len = model_max_len(settings.model_dir, settings.max_model_len)
         self.frontend = Frontend(tokenizer, resolver, self._dispatch, max_len)
+
+    async def __del__(self) -> None:
+        if self._served_task is not None:
+            self._served_task.cancel()
 
     async def _dispatch(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         """One replica call; a replica that dies before the first output is retried once."""

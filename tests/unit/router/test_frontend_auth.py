@@ -48,15 +48,6 @@ class Rec:
     public: bool
     state: str = "active"
 
-    @property
-    def ref(self):
-        return ref(self.name)
-
-
-@dataclass
-class Listing:
-    record: Rec
-
 
 class FakeRegistry:
     """Tenants t1 (key k1) and t2 (key k2); t1 owns a1, a2 is public, t2 is granted a3."""
@@ -76,8 +67,23 @@ class FakeRegistry:
     async def resolve_key(self, api_key):
         return self.keys.get(api_key)
 
-    async def authorize(self, tenant, adapter):
-        return (tenant, adapter) in self.grants
+    async def visible_adapters(self, tenant):
+        # the rule of the registry's visible_adapters script (tested against Redis in
+        # tests/integration/cluster/test_registry_visible.py)
+        return sorted(
+            (
+                ref(r.name)
+                for r in self.recs.values()
+                if r.state == "active"
+                and (
+                    tenant is None
+                    or r.public
+                    or r.owner == tenant
+                    or (tenant, r.name) in self.grants
+                )
+            ),
+            key=lambda x: x.name,
+        )
 
     async def resolve_request(self, api_key, model_name, *, auth):
         self.resolves += 1
@@ -93,9 +99,6 @@ class FakeRegistry:
             raise AdapterDraining(model_name)
         version = self.versions.get(model_name, 1)
         return Found(ref(model_name, version), tenant, (Loc("r1", "gpu"), Loc("r2", "cpu")))
-
-    async def list_adapters(self):
-        return [Listing(r) for r in self.recs.values()]
 
 
 def run(coro):

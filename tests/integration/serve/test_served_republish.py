@@ -1,0 +1,37 @@
+"""The ingress publishes the served base model again and again, so a Redis that restarted
+empty (here: flushed) gets it back without restarting the cluster (real Redis, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from cluster.records import ServedBase
+from cluster.registry import AsyncRegistry
+from lora_core.base_shape import BaseShape
+from router.admin import keep_served_published
+
+
+def test_a_flushed_registry_gets_the_served_base_back(redis_url):
+    shape = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
+                      num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip
+    served = ServedBase("tiny", shape, max_lora_rank=16, max_loras=2)
+
+    async def scenario() -> list[ServedBase | None]:
+        reg = AsyncRegistry(redis_url)
+        await reg.set_served(served)
+        task = asyncio.create_task(keep_served_published(reg, served, every_s=0.05))
+        seen = [await reg.get_served()]
+        redis.Redis.from_url(redis_url).flushall()
+        seen.append(await reg.get_served())
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if (back := await reg.get_served()) is not None:
+                break
+        seen.append(back)
+        task.cancel()
+        await reg.close()
+        return seen
+
+    assert asyncio.run(scenario()) == [served, None, served]
