@@ -1,0 +1,74 @@
+"""Engine resource lifecycle on a tiny model: in-flight requests of an unloaded adapter
+survive preemption, and unloads, aborts and preemption leave no KV block, slot or
+adapter memory behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.offline import adapter_ref
+from replica.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def _engine(model_dir, **kw) -> LLMEngine:
+    cfg = dict(
+        model=str(model_dir),
+        device="cpu",
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        block_size=4,
+    )
+    return LLMEngine(EngineConfig(**{**cfg, **kw}))
+
+
+@pytest.fixture(scope="module")
+def refs(llama_adapters):
+    return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
+
+
+def _alone(model_dir, requests) -> dict[str, list[int]]:
+    """[(rid, prompt ids, adapter ref)] run one at a time on a roomy engine -> tokens."""
+    engine, out = _engine(model_dir), {}
+    for rid, ids, adapter in requests:
+        engine.add_request(rid, ids, GREEDY, adapter)
+        outs: dict[str, list] = {rid: []}
+        _drain(engine, outs)
+        out[rid] = [t for o in outs[rid] for t in o.new_token_ids]
+    return out
+
+
+def _drain(engine: LLMEngine, outs: dict[str, list]) -> None:
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+
+
+def test_unloaded_adapter_inflight_request_survives_preemption(llama_dir, refs):
+    """An unload lets in-flight requests finish: one that is preempted afterwards (KV
+    ran out) must still finish with the same tokens, not fail with AdapterNotFound
+    because its preemption released the draining adapter's last reference."""
+    ref = refs["qv8"]
+    base_ids, lora_ids = list(range(1, 9)), list(range(20, 25))
+    # 8 + 10 and 5 + 10 tokens need 5 + 4 blocks of 4: only 6 exist, so one is preempted
+    engine = _engine(llama_dir, num_kv_blocks=6)
+    engine.add_request("base", base_ids, GREEDY)
+    engine.add_request("lora", lora_ids, GREEDY, ref)
+    outs: dict[str, list] = {"base": [], "lora": []}
+    for o in engine.step():
+        outs[o.request_id].append(o)
+    engine.adapters.unload(ref.name)
+    _drain(engine, outs)
+    assert engine.scheduler.num_preemptions > 0
+    expected = _alone(llama_dir, [("base", base_ids, None), ("lora", lora_ids, ref)])
+    for rid in ("base", "lora"):
+        assert outs[rid][-1].error is None and outs[rid][-1].finish_reason == "length"
+        assert [t for o in outs[rid] for t in o.new_token_ids] == expected[rid]
+    s = engine.stats()
+    assert ref.key not in s.gpu_adapters and ref.key not in s.cpu_adapters
+    assert s.free_slots == 2 and engine.adapters.cpu_nbytes == 0
+    assert engine.blocks.usage() == 0.0
