@@ -39,18 +39,7 @@ class ModelConfig:
         arch = shape.architecture
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelLoadFailed(f"hidden_act={cfg.get('hidden_act')!r}; allowed: 'silu'")
-        scaling = cfg.get("rope_scaling") or None
-        rope_theta = float(
-            cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
-        )
-        if scaling is not None:
-            kind = scaling.get("rope_type") or scaling.get("type")
-            if kind == "default":
-                scaling = None
-            elif kind != "llama3":
-                raise ModelLoadFailed(
-                    f"rope_scaling type {kind!r}; allowed: none, 'default' or 'llama3'"
-                )
+        rope_theta, scaling = _rope(cfg)
         window = cfg.get("sliding_window")
         if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
             window = None
@@ -86,6 +75,30 @@ class ModelConfig:
             head_dim=self.head_dim,
             intermediate=self.intermediate_size,
         )
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling dict or None) from either config.json spelling.
+
+    transformers < 5 writes `rope_theta` + `rope_scaling`; transformers >= 5 writes one
+    `rope_parameters` dict holding rope_theta, rope_type and the scaling fields (a Llama
+    3.1 checkpoint saved by it has no `rope_scaling` at all, so reading only that key
+    silently ran such a model with unscaled frequencies).
+    """
+    params = cfg.get("rope_parameters") or {}
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise ModelLoadFailed(
+            f"rope_parameters={params!r}; allowed: one dict of rope_theta, rope_type and "
+            "its scaling fields"
+        )
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ModelLoadFailed(f"rope_scaling type {kind!r}; allowed: none, 'default' or 'llama3'")
+    return theta, scaling
 
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES"]
