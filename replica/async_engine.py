@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 
-from lora_core.errors import CapacityExceeded
+from lora_core.errors import CapacityExceeded, InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
@@ -89,6 +89,10 @@ class AsyncEngine:
 
         Leaving the iteration early (break, cancel, client gone) aborts the request.
         """
+        if request_id in self._queues:
+            # Checked before the queue is set: replacing (and on refusal dropping) the
+            # first request's queue would leave its stream waiting forever.
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         try:

@@ -31,11 +31,11 @@ def refs(llama_adapters):
     return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
 
 
-def _alone(model_dir, requests) -> dict[str, list[int]]:
+def _alone(model_dir, requests, params=GREEDY) -> dict[str, list[int]]:
     """[(rid, prompt ids, adapter ref)] run one at a time on a roomy engine -> tokens."""
     engine, out = _engine(model_dir), {}
     for rid, ids, adapter in requests:
-        engine.add_request(rid, ids, GREEDY, adapter)
+        engine.add_request(rid, ids, params, adapter)
         outs: dict[str, list] = {rid: []}
         _drain(engine, outs)
         out[rid] = [t for o in outs[rid] for t in o.new_token_ids]
@@ -72,3 +72,34 @@ def test_unloaded_adapter_inflight_request_survives_preemption(llama_dir, refs):
     assert ref.key not in s.gpu_adapters and ref.key not in s.cpu_adapters
     assert s.free_slots == 2 and engine.adapters.cpu_nbytes == 0
     assert engine.blocks.usage() == 0.0
+
+
+def test_async_duplicate_request_id_is_refused_without_hurting_the_first(llama_dir):
+    """A second generate() with an id in flight is refused; the first keeps streaming
+    (its queue was replaced and then dropped, so it waited forever)."""
+    import asyncio
+
+    from lora_core.errors import InvalidRequest
+    from replica.async_engine import AsyncEngine
+
+    engine = AsyncEngine(
+        EngineConfig(model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=1)
+    )
+    # long enough that "x" is still running when the second call comes, even though the
+    # engine thread keeps stepping meanwhile
+    params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        first = engine.generate("x", [1, 2, 3], params)
+        tokens = list((await first.__anext__()).new_token_ids)
+        with pytest.raises(InvalidRequest, match="already in use"):
+            await anext(aiter(engine.generate("x", [4, 5], params)))
+        async for o in first:
+            tokens += o.new_token_ids
+        return tokens
+
+    try:
+        tokens = asyncio.run(asyncio.wait_for(main(), timeout=30))
+        assert tokens == _alone(llama_dir, [("x", [1, 2, 3], None)], params)["x"]
+    finally:
+        engine.shutdown()
