@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -95,10 +96,17 @@ class AsyncEngine:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        add = asyncio.get_running_loop().run_in_executor(
+            None, self._add, request_id, prompt_token_ids, params, adapter
+        )
         try:
-            await asyncio.to_thread(self._add, request_id, prompt_token_ids, params, adapter)
+            # Shielded: a caller who leaves (client gone) while a cold adapter loads cannot
+            # stop the thread, which then queues the request anyway; the callback aborts it
+            # once it lands instead of letting it run to max_tokens with no reader.
+            await asyncio.shield(add)
         except BaseException:
             self._queues.pop(request_id, None)
+            add.add_done_callback(functools.partial(self._abort_abandoned, request_id))
             raise
         self._wake.set()
         finished = False
@@ -115,6 +123,12 @@ class AsyncEngine:
                 self._queues.pop(request_id, None)
                 with self._engine_locked():
                     self.engine.abort(request_id)
+
+    def _abort_abandoned(self, request_id: str, add: asyncio.Future) -> None:
+        """`add` (the thread running _add) finished after its caller left: undo it."""
+        if not add.cancelled() and add.exception() is None:
+            with self._engine_locked():
+                self.engine.abort(request_id)
 
     def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
         if adapter is not None:

@@ -103,3 +103,61 @@ def test_async_duplicate_request_id_is_refused_without_hurting_the_first(llama_d
         assert tokens == _alone(llama_dir, [("x", [1, 2, 3], None)], params)["x"]
     finally:
         engine.shutdown()
+
+
+def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_dir, refs):
+    """The caller leaves while its cold adapter is still being read (outside the engine
+    lock): the request that the loading thread queues afterwards is aborted, not run to
+    max_tokens with nobody reading."""
+    import asyncio
+    import threading
+    import time
+
+    from replica.async_engine import AsyncEngine
+
+    engine = AsyncEngine(
+        EngineConfig(model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=1)
+    )
+    core = engine.engine
+    entered, release, landed = threading.Event(), threading.Event(), threading.Event()
+    register, add_request, abort = core.adapters.register, core.add_request, core.abort
+    aborts: list[tuple[str, bool]] = []
+
+    def slow_register(ref):
+        entered.set()
+        release.wait(10)
+        return register(ref)
+
+    def recording_add(*args):
+        add_request(*args)
+        landed.set()
+
+    def recording_abort(rid):
+        aborts.append((rid, abort(rid)))
+        return aborts[-1][1]
+
+    core.adapters.register, core.add_request, core.abort = (
+        slow_register,
+        recording_add,
+        recording_abort,
+    )
+    params = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        task = asyncio.create_task(anext(aiter(engine.generate("x", [1, 2], params, refs["qv8"]))))
+        while not entered.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        deadline = time.monotonic() + 20
+        while not landed.is_set() or engine._locked(lambda: "x" in core._seqs):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+
+    try:
+        asyncio.run(main())
+        assert aborts == [("x", True)]
+    finally:
+        engine.shutdown()
