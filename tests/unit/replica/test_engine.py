@@ -257,7 +257,12 @@ def test_async_unload_while_waiting_raises_to_that_caller_only(llama_dir, refs):
 
     async def main():
         tasks = [asyncio.create_task(collect(r, ref)) for r, ref in
-                 [("running", refs["qv8"]), ("base", None), ("waiting", refs["mlp4"])]]  # fmt: skip
+                 [("running", refs["qv8"]), ("base", None)]]  # fmt: skip
+        # "waiting" comes once qv8 holds the slot: added together, whichever adapter's
+        # load finished first took the slot, and mlp4 sometimes ran instead of waiting
+        while engine.stats().num_running != 2:
+            await asyncio.sleep(0.001)
+        tasks.append(asyncio.create_task(collect("waiting", refs["mlp4"])))
         while engine.stats().num_waiting != 1 or engine.stats().num_running != 2:
             await asyncio.sleep(0.001)
         await engine.unload_adapter(refs["mlp4"].name)
