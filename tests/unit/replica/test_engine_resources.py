@@ -161,3 +161,43 @@ def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_di
         assert aborts == [("x", True)]
     finally:
         engine.shutdown()
+
+
+def test_reregistered_name_never_reuses_the_old_versions_prefix_blocks(
+    llama_dir, llama_adapters, tmp_path
+):
+    """The name qv8 re-registered (version 2, new weights) on an engine that still caches
+    version 1's prompt blocks: version 2 reuses none of them and equals HF + PEFT with
+    the new weights; version 1 still hits its own blocks."""
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    from tests.tiny import ADAPTER_SPECS, make_peft_adapter
+
+    new_dir = make_peft_adapter(llama_dir, tmp_path / "qv8-new", seed=99, **ADAPTER_SPECS["qv8"])
+    v1 = adapter_ref("qv8", llama_adapters["qv8"], max_rank=16, version=1)
+    v2 = adapter_ref("qv8", new_dir, max_rank=16, version=2)
+    prompt = list(range(40, 53))  # three full blocks of 4 and one token
+    engine = _engine(llama_dir)
+    first = _alone_on(engine, "a", prompt, v1)
+    hits = engine.blocks.prefix_hit_tokens
+    second = _alone_on(engine, "b", prompt, v2)
+    assert engine.blocks.prefix_hit_tokens == hits
+    assert _alone_on(engine, "c", prompt, v1) == first
+    assert engine.blocks.prefix_hit_tokens == hits + 12
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(llama_dir), dtype=torch.float32)
+    hf = PeftModel.from_pretrained(hf, str(new_dir)).eval()
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(GREEDY.max_tokens):
+            tokens.append(int(hf(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
+    assert second == tokens[len(prompt) :] and second != first
+
+
+def _alone_on(engine: LLMEngine, rid: str, ids: list[int], adapter) -> list[int]:
+    engine.add_request(rid, ids, GREEDY, adapter)
+    outs: dict[str, list] = {rid: []}
+    _drain(engine, outs)
+    return [t for o in outs[rid] for t in o.new_token_ids]
