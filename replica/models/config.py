@@ -12,8 +12,10 @@ from lora_core.errors import ModelLoadFailed
 class ModelConfig:
     """architecture: LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM.
 
-    qkv_bias: Qwen2 has biases on q/k/v. sliding_window: Mistral-style local attention
-    (None = full attention). rope_scaling: None or the "llama3" scaling dict.
+    qkv_bias: Qwen2 has biases on q/k/v. layer_windows: each layer's local-attention
+    window (None = full attention), as transformers applies it: every Mistral layer;
+    Qwen2 layers from max_window_layers on (or those layer_types calls sliding) when
+    use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
     """
 
     architecture: str
@@ -30,7 +32,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
-    sliding_window: int | None
+    layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
 
     @classmethod
@@ -40,9 +42,6 @@ class ModelConfig:
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelLoadFailed(f"hidden_act={cfg.get('hidden_act')!r}; allowed: 'silu'")
         rope_theta, scaling = _rope(cfg)
-        window = cfg.get("sliding_window")
-        if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
-            window = None
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -60,7 +59,7 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
-            sliding_window=int(window) if window else None,
+            layer_windows=_layer_windows(cfg, arch, shape.num_layers),
             eos_token_ids=eos_ids,
         )
 
@@ -75,6 +74,32 @@ class ModelConfig:
             head_dim=self.head_dim,
             intermediate=self.intermediate_size,
         )
+
+
+def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window, following transformers' modeling code: Llama has none
+    (a sliding_window key is ignored); Mistral slides every layer; Qwen2 slides only with
+    use_sliding_window, and then only the layers its layer_types marks "sliding_attention"
+    (by default those from max_window_layers on, so applying the window to every layer
+    diverged from transformers)."""
+    if arch == "LlamaForCausalLM":
+        return (None,) * num_layers
+    if arch == "MistralForCausalLM":
+        window = cfg.get("sliding_window")
+        return (int(window) if window else None,) * num_layers
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    if not window:
+        return (None,) * num_layers
+    types = cfg.get("layer_types")
+    if types is None:
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ModelLoadFailed(
+            f"layer_types={types!r}; allowed: {num_layers} entries of 'full_attention' or "
+            "'sliding_attention'"
+        )
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
 
 
 def _rope(cfg: dict) -> tuple[float, dict | None]:

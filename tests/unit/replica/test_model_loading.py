@@ -54,6 +54,27 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
     assert _greedy(_engine(str(model_dir)), ids, 10) == _hf_greedy(model_dir, ids, 10)
 
 
+@pytest.mark.parametrize(
+    ("arch", "extra"),
+    [
+        # Qwen2 slides only the layers from max_window_layers on: layer 0 attends fully
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 6,
+                   "layer_types": ["sliding_attention", "full_attention"]}),
+        ("qwen2", {"use_sliding_window": False, "sliding_window": 6, "max_window_layers": 0}),
+        ("llama", {"sliding_window": 6}),  # transformers' Llama has no sliding window
+    ],
+)  # fmt: skip
+def test_per_layer_sliding_window_matches_transformers(tmp_path, arch, extra):
+    model_dir = make_tiny_model(tmp_path / arch, arch, seed=8)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.pop("layer_types", None)
+    cfg.update(extra)
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(100, 130))
+    assert _greedy(_engine(str(model_dir)), ids, 8) == _hf_argmax(model_dir, ids, 8)
+
+
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,
