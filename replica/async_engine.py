@@ -134,7 +134,7 @@ class AsyncEngine:
         if adapter is not None:
             # Disk -> CPU (validate, hash, unpack) without the engine lock, so a cold
             # adapter's load overlaps with running steps; the manager is thread-safe.
-            self.engine.adapters.register(adapter)
+            self.engine.adapters.fetch(adapter)
         with self._engine_locked():
             self.engine.add_request(request_id, prompt_token_ids, params, adapter)
 

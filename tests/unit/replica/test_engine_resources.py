@@ -201,3 +201,42 @@ def _alone_on(engine: LLMEngine, rid: str, ids: list[int], adapter) -> list[int]
     outs: dict[str, list] = {rid: []}
     _drain(engine, outs)
     return [t for o in outs[rid] for t in o.new_token_ids]
+
+
+def test_async_reads_a_dropped_adapter_back_before_queueing(llama_dir, refs, monkeypatch):
+    """An adapter known to the engine but dropped from its CPU cache is read back from
+    disk in the caller's thread, outside the engine lock; left to the scheduler's
+    acquire, the read ran on the engine thread and stalled every running request."""
+    import asyncio
+    import threading
+
+    import lora_core.manager
+    from replica.async_engine import AsyncEngine
+
+    engine = AsyncEngine(
+        EngineConfig(model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=1)
+    )
+    read_on: list[str] = []
+    load = lora_core.manager.load_adapter_weights
+
+    def recording_load(*args, **kwargs):
+        read_on.append(threading.current_thread().name)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(lora_core.manager, "load_adapter_weights", recording_load)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    try:
+        engine.engine.adapters.register(refs["qv8"])
+        engine.engine.adapters.register(refs["mlp4"])  # the only CPU entry: qv8 is dropped
+        assert engine.engine.adapters.stats().cpu_keys == (refs["mlp4"].key,)
+        read_on.clear()
+
+        async def main():
+            return [t async for o in engine.generate("x", [1, 2, 3], params, refs["qv8"])
+                    for t in o.new_token_ids]  # fmt: skip
+
+        tokens = asyncio.run(main())
+        assert read_on and "lorafleet-engine" not in read_on
+        assert tokens == _alone(llama_dir, [("x", [1, 2, 3], refs["qv8"])], params)["x"]
+    finally:
+        engine.shutdown()
