@@ -85,6 +85,15 @@ class AdapterManager:
             self._run(self.pool.add(ref.key, ref.name), {ref.key: weights})
             return self._manifests[ref.key]
 
+    def fetch(self, ref: AdapterRef) -> AdapterManifest:
+        """register(ref), then read it back into the CPU cache if it had been dropped from
+        there. The async front calls this outside the engine lock before queueing a
+        request, so that disk read overlaps with running steps; left to acquire, it ran
+        under the engine lock and stalled every running request for its duration."""
+        manifest = self.register(ref)
+        self._prefetch(ref.key)
+        return manifest
+
     def register_async(self, ref: AdapterRef) -> Future[AdapterManifest]:
         """register(ref) on the loader thread; the future raises what register raises."""
         return self._loader.submit(self.register, ref)

@@ -258,8 +258,11 @@ def _check_targets(spec: LoraSpec, num_layers: int) -> set[tuple[int, str]]:
             _MODULES_ALLOWED,
         )
     if not isinstance(spec.target_modules, str):
+        # Against every module of the base, not only the adapted ones: peft saves an
+        # "all-linear" + exclude_modules adapter with the excluded modules still listed.
+        base_keys = supported_keys(num_layers)
         for entry in spec.target_modules:
-            if not any(k == entry or k.endswith(f".{entry}") for k in matched):
+            if not any(k == entry or k.endswith(f".{entry}") for k in base_keys):
                 raise AdapterIncompatible(
                     "target_modules",
                     f"{entry!r} matches no module of the base model",

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator
 
-from lora_core.errors import CapacityExceeded
+from lora_core.errors import CapacityExceeded, InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
@@ -89,12 +90,23 @@ class AsyncEngine:
 
         Leaving the iteration early (break, cancel, client gone) aborts the request.
         """
+        if request_id in self._queues:
+            # Checked before the queue is set: replacing (and on refusal dropping) the
+            # first request's queue would leave its stream waiting forever.
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        add = asyncio.get_running_loop().run_in_executor(
+            None, self._add, request_id, prompt_token_ids, params, adapter
+        )
         try:
-            await asyncio.to_thread(self._add, request_id, prompt_token_ids, params, adapter)
+            # Shielded: a caller who leaves (client gone) while a cold adapter loads cannot
+            # stop the thread, which then queues the request anyway; the callback aborts it
+            # once it lands instead of letting it run to max_tokens with no reader.
+            await asyncio.shield(add)
         except BaseException:
             self._queues.pop(request_id, None)
+            add.add_done_callback(functools.partial(self._abort_abandoned, request_id))
             raise
         self._wake.set()
         finished = False
@@ -112,11 +124,17 @@ class AsyncEngine:
                 with self._engine_locked():
                     self.engine.abort(request_id)
 
+    def _abort_abandoned(self, request_id: str, add: asyncio.Future) -> None:
+        """`add` (the thread running _add) finished after its caller left: undo it."""
+        if not add.cancelled() and add.exception() is None:
+            with self._engine_locked():
+                self.engine.abort(request_id)
+
     def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
         if adapter is not None:
             # Disk -> CPU (validate, hash, unpack) without the engine lock, so a cold
             # adapter's load overlaps with running steps; the manager is thread-safe.
-            self.engine.adapters.register(adapter)
+            self.engine.adapters.fetch(adapter)
         with self._engine_locked():
             self.engine.add_request(request_id, prompt_token_ids, params, adapter)
 

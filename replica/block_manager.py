@@ -15,12 +15,26 @@ block is needed; a later request with the same prefix revives them.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 
 
 def block_hash(parent: int | None, adapter_key: str, tokens: Seq[int]) -> int:
-    return hash((parent, adapter_key, tuple(tokens)))
+    """128 bits of sha256 over (parent hash, adapter identity, the block's token ids).
+
+    Not Python's hash(): a tuple of ints hashes the same in every process, and its
+    mixing is invertible, so one tenant can craft token blocks whose hash equals another
+    tenant's prompt block and read or poison its cached KV (vLLM's CVE-2025-25183).
+    """
+    key = adapter_key.encode()
+    digest = hashlib.sha256()
+    # fixed-width parent, length-prefixed key, tokens last: the encoding is injective
+    digest.update(bytes(17) if parent is None else parent.to_bytes(16, "little") + b"\x01")
+    digest.update(len(key).to_bytes(4, "little") + key)
+    digest.update(array("q", tokens).tobytes())
+    return int.from_bytes(digest.digest()[:16], "little")
 
 
 class BlockManager:

@@ -81,6 +81,11 @@ class DecodeGraphs:
         self.block_size = block_size
         self.lora_ctx = lora_ctx
         self.scratch = scratch_block
+        if lora_ctx is not None:
+            # A graph's rows are one step's tokens, which the LoRA context must hold: with
+            # max_num_batched_tokens below max_num_seqs a larger bucket failed its capture
+            # with a ValueError (not caught there), failing the step and all its requests.
+            max_batch = min(max_batch, lora_ctx.max_num_tokens)
         self.batch_buckets = _buckets(max_batch, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128))
         self.width_buckets = _buckets(max_blocks, (1, 2, 4, 8, 16, 32))
         self.device = kv_caches[0][0].device

@@ -40,9 +40,11 @@ class Detokenizer:
         seq.text = text
         end = len(text)
         if not final:
-            end -= _holdback(text, stops)
             while end > seq.emitted_text_len and text[end - 1] == _INCOMPLETE:
                 end -= 1
+            # After the incomplete character is set aside: "ab\ufffd" may end in a stop
+            # string "bé" once é completes, so "b" must be held back too.
+            end -= _holdback(text[:end], stops)
         new = text[seq.emitted_text_len : end] if end > seq.emitted_text_len else ""
         seq.emitted_text_len = max(seq.emitted_text_len, end)
         return new, hit

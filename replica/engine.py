@@ -65,15 +65,19 @@ class LLMEngine:
         self._check_prompt(prompt_token_ids, params)
         if adapter is not None:
             self.adapters.register(adapter)
-        rng = SeedStream(params.seed) if params.seed is not None else None
+        arrival = next(self._arrival)
+        # A request without a seed draws from a stream of (engine seed, arrival number):
+        # EngineConfig.seed then makes a run reproducible, as it says (the unseeded rows
+        # drew from torch's global generator, which nothing seeded).
+        seed = params.seed if params.seed is not None else (self.config.seed << 32) + arrival
         seq = Sequence(
             request_id=request_id,
             prompt_len=len(prompt_token_ids),
             tokens=list(prompt_token_ids),
             params=params,
             adapter=adapter,
-            arrival=next(self._arrival),
-            rng=rng,
+            arrival=arrival,
+            rng=SeedStream(seed),
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)

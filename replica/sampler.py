@@ -80,8 +80,18 @@ def sample(
 
 
 def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """float32 [m, V] (finite rows) -> softmax(logits / t) per row.
+
+    The row max is subtracted before dividing: for a tiny t (1e-38 is a valid temperature)
+    logits / t overflow to +-inf and softmax turns them into NaN, which drew arbitrary
+    tokens; (logits - max) / t is <= 0, so such a row becomes one-hot on its argmax. A t
+    below float32's range (1e-46) would round to 0 (0 / 0 = NaN): it is raised to the
+    smallest normal float32, which draws the same one-hot row.
+    """
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
-    return torch.softmax(logits / temps[:, None], dim=-1)
+    temps = temps.clamp_(min=torch.finfo(temps.dtype).tiny)
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return torch.softmax(shifted / temps[:, None], dim=-1)
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,11 @@ slot busy with running requests or pinned) is skipped, not blocking others; one 
 adapter is gone (unloaded while it waited) fails alone (SchedulerOutput.failed); KV
 shortage blocks admission in FIFO order. When a running sequence needs a block and
 none is free, the latest-arrived running sequence is preempted: its blocks are
-freed, its slot released, and it is recomputed from its tokens later.
+freed and it is recomputed from its tokens later. It keeps its adapter slot while
+preempted: an unload lets in-flight requests finish, and a slot released here would
+purge a draining adapter under a request that already streamed tokens (the request
+would then fail as if it had never started). Preempted sequences wait at the head
+of the queue, so the slot they hold delays no one admitted before them.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             try:
-                if seq.adapter is not None and not self.adapters.can_admit(seq.adapter):
+                if self._needs_slot(seq) and not self.adapters.can_admit(seq.adapter):
                     skipped.append(self.waiting.popleft())
                     continue
                 admitted = self._admit(seq, budget, out)
@@ -136,7 +140,7 @@ class Scheduler:
             self.blocks.free(seq.block_table)
             seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
             return False
-        if seq.adapter is not None:
+        if self._needs_slot(seq):
             try:
                 seq.lora_slot = self.adapters.acquire(seq.adapter)
             except LoraFleetError:
@@ -149,6 +153,11 @@ class Scheduler:
         out.scheduled.append((seq, n))
         return True
 
+    @staticmethod
+    def _needs_slot(seq: Sequence) -> bool:
+        """seq has an adapter and no slot yet (a preempted sequence still holds its own)."""
+        return seq.adapter is not None and not seq.holds_slot
+
     def _grow(self, seq: Sequence, n: int) -> bool:
         """Give seq blocks for num_computed + n tokens; False if too few are free."""
         need = self.blocks.blocks_needed(seq.num_computed + n, len(seq.block_table))
@@ -159,16 +168,16 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        self._release(seq)
+        self._release(seq, keep_slot=True)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, keep_slot: bool = False) -> None:
         self.blocks.free(seq.block_table)
         seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
-        if seq.holds_slot:
+        if seq.holds_slot and not keep_slot:
             self.adapters.release(seq.adapter)
             seq.holds_slot, seq.lora_slot = False, -1
 

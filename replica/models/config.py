@@ -12,8 +12,10 @@ from lora_core.errors import ModelLoadFailed
 class ModelConfig:
     """architecture: LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM.
 
-    qkv_bias: Qwen2 has biases on q/k/v. sliding_window: Mistral-style local attention
-    (None = full attention). rope_scaling: None or the "llama3" scaling dict.
+    qkv_bias: Qwen2 has biases on q/k/v. layer_windows: each layer's local-attention
+    window (None = full attention), as transformers applies it: every Mistral layer;
+    Qwen2 layers from max_window_layers on (or those layer_types calls sliding) when
+    use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
     """
 
     architecture: str
@@ -30,7 +32,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
-    sliding_window: int | None
+    layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
 
     @classmethod
@@ -39,21 +41,7 @@ class ModelConfig:
         arch = shape.architecture
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelLoadFailed(f"hidden_act={cfg.get('hidden_act')!r}; allowed: 'silu'")
-        scaling = cfg.get("rope_scaling") or None
-        rope_theta = float(
-            cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
-        )
-        if scaling is not None:
-            kind = scaling.get("rope_type") or scaling.get("type")
-            if kind == "default":
-                scaling = None
-            elif kind != "llama3":
-                raise ModelLoadFailed(
-                    f"rope_scaling type {kind!r}; allowed: none, 'default' or 'llama3'"
-                )
-        window = cfg.get("sliding_window")
-        if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
-            window = None
+        rope_theta, scaling = _rope(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -71,7 +59,7 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
-            sliding_window=int(window) if window else None,
+            layer_windows=_layer_windows(cfg, arch, shape.num_layers),
             eos_token_ids=eos_ids,
         )
 
@@ -86,6 +74,56 @@ class ModelConfig:
             head_dim=self.head_dim,
             intermediate=self.intermediate_size,
         )
+
+
+def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window, following transformers' modeling code: Llama has none
+    (a sliding_window key is ignored); Mistral slides every layer; Qwen2 slides only with
+    use_sliding_window, and then only the layers its layer_types marks "sliding_attention"
+    (by default those from max_window_layers on, so applying the window to every layer
+    diverged from transformers)."""
+    if arch == "LlamaForCausalLM":
+        return (None,) * num_layers
+    if arch == "MistralForCausalLM":
+        window = cfg.get("sliding_window")
+        return (int(window) if window else None,) * num_layers
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    if not window:
+        return (None,) * num_layers
+    types = cfg.get("layer_types")
+    if types is None:
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ModelLoadFailed(
+            f"layer_types={types!r}; allowed: {num_layers} entries of 'full_attention' or "
+            "'sliding_attention'"
+        )
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling dict or None) from either config.json spelling.
+
+    transformers < 5 writes `rope_theta` + `rope_scaling`; transformers >= 5 writes one
+    `rope_parameters` dict holding rope_theta, rope_type and the scaling fields (a Llama
+    3.1 checkpoint saved by it has no `rope_scaling` at all, so reading only that key
+    silently ran such a model with unscaled frequencies).
+    """
+    params = cfg.get("rope_parameters") or {}
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise ModelLoadFailed(
+            f"rope_parameters={params!r}; allowed: one dict of rope_theta, rope_type and "
+            "its scaling fields"
+        )
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ModelLoadFailed(f"rope_scaling type {kind!r}; allowed: none, 'default' or 'llama3'")
+    return theta, scaling
 
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES"]

@@ -93,6 +93,20 @@ def test_layers_to_transform(make_adapter, base) -> None:
     assert sorted(m.modules) == [(1, "o_proj")]
 
 
+@pytest.mark.parametrize("with_base", [True, False])
+def test_all_linear_with_exclude_modules_as_peft_saves_it(make_adapter, base, with_base) -> None:
+    """peft saves "all-linear" + exclude_modules with every linear (the excluded ones
+    too) in target_modules and tensors only for the others: that is a valid adapter."""
+    path = make_adapter(target_modules="all-linear", exclude_modules=["o_proj"])
+    saved = json.loads((path / "adapter_config.json").read_text())["target_modules"]
+    assert any(t.endswith("o_proj") for t in saved)
+    m = _validate(path, max_rank=8, base=base if with_base else None)
+    assert {mod for _, mod in m.modules} == {
+        "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"
+    }  # fmt: skip
+    assert len(m.modules) == 12
+
+
 def test_symlink_is_resolved(make_adapter, tmp_path: Path) -> None:
     path = make_adapter()
     os.symlink(path, tmp_path / "link")

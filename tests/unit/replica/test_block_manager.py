@@ -53,3 +53,14 @@ def test_allocate_beyond_capacity_is_refused():
     bm.allocate(2)
     with pytest.raises(RuntimeError):
         bm.allocate(1)
+
+
+def test_block_hash_is_not_pythons_collidable_tuple_hash():
+    """Two blocks whose Python tuple hashes are equal (crafted by inverting the tuple
+    hash's mixing, as an attacker would) must get different prefix-cache keys."""
+    a, b = (0, 5), (3, -690149475412880183)
+    assert hash((None, "t@1:ab", a)) == hash((None, "t@1:ab", b))
+    assert block_hash(None, "t@1:ab", a) != block_hash(None, "t@1:ab", b)
+    h = block_hash(None, "t@1:ab", a)
+    assert block_hash(h, "t@1:ab", a) != block_hash(h, "t@1:ac", a) != h
+    assert block_hash(None, "", [1, 2]) == block_hash(None, "", (1, 2))  # any sequence type

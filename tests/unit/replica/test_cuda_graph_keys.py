@@ -58,3 +58,17 @@ def test_rank_64_pools_key_by_slot_bucket_too():
     assert g.key_for(20, 3, 1) == (24, 4, 1) and g.key_for(20, 3, 5) == (24, 4, 8)
     assert _ctx(64).grid_follows_expected_slots(256)
     assert not _ctx(16).grid_follows_expected_slots(257)  # prefill tiles
+
+
+@pytest.mark.parametrize("max_tokens", [30, 100])
+def test_batch_buckets_never_exceed_the_steps_token_budget(max_tokens):
+    """A decode graph of b rows sets b tokens into the LoRA context: with a token budget
+    (max_num_batched_tokens) below max_num_seqs, no bucket may pass the budget, or its
+    capture raises ValueError from LoraBatchContext.set and fails the step."""
+    ctx = LoraBatchContext(max_tokens, "cpu", torch.zeros(8, dtype=torch.int32), max_rank=16)
+    g = DecodeGraphs(None, [(torch.zeros(1), torch.zeros(1))], 16, ctx, 0, 128, 64)
+    assert g.batch_buckets[-1] == max_tokens
+    for n in range(1, max_tokens + 1):
+        b, _, _ = g.key_for(n, 1, 1)
+        ctx.set(torch.full((b,), 0, dtype=torch.int32), True)  # what capture does
+        assert n <= b <= max_tokens

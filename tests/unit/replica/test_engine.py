@@ -89,6 +89,17 @@ def test_seeded_sampling_is_reproducible(llama_dir, refs):
     assert run_requests(_engine(llama_dir), [("x", PROMPTS[0], other, refs["qv8"])])["x"] != a
 
 
+def test_engine_seed_makes_unseeded_sampling_reproducible(llama_dir, refs):
+    """EngineConfig.seed: requests without a seed draw reproducibly from it (two
+    identical ones still differ); another engine seed draws other tokens."""
+    p = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    reqs = [("x", PROMPTS[0], p, refs["qv8"]), ("y", PROMPTS[0], p, refs["qv8"])]
+    a = run_requests(_engine(llama_dir, seed=7), reqs)
+    assert a == run_requests(_engine(llama_dir, seed=7), reqs)
+    assert a["x"] != a["y"]
+    assert run_requests(_engine(llama_dir, seed=8), reqs) != a
+
+
 def test_stop_strings_stop_token_ids_and_finish_reasons(llama_dir):
     engine = _engine(llama_dir)
     base = run_requests(
@@ -257,7 +268,12 @@ def test_async_unload_while_waiting_raises_to_that_caller_only(llama_dir, refs):
 
     async def main():
         tasks = [asyncio.create_task(collect(r, ref)) for r, ref in
-                 [("running", refs["qv8"]), ("base", None), ("waiting", refs["mlp4"])]]  # fmt: skip
+                 [("running", refs["qv8"]), ("base", None)]]  # fmt: skip
+        # "waiting" comes once qv8 holds the slot: added together, whichever adapter's
+        # load finished first took the slot, and mlp4 sometimes ran instead of waiting
+        while engine.stats().num_running != 2:
+            await asyncio.sleep(0.001)
+        tasks.append(asyncio.create_task(collect("waiting", refs["mlp4"])))
         while engine.stats().num_waiting != 1 or engine.stats().num_running != 2:
             await asyncio.sleep(0.001)
         await engine.unload_adapter(refs["mlp4"].name)

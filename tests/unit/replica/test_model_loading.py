@@ -54,6 +54,74 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
     assert _greedy(_engine(str(model_dir)), ids, 10) == _hf_greedy(model_dir, ids, 10)
 
 
+@pytest.mark.parametrize(
+    ("arch", "extra"),
+    [
+        # Qwen2 slides only the layers from max_window_layers on: layer 0 attends fully
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 6,
+                   "layer_types": ["sliding_attention", "full_attention"]}),
+        ("qwen2", {"use_sliding_window": False, "sliding_window": 6, "max_window_layers": 0}),
+        ("llama", {"sliding_window": 6}),  # transformers' Llama has no sliding window
+    ],
+)  # fmt: skip
+def test_per_layer_sliding_window_matches_transformers(tmp_path, arch, extra):
+    model_dir = make_tiny_model(tmp_path / arch, arch, seed=8)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.pop("layer_types", None)
+    cfg.update(extra)
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(100, 130))
+    assert _greedy(_engine(str(model_dir)), ids, 8) == _hf_argmax(model_dir, ids, 8)
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+
+@pytest.mark.parametrize("spelling", ["rope_parameters", "rope_scaling"])
+def test_llama3_rope_scaling_matches_transformers(tmp_path, spelling):
+    """Llama 3.1-style frequency scaling, in the config.json spelling transformers >= 5
+    writes (one rope_parameters dict) and the older one (rope_theta + rope_scaling)."""
+    model_dir = make_tiny_model(tmp_path / "llama3", "llama", seed=7)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.pop("rope_scaling", None)
+    if spelling == "rope_parameters":
+        cfg["rope_parameters"] = {"rope_theta": 500000.0, **LLAMA3_ROPE}
+    else:
+        cfg["rope_theta"], cfg["rope_scaling"] = 500000.0, LLAMA3_ROPE
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(60, 90))
+    assert _greedy(_engine(str(model_dir)), ids, 8) == _hf_argmax(model_dir, ids, 8)
+
+
+def _hf_argmax(model_dir, ids: list[int], n: int) -> list[int]:
+    """Greedy continuation by HF argmax (EOS is a token like any other, as with ignore_eos)."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    toks = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            toks.append(int(hf(input_ids=torch.tensor([toks])).logits[0, -1].argmax()))
+    return toks[len(ids) :]
+
+
+def test_unsupported_rope_type_in_rope_parameters_is_refused(tmp_path, llama_dir):
+    model_dir = tmp_path / "yarn"
+    shutil.copytree(llama_dir, model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadFailed, match="'yarn'"):
+        _engine(str(model_dir))
+
+
 def test_sharded_checkpoint_loads(tmp_path):
     model_dir = tmp_path / "sharded"
     from deploy.demo import build_model, build_tokenizer

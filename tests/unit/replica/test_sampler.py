@@ -224,3 +224,15 @@ def test_holdback_of_partial_stop_strings():
     assert _holdback("hello wor", ("world",)) == 3
     assert _holdback("hello", ("xyz",)) == 0
     assert _holdback("ab", ("abc", "b!")) == 2
+
+
+@pytest.mark.parametrize("temperature", [1e-20, 1e-38, 1e-45, 1e-46, 5e-324])
+@pytest.mark.parametrize("mode", [{}, {"top_k": 5}, {"top_p": 0.5}])
+def test_tiny_temperature_draws_the_argmax(temperature, mode):
+    """A valid but tiny temperature is (near-)greedy: logits / t used to overflow to inf
+    (or t rounded to 0 in float32), softmax gave NaN and the draw an arbitrary token."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3)) * 5
+    logits[1, 7] = float("-inf")  # a masked token beside finite ones stays masked
+    params = [SamplingParams(temperature=temperature, seed=i, **mode) for i in range(4)]
+    tokens, _, _, bad = sample(logits, params, [_gen(i) for i in range(4)])
+    assert tokens == logits.argmax(-1).tolist() and bad == []

@@ -132,3 +132,38 @@ def test_active_adapters_counts_distinct_adapters_running_and_waiting():
     for seq, _ in out.scheduled:
         s.finish(seq, "stop")
     assert s.active_adapters() == 1  # a's requests are done; b's still wait
+
+
+def test_preempted_sequence_keeps_its_slot_until_it_finishes():
+    """Preemption frees KV only: the victim's adapter stays acquired (an unload must not
+    purge it under a request that already streamed tokens), it is re-admitted without
+    asking for a slot again, and finishing releases the slot once."""
+
+    class Counting(FakeSlots):
+        def __init__(self):
+            super().__init__(1)
+            self.calls: list[str] = []
+
+        def can_admit(self, ref):
+            self.calls.append("can_admit")
+            return super().can_admit(ref)
+
+        def acquire(self, ref):
+            self.calls.append("acquire")
+            return super().acquire(ref)
+
+    slots = Counting()
+    s = Scheduler(BlockManager(4, 4, False), slots, 8, 100)
+    s.add(_seq(0, 8))
+    s.add(_seq(1, 8, _ref("a")))
+    _finish_step(s, s.schedule())
+    out = s.schedule()
+    (victim,) = out.preempted
+    assert victim.request_id == "1" and victim.holds_slot and slots.users == {_ref("a").key: 1}
+    slots.calls.clear()
+    base = next(seq for seq, _ in out.scheduled)
+    s.finish(base, "stop")  # its blocks come back: the victim is re-admitted
+    out = s.schedule()
+    assert [q.request_id for q, _ in out.scheduled] == ["1"] and slots.calls == []
+    s.finish(victim, "stop")
+    assert slots.users == {}
