@@ -26,7 +26,8 @@ class EngineConfig:
     max_num_batched_tokens: tokens (prefill chunks + decode) per step at most.
     max_model_len: prompt + output tokens per sequence at most (0 = the model's).
     enable_prefix_caching: share full KV blocks of equal (adapter identity, tokens) prefixes.
-    seed: engine-level seed for requests that give none.
+    seed: seeds the generator requests without a seed draw from (a run of the same
+        requests in the same order is then reproducible).
     cuda_graphs: replay decode-only steps from CUDA graphs (CUDA devices only).
     """
 

@@ -12,6 +12,8 @@ import itertools
 import logging
 from pathlib import Path
 
+import torch
+
 from lora_core.errors import CapacityExceeded, InvalidRequest, LoraFleetError, NonFiniteLogits
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager
@@ -47,6 +49,10 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._arrival = itertools.count()
         self._pending: list[RequestOutput] = []
+        # Requests without a seed draw from one generator seeded with EngineConfig.seed, so
+        # a run (the same requests in the same order) is reproducible; a seeded request's
+        # own stream does not depend on its batch. One generator costs nothing per row.
+        self.generator = torch.Generator(device=self.runner.device).manual_seed(config.seed)
 
     @property
     def model_name(self) -> str:
@@ -66,10 +72,6 @@ class LLMEngine:
         if adapter is not None:
             self.adapters.register(adapter)
         arrival = next(self._arrival)
-        # A request without a seed draws from a stream of (engine seed, arrival number):
-        # EngineConfig.seed then makes a run reproducible, as it says (the unseeded rows
-        # drew from torch's global generator, which nothing seeded).
-        seed = params.seed if params.seed is not None else (self.config.seed << 32) + arrival
         seq = Sequence(
             request_id=request_id,
             prompt_len=len(prompt_token_ids),
@@ -77,7 +79,7 @@ class LLMEngine:
             params=params,
             adapter=adapter,
             arrival=arrival,
-            rng=SeedStream(seed),
+            rng=SeedStream(params.seed) if params.seed is not None else None,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -123,7 +125,7 @@ class LLMEngine:
         logits = self.runner.execute(batch)
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
-        sampled = sample(logits, [s.params for s in seqs], [s.rng for s in seqs])
+        sampled = sample(logits, [s.params for s in seqs], [s.rng for s in seqs], self.generator)
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:

@@ -39,8 +39,10 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     streams: list[SeedStream | None],
+    generator: torch.Generator | None = None,
 ) -> Sampled:
     """logits: float32 [n, V] -> the sampled token of each row, with logprobs if asked.
+    Rows without a stream draw from generator (torch's default one when None).
 
     Semantics per non-greedy row: keep the top_k most likely tokens of softmax(logits / t)
     (0 = all), then the smallest most-likely-first prefix of what is left whose mass
@@ -65,7 +67,7 @@ def sample(
         if group:
             at = torch.tensor(group, device=logits.device)
             sub = logits[at].masked_fill_(~finite[at, None], 0.0)  # a copy: logits stay as they are
-            drawn = draw(sub, [params[i] for i in group], [streams[i] for i in group])
+            drawn = draw(sub, [params[i] for i in group], [streams[i] for i in group], generator)
             picked = picked.index_copy(0, at, drawn)
     # bad rows travel as -1 - token, so one transfer carries both (one host sync; the
     # nucleus rounds have theirs)
@@ -103,21 +105,27 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _draw_top_k(
-    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    streams: list[SeedStream | None],
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Rows with top_k > 0 -> int64 [m]: only each row's max(top_k) likeliest can be kept."""
     probs = _probs(logits, params)
     probs, order = probs.topk(min(probs.shape[1], max(p.top_k for p in params)), dim=-1)
-    idx = _inverse_cdf(probs * _kept(probs, params), _uniforms(streams, logits.device))
+    idx = _inverse_cdf(probs * _kept(probs, params), _uniforms(streams, logits.device, generator))
     return order.gather(1, idx)[:, 0]
 
 
 def _draw_plain(
-    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    streams: list[SeedStream | None],
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Rows with neither top_k nor top_p -> int64 [m]."""
     probs = _probs(logits, params)
-    return _inverse_cdf(probs, _uniforms(streams, logits.device))[:, 0]
+    return _inverse_cdf(probs, _uniforms(streams, logits.device, generator))[:, 0]
 
 
 # Rejection rounds at most; each round's rejects move their pivot above the token they
@@ -126,7 +134,10 @@ MAX_NUCLEUS_ROUNDS = 64
 
 
 def _draw_nucleus(
-    logits: torch.Tensor, params: list[SamplingParams], streams: list[SeedStream | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    streams: list[SeedStream | None],
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Rows without top_k -> int64 [m], top-p by rejection: draw from the tokens more
     likely than the row's pivot (at first all), accept a token when the mass of tokens
@@ -144,7 +155,7 @@ def _draw_nucleus(
         rows = probs if len(todo) == len(params) else probs[at]
         # in the first round every pivot is -1: all tokens are candidates
         weights = rows if round_ == 0 else torch.where(rows > pivot[at, None], rows, 0.0)
-        idx = _inverse_cdf(weights, _uniforms([streams[j] for j in todo], logits.device))
+        idx = _inverse_cdf(weights, _uniforms([streams[j] for j in todo], logits.device, generator))
         p_tok = rows.gather(1, idx)[:, 0]
         above = torch.where(rows > p_tok[:, None], rows, 0.0).sum(dim=-1)
         accept = above < top_p[at]
@@ -211,10 +222,12 @@ def seeded_uniforms(streams: list[SeedStream]) -> np.ndarray:
     return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
 
 
-def _uniforms(streams: list[SeedStream | None], device: torch.device) -> torch.Tensor:
+def _uniforms(
+    streams: list[SeedStream | None], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
     """float32 [m] in [0, 1): one draw per row, from its seed's stream when it has one (a
-    seeded row's tokens do not depend on what shares its batch), else torch's generator."""
-    shared = torch.rand(len(streams), device=device)
+    seeded row's tokens do not depend on what shares its batch), else generator's."""
+    shared = torch.rand(len(streams), device=device, generator=generator)
     seeded = [j for j, st in enumerate(streams) if st is not None]
     if not seeded:
         return shared
