@@ -191,4 +191,5 @@ class LLMEngine:
             adapter_loads=a.slot_loads,
             num_preemptions=self.scheduler.num_preemptions,
             active_adapters=self.scheduler.active_adapters(),
+            draining=a.draining,
         )

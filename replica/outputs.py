@@ -54,6 +54,7 @@ class EngineStats:
     num_preemptions: sequences preempted since start.
     active_adapters: distinct adapters among running and waiting sequences (the slot
         demand the autoscaling policy compares with max_loras).
+    draining: keys of adapters being unloaded (freed once their last request ends).
     """
 
     gpu_adapters: tuple[str, ...]
@@ -67,3 +68,4 @@ class EngineStats:
     adapter_loads: int
     num_preemptions: int
     active_adapters: int
+    draining: tuple[str, ...] = ()

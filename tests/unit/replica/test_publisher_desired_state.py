@@ -234,3 +234,23 @@ def test_once_per_version():
 def test_reap_every_validated(reap_every: int):
     with pytest.raises(ValueError, match=f"reap_every={reap_every}; allowed: >= 1"):
         PublisherConfig("r1", "d", reap_every=reap_every)
+
+
+@pytest.mark.parametrize("still_draining", [False, True])
+def test_a_drained_adapter_that_came_back_is_unloaded_again(still_draining: bool):
+    """A request resolved just before the unregister reached the replica after the drain
+    and loaded the adapter again: the next tick unloads it (once the desired state was
+    applied, nothing else would). One still draining (its requests running) is left be."""
+    gone = ref("gone")
+
+    class Holding(FakeEngine):
+        def stats(self) -> EngineStats:
+            draining = (gone.key,) if still_draining else ()
+            return EngineStats((gone.key,), (gone.key,), (), 1, 2, 1, 0, 0.0, 0, 0, 1, draining)
+
+    engine = Holding(refuse=set(), held={"gone"})
+    pub = publisher(FakeRegistry(state(5, draining=("gone",))), engine)
+    pub.refs[gone.key] = gone
+    pub.desired_version = 5  # its unload was applied before the request came back
+    asyncio.run(pub.follow_desired())
+    assert engine.calls == ([] if still_draining else [("unload", "gone")])
