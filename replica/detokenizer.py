@@ -27,9 +27,15 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def update(self, seq: Sequence, final: bool) -> tuple[str, bool]:
-        """Decode seq's output; returns (new text to emit, whether a stop string matched)."""
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+    def update(self, seq: Sequence, final: bool, stop_token: bool = False) -> tuple[str, bool]:
+        """Decode seq's output; returns (new text to emit, whether a stop string matched).
+
+        stop_token: the last token ended the request (a stop_token_id or EOS); its text
+        is left out of the output, as vLLM does without include_stop_str_in_output (the
+        id stays in the token ids).
+        """
+        ids = seq.output_ids[:-1] if stop_token else seq.output_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
         stops = seq.params.stop
         hit = False
         if stops:

@@ -153,7 +153,7 @@ class LLMEngine:
             reason = "stop"
         elif seq.num_output >= p.max_tokens:
             reason = "length"
-        text, hit = self.detok.update(seq, final=reason is not None)
+        text, hit = self.detok.update(seq, final=reason is not None, stop_token=reason == "stop")
         if hit:
             reason = "stop"
         new_ids = seq.output_ids[seq.emitted_tokens :]

@@ -51,6 +51,19 @@ def test_stop_string_ending_in_a_split_character(ids, stop, expected):
     assert _stream(detok, ids, stop) == expected
 
 
+def test_stop_token_text_is_left_out():
+    """A request ended by a stop token id (or EOS) streams the text before that token,
+    as vLLM does without include_stop_str_in_output; even text held back for a stop
+    string is released."""
+    detok = Detokenizer(_BytesTokenizer({1: b"ab", 2: b"\xc3", 3: b"\xa9x", 4: b"</s>"}))
+    seq = Sequence("r", 0, [], SamplingParams(max_tokens=4, stop=("bz",)), None, 0)
+    seq.tokens.append(1)
+    assert detok.update(seq, final=False) == ("a", False)
+    seq.tokens.append(4)
+    assert detok.update(seq, final=True, stop_token=True) == ("b", False)
+    assert seq.text == "ab"
+
+
 def test_streamed_text_is_the_text_before_the_first_stop(llama_dir):
     """Random token ids of the tiny byte-level tokenizer (split characters are common)
     and stop strings cut from their own text: the streamed text is exactly the final

@@ -135,8 +135,12 @@ def test_stop_strings_stop_token_ids_and_finish_reasons(llama_dir):
     outs = []
     while engine.has_unfinished():
         outs += engine.step()
-    assert [t for o in outs for t in o.new_token_ids] == base[: base.index(base[3]) + 1]
+    cut = base.index(base[3])
+    assert [t for o in outs for t in o.new_token_ids] == base[: cut + 1]
     assert outs[-1].finish_reason == "stop"
+    # vLLM (include_stop_str_in_output=False): the stop token's id is kept, its text is not
+    assert engine.tokenizer.decode(base[cut : cut + 1]), "stop token must have text"
+    assert "".join(o.new_text for o in outs) == engine.tokenizer.decode(base[:cut])
 
 
 def test_logprobs_and_usage(llama_dir):
