@@ -11,6 +11,7 @@ import torch
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.config import EngineConfig
 from replica.model_runner import ModelRunner
+from replica.models.config import resolve_max_model_len
 from replica.models.loader import load_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,7 +66,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     model, model_dir = load_model(config.model, dtype, device)
     cfg = model.config
     tokenizer = load_tokenizer(model_dir)
-    max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    max_len = resolve_max_model_len(config.max_model_len, cfg.max_position_embeddings)
     num_blocks = config.num_kv_blocks or -(-config.kv_cache_tokens // config.block_size)
     # One block more than the block manager hands out: the scratch block that padding
     # rows of CUDA-graph decode steps read and write.

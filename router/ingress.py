@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from lora_core.errors import CapacityExceeded, InvalidRequest
+from replica.models.config import max_positions, resolve_max_model_len
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
 from router import admin, rest
@@ -72,8 +73,7 @@ class IngressSettings:
 
 def model_max_len(model_dir: str, configured: int) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    native = int(cfg.get("max_position_embeddings", 2048))
-    return min(configured, native) if configured else native
+    return resolve_max_model_len(configured, max_positions(cfg))
 
 
 REPLICA_DEATH_RETRIES = 1

@@ -5,7 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lora_core.base_shape import SUPPORTED_ARCHITECTURES, BaseShape
-from lora_core.errors import ModelLoadFailed
+from lora_core.errors import InvalidRequest, ModelLoadFailed
+
+# transformers' LlamaConfig leaves it 2048 and MistralConfig 4096*32; a config.json saved
+# by transformers always names it, so this only fills in a hand-written one.
+DEFAULT_MAX_POSITIONS = 4096
+
+
+def max_positions(cfg: dict) -> int:
+    """The model's native context length from its config.json."""
+    return int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+
+
+def resolve_max_model_len(configured: int, native: int) -> int:
+    """The context length served: configured (0 = the model's native length).
+
+    More than the model's max_position_embeddings is refused, as vLLM refuses it:
+    positions past what the model was trained on (and its RoPE scaling covers) give
+    wrong outputs, and clamping silently would serve less than the operator asked.
+    """
+    if configured > native:
+        raise InvalidRequest(
+            f"max_model_len={configured} exceeds the model's max_position_embeddings="
+            f"{native}; allowed: 1..{native}, or 0 for the model's length"
+        )
+    return configured or native
 
 
 @dataclass(frozen=True)
@@ -56,7 +80,7 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=scaling,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            max_position_embeddings=max_positions(cfg),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
             layer_windows=_layer_windows(cfg, arch, shape.num_layers),

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from lora_core.errors import ModelLoadFailed
+from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.sampling_params import SamplingParams
@@ -169,3 +169,21 @@ def test_unreadable_models_fail_clearly(tmp_path, llama_dir):
     (gpt2 / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadFailed, match="LlamaForCausalLM"):
         _engine(str(gpt2))
+
+
+def test_max_model_len_past_the_model_is_refused(llama_dir):
+    """vLLM refuses a max_model_len over max_position_embeddings; it was clamped silently
+    (engine and ingress), so an operator asking for more got less without a word."""
+    from router.ingress import model_max_len
+
+    native = json.loads((llama_dir / "config.json").read_text())["max_position_embeddings"]
+    for build in (
+        lambda n: LLMEngine(EngineConfig(model=str(llama_dir), device="cpu", max_model_len=n)),
+        lambda n: model_max_len(str(llama_dir), n),
+    ):
+        with pytest.raises(InvalidRequest, match=f"max_model_len={native + 1} exceeds .*={native}"):
+            build(native + 1)
+    assert LLMEngine(EngineConfig(model=str(llama_dir), device="cpu")).max_model_len == native
+    assert model_max_len(str(llama_dir), native) == native
+    assert model_max_len(str(llama_dir), 0) == native
+    assert model_max_len(str(llama_dir), 7) == 7
