@@ -240,3 +240,34 @@ def test_async_reads_a_dropped_adapter_back_before_queueing(llama_dir, refs, mon
         assert tokens == _alone(llama_dir, [("x", [1, 2, 3], refs["qv8"])], params)["x"]
     finally:
         engine.shutdown()
+
+
+def test_more_waiting_adapters_than_cpu_cache_entries_all_finish(llama_dir, refs):
+    """One slot and one CPU-cache entry, every adapter queued twice, interleaved: each
+    registration drops an adapter a waiting request needs from the CPU cache. A dropped
+    adapter stays known (only its weights leave memory), so its request reads it back
+    when it gets the slot: every request finishes with its own tokens, in a bounded
+    number of steps (each one runs at least one request)."""
+    tok = _engine(llama_dir).tokenizer
+    prompts = ["hello world how", "the quick brown fox jumps", "what"]
+    requests = [
+        (f"{name}-{i}", tok(prompts[i % len(prompts)]).input_ids, refs[name])
+        for i in range(2)
+        for name in sorted(refs)
+    ]
+    engine = _engine(llama_dir, max_loras=1, max_cpu_loras=1, max_num_seqs=4)
+    for rid, ids, ref in requests:
+        engine.add_request(rid, ids, GREEDY, ref)
+    assert len(engine.stats().cpu_adapters) == 1
+    outs: dict[str, list] = {rid: [] for rid, *_ in requests}
+    bound = sum(len(ids) + GREEDY.max_tokens for _, ids, _ in requests)
+    for _ in range(bound):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    assert not engine.has_unfinished()
+    got = {rid: [t for o in os_ for t in o.new_token_ids] for rid, os_ in outs.items()}
+    assert got == _alone(llama_dir, requests)
+    assert all(os_[-1].finish_reason == "length" for os_ in outs.values())
+    assert engine.stats().adapter_loads >= len(refs)
