@@ -82,6 +82,10 @@ _EXPONENT_MASKS: dict[str, tuple[type, int]] = {
     "F32": (np.uint32, 0x7F80_0000),
     "F16": (np.uint16, 0x7C00),
     "BF16": (np.uint16, 0x7F80),
+    "F8_E5M2": (np.uint8, 0x7C),
+    # float8_e4m3fn has no infinities; its only NaNs are S.1111.111, so the mask covers
+    # the mantissa too (0x7E, S.1111.110, is 448, the largest finite value).
+    "F8_E4M3": (np.uint8, 0x7F),
 }
 
 

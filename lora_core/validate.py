@@ -26,7 +26,9 @@ from lora_core.safetensors_header import TensorInfo, first_nonfinite, read_safet
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILE = "adapter_model.bin"
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+# FP8 weights are accepted and widened to the engine dtype when packed (as vLLM's
+# .to(dtype) on load does); validation checks them for NaN like the others.
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2")
 # Without a base, layer indices come from tensor names: bound them (no model is this deep).
 MAX_LAYERS = 1024
 _PATH_ALLOWED = f"an existing local directory holding {CONFIG_FILE} and {WEIGHTS_FILE}"
@@ -286,7 +288,7 @@ def _module_info(
             raise AdapterIncompatible(
                 f"{key}.lora_{suffix}.weight",
                 f"dtype {dtype} shape {list(shape)}",
-                "a 2-D float tensor",
+                f"a 2-D float tensor ({', '.join(FLOAT_DTYPES)})",
             )
     rank, in_features = a_shape
     out_features = b_shape[0]

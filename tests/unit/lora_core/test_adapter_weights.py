@@ -116,3 +116,23 @@ def test_manifest_validated_without_base_must_fit(make_adapter, base) -> None:
     with pytest.raises(AdapterIncompatible) as e:
         load_adapter_weights(manifest, replace(base, hidden=32), torch.float32)
     assert "lora_A [r, 32]" in e.value.allowed
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_weights_are_widened_exactly(make_adapter, base, fp8) -> None:
+    """FP8 safetensors (F8_E4M3 / F8_E5M2) are accepted, as vLLM's .to(dtype) accepts
+    them: the packed A is the FP8 value widened, B the widened value times the scaling."""
+    from safetensors.torch import load_file, save_file
+
+    path = make_adapter(target_modules=["q_proj"], lora_alpha=16)
+    file = str(path / "adapter_model.safetensors")
+    tensors = {k: v.to(fp8) for k, v in load_file(file).items()}
+    save_file(tensors, file)
+    manifest = validate_adapter_dir(path, max_rank=8, base=base)
+    weights = load_adapter_weights(manifest, base, torch.float32)
+    name = "base_model.model.model.layers.0.self_attn.q_proj"
+    (q, _, _) = weights.slices(0, "qkv")
+    scaling = manifest.modules[(0, "q_proj")].scaling
+    assert torch.equal(q.a, tensors[f"{name}.lora_A.weight"].to(torch.float32))
+    want_b = (tensors[f"{name}.lora_B.weight"].to(torch.float64) * scaling).to(torch.float32)
+    assert torch.equal(q.b, want_b) and q.b.abs().sum() > 0
