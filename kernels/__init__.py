@@ -50,6 +50,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import backend_for
+from kernels.checks import check_expand, check_shrink
 from kernels.meta import SegmentMeta, build_meta
 from kernels.reference import lora_expand_ref, lora_shrink_ref
 
@@ -80,6 +81,7 @@ def lora_shrink(
         from kernels.triton.lora_shrink import lora_shrink_triton
 
         return lora_shrink_triton(x, lora_a, token_slots, scale=scale, out=out)
+    check_shrink(x, lora_a, token_slots)
     slots, ranks = _split(token_slots)
     result = lora_shrink_ref(x, lora_a, slots, scale=scale, slot_ranks=ranks)
     return result if out is None else out.copy_(result)
@@ -112,6 +114,7 @@ def lora_expand(
         from kernels.triton.lora_expand import lora_expand_triton
 
         return lora_expand_triton(y, buf, lora_b, token_slots, add_inputs=add_inputs)
+    check_expand(y, buf, lora_b, token_slots)
     slots, ranks = _split(token_slots)
     return lora_expand_ref(y, buf, lora_b, slots, add_inputs=add_inputs, slot_ranks=ranks)
 

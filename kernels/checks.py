@@ -1,0 +1,97 @@
+"""Argument checks of the public calls on the torch reference backend.
+
+The Triton launchers refuse bad arguments with a ValueError naming the argument
+(kernels/triton/common.py, lora_shrink.check_x_a, lora_expand.check_y_b); the reference
+ran whatever it was given, so on CPU (the reference's default device) a y one column
+too wide was silently left half-updated, four slices or an int x were computed, and
+a wrong length of token_slots surfaced as a bmm shape error. These checks hold the
+reference to the same contract; they read only metadata (no device sync).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.meta import SegmentMeta
+
+MAX_SLICES = 3
+
+
+def _slices(tensors, name: str) -> tuple[torch.Tensor, ...]:
+    """tuple of 1..3 3-D float tensors of one dtype, device and slot count."""
+    if not isinstance(tensors, tuple | list) or not 1 <= len(tensors) <= MAX_SLICES:
+        raise ValueError(
+            f"{name}: a tuple of 1 to {MAX_SLICES} tensors (slices); got "
+            f"{type(tensors).__name__} of {len(tensors) if isinstance(tensors, tuple | list) else '?'}"
+        )
+    first = tensors[0]
+    for s, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name}[{s}]: a 3-D tensor; got {getattr(t, 'shape', t)!r}")
+        if t.device != first.device or t.dtype != first.dtype or not t.is_floating_point():
+            raise ValueError(
+                f"{name}[{s}] is {t.dtype} on {t.device}; allowed: {first.dtype} on "
+                f"{first.device} (a float dtype, all slices alike)"
+            )
+        if t.shape[0] != first.shape[0]:
+            raise ValueError(f"{name}[{s}]: {t.shape[0]} slots; slice 0 has {first.shape[0]}")
+    return tuple(tensors)
+
+
+def _slots(token_slots, tokens: int, num_slots: int, device: torch.device) -> None:
+    if isinstance(token_slots, SegmentMeta):
+        m = token_slots
+        if m.num_tokens != tokens or m.num_slots != num_slots or m.device != device:
+            raise ValueError(
+                f"token_slots (SegmentMeta): built for T={m.num_tokens}, L={m.num_slots} on "
+                f"{m.device}; allowed: T={tokens}, L={num_slots} on {device}"
+            )
+        return
+    if (
+        not isinstance(token_slots, torch.Tensor)
+        or token_slots.dtype not in (torch.int32, torch.int64)
+        or tuple(token_slots.shape) != (tokens,)
+        or token_slots.device != device
+    ):
+        raise ValueError(
+            f"token_slots: {getattr(token_slots, 'dtype', type(token_slots).__name__)} "
+            f"{tuple(getattr(token_slots, 'shape', ()))}; allowed: int32/int64 [{tokens}] on "
+            f"{device}, or a kernels.SegmentMeta"
+        )
+
+
+def check_shrink(x, lora_a, token_slots) -> None:
+    """x: [T, H] float; lora_a: 1..3 x [L, R, H] of x's dtype; token_slots: int [T] | meta."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x: a 2-D float tensor [T, H]; got {getattr(x, 'shape', x)!r}")
+    a = _slices(lora_a, "lora_a")
+    if any(t.shape != a[0].shape for t in a):
+        raise ValueError("lora_a: slices differ in shape; all slices must match")
+    if a[0].dtype != x.dtype or a[0].device != x.device:
+        raise ValueError(
+            f"lora_a is {a[0].dtype} on {a[0].device}; allowed: x's {x.dtype} on {x.device}"
+        )
+    if a[0].shape[2] != x.shape[1]:
+        raise ValueError(f"lora_a: H={a[0].shape[2]}; x has H={x.shape[1]}")
+    _slots(token_slots, x.shape[0], a[0].shape[0], x.device)
+
+
+def check_expand(y, buf, lora_b, token_slots) -> None:
+    """y: [T, sum N_s] float; buf: [S, T, R]; lora_b: S x [L, N_s, R]; token_slots: int [T] | meta."""
+    if not isinstance(y, torch.Tensor) or y.dim() != 2 or not y.is_floating_point():
+        raise ValueError(f"y: a 2-D float tensor [T, sum N_s]; got {getattr(y, 'shape', y)!r}")
+    b = _slices(lora_b, "lora_b")
+    rank = b[0].shape[2]
+    if any(t.shape[2] != rank for t in b):
+        raise ValueError("lora_b: slices differ in rank; all slices must match")
+    if b[0].device != y.device:
+        raise ValueError(f"lora_b is on {b[0].device}; allowed: y's device {y.device}")
+    width = sum(t.shape[1] for t in b)
+    if y.shape[1] != width:
+        raise ValueError(f"y: {y.dtype} [.., {y.shape[1]}]; allowed: [T, {width}] (sum of N_s)")
+    want = (len(b), y.shape[0], rank)
+    if not isinstance(buf, torch.Tensor) or tuple(buf.shape) != want or buf.device != y.device:
+        raise ValueError(
+            f"buf: shape {tuple(getattr(buf, 'shape', ()))}; allowed: {list(want)} on {y.device}"
+        )
+    _slots(token_slots, y.shape[0], b[0].shape[0], y.device)
