@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,12 @@ SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter")
 LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))
 # Output keys holding results; a request's own `logprobs` / `top_logprobs` are not echoed.
 RESULT_FIELDS = ("token_ids", "text", "finish_reason", "logprobs", "top_logprobs")
+
+
+# Refused values are echoed shortened: a 1M-token prompt list must not become a
+# megabyte-long error line.
+_SHORT = reprlib.Repr()
+_SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 8, 60, 60, 60
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,14 @@ def _write_atomically(path: Path, rows: list[dict]) -> None:
 
 def _read_lines(path: Path) -> list[InputLine]:
     lines = []
-    with path.open() as f:
-        for i, text in enumerate(f, 1):
+    # Bytes, decoded line by line: a text-mode read failed on bad UTF-8 with the codec's
+    # message (a byte position in a read chunk), naming no line.
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"line {i}: not UTF-8 (byte {e.start + 1} of the line)") from e
             if text.strip():
                 lines.append(InputLine(i, _parse_line(text, i)))
     return lines
@@ -175,6 +188,8 @@ def _parse_line(text: str, i: int) -> dict:
         row = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"line {i}: not JSON ({e.msg})") from e
+    except RecursionError as e:  # deep nesting overflows the decoder: not a ValueError
+        raise ValueError(f"line {i}: JSON nested too deeply") from e
     if not isinstance(row, dict) or "prompt" not in row:
         raise ValueError(f'line {i}: each line must be an object with a "prompt"')
     unknown = sorted(k for k in row if k not in LINE_FIELDS and not k.startswith("_"))
@@ -184,5 +199,5 @@ def _parse_line(text: str, i: int) -> dict:
         )
     for name, (check, allowed) in FIELD_TYPES.items():
         if name in row and not check(row[name]):
-            raise ValueError(f"line {i}: {name}={row[name]!r}; allowed: {allowed}")
+            raise ValueError(f"line {i}: {name}={_SHORT.repr(row[name])}; allowed: {allowed}")
     return row

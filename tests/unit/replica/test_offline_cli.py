@@ -109,7 +109,8 @@ def test_usage_error_exits_2(tmp_path):
 
 def _generate(tmp_path: Path, model: Path, adapter: Path, rows: list[dict], *extra: str):
     inp = tmp_path / "in.jsonl"
-    inp.write_text("".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows))
+    text = "".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows)
+    inp.write_bytes(text.encode("utf-8", "surrogateescape"))  # "\udcff": a raw 0xff byte
     out = tmp_path / "out.jsonl"
     res = _cli(
         "generate", "--model", str(model), "--adapter", f"qv8={adapter}", "--device", "cpu",
@@ -216,6 +217,10 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": [5, 99999]}], "line 1: prompt: token id 99999 out of range; allowed: 0 <= id < "),
         ([{"prompt": "a", "max_tokens": 100000}], "line 1: prompt (1 tokens) + max_tokens (100000)"),
         (["not json\n"], "line 1: not JSON"),
+        ([OK, '{"prompt": "\udcff"}\n'], "line 2: not UTF-8 (byte 13 of the line)"),
+        ([OK, '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}\n"], "line 2: JSON nested too deeply"),
+        ([{"prompt": [5] * 100000 + [True]}],
+         "line 1: prompt=[5, 5, 5, 5, 5, 5, 5, 5, ...]; allowed: a string or a list of token ids"),
         ([{"text": "a"}], 'line 1: each line must be an object with a "prompt"'),
     ],
 )  # fmt: skip
