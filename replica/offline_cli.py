@@ -2,7 +2,9 @@
 
 Every input line goes through the same engine in shared mixed batches; outputs are
 written in input order. Bad input exits 1 with a one-line message naming the line, before
-the model loads where it can; the output file appears only when every line succeeded.
+the model loads where it can; the output file appears only once every line was accepted and
+ran (a line that failed while generating, e.g. on NaN logits, is a row with finish_reason
+"error" and an `error` key).
 """
 
 from __future__ import annotations
