@@ -38,7 +38,8 @@ Pass token_slots (a tensor) and the metadata is built per call; build a SegmentM
 once per step and pass it to every layer to build it once and to use per-slot ranks.
 build_meta into a preallocated SegmentMeta (SegmentMeta.empty) runs on the device
 with no host sync, so a decode step can be captured in a CUDA graph. Bad arguments
-raise ValueError naming the argument.
+raise ValueError naming the argument. Slot values outside [-1, L) (a caller's bug,
+not checked: that would need a host sync) count as -1 on every backend.
 
 Backend: LORAFLEET_KERNELS=auto|triton|reference (auto: Triton on CUDA tensors,
 reference on CPU). `triton` on CPU tensors needs TRITON_INTERPRET=1 (set before

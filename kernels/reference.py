@@ -26,6 +26,13 @@ def _groups(token_slots: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     return [(s, torch.tensor(idx, device=dev, dtype=torch.long)) for s, idx in by_slot.items()]
 
 
+def _in_range(token_slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Slots outside [-1, L) become -1, as the Triton path's metadata treats them
+    (kernels.meta.build_meta): the same result on both backends, no out-of-range index."""
+    ok = (token_slots >= 0) & (token_slots < num_slots)
+    return torch.where(ok, token_slots, torch.full_like(token_slots, -1))
+
+
 # Elements of the per-token gathered A or B below which gather + bmm is used.
 _BMM_MAX_ELEMENTS = 1 << 22
 
@@ -79,6 +86,7 @@ def lora_shrink_ref(
     slot_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H]; lora_a: S x [L, R, H]; token_slots: int [T] -> float32 [S, T, R]."""
+    token_slots = _in_range(token_slots, lora_a[0].shape[0])
     num_slices = len(lora_a)
     tokens = x.shape[0]
     rank = lora_a[0].shape[1]
@@ -104,6 +112,7 @@ def lora_expand_ref(
     slot_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y: [T, sum N_s] (in place); buf: float32 [S, T, R]; lora_b: S x [L, N_s, R]."""
+    token_slots = _in_range(token_slots, lora_b[0].shape[0])
     rank = lora_b[0].shape[2]
     acc = torch.float64 if y.dtype == torch.float64 else torch.float32
     if y.shape[0] * rank * max(b.shape[1] for b in lora_b) <= _BMM_MAX_ELEMENTS:

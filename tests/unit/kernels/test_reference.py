@@ -83,3 +83,29 @@ def test_shrink_into_a_caller_zeroed_buffer(backend, monkeypatch):
         lora_shrink(x, lora_a, meta, out=torch.zeros(3, 6, 8))
     with pytest.raises(ValueError, match="out"):
         lora_shrink(x, lora_a, meta, out=torch.zeros(3, 6, 16, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("backend", ["bmm", "grouped", "triton"])
+def test_out_of_range_slots_count_as_no_adapter_on_every_backend(backend, monkeypatch):
+    """Slots outside [-1, L) are the caller's bug; the Triton metadata treats them as -1
+    (never reading out of bounds). The reference raised an IndexError for slot >= L and
+    read slot -2 as -1: now both backends give the slot -1 result, bit for bit."""
+    import kernels.reference
+
+    if backend == "triton":
+        monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    else:
+        big = 1 << 30 if backend == "bmm" else 0
+        monkeypatch.setattr(kernels.reference, "_BMM_MAX_ELEMENTS", big)
+    x = torch.randn(5, 32)
+    lora_a = random_slices(3, [(8, 32)] * 2, torch.float32, "cpu", 1.0)
+    lora_b = random_slices(3, [(16, 8), (8, 8)], torch.float32, "cpu", 1.0)
+    bad = torch.tensor([2, -2, 0, 3, 7])
+    clean = torch.tensor([2, -1, 0, -1, -1])
+    y0 = torch.randn(5, 24)
+    want_buf = lora_shrink(x, lora_a, clean)
+    want_y = lora_expand(y0.clone(), want_buf, lora_b, clean)
+    got_buf = lora_shrink(x, lora_a, bad)
+    assert torch.equal(got_buf, want_buf)
+    assert torch.equal(lora_expand(y0.clone(), want_buf, lora_b, bad), want_y)
+    assert torch.equal(want_y[[1, 3, 4]], y0[[1, 3, 4]])
