@@ -272,3 +272,26 @@ def test_a_lapsed_replica_is_reaped_by_a_live_replicas_publisher(redis_url, demo
 
     asyncio.run(go())
     reg.close()
+
+
+def test_a_warm_copy_evicted_after_the_target_was_met_is_loaded_again(redis_url, demo):
+    """`warm` keeps N copies: LRU eviction after the desired state was applied (the
+    version is unchanged) must not leave the target unmet for good."""
+    engine, pub, refs = setup(redis_url, demo, names=("demo-chef",), replica="warm1")
+    reg = Registry(redis_url)
+
+    async def go():
+        reg.warm("demo-chef", 1)
+        await pub.tick()
+        assert engine.calls == [("load", "demo-chef", True)]
+        await pub.tick()  # published: the target is met, nothing more to load
+        assert engine.calls == [("load", "demo-chef", True)]
+        engine.gpu.remove(refs["demo-chef"].key)  # evicted by traffic for other adapters
+        await pub.tick()  # publishes the eviction: the registry has no GPU copy now
+        await pub.tick()
+        assert engine.calls == [("load", "demo-chef", True)] * 2
+        assert engine.gpu == [refs["demo-chef"].key]
+
+    asyncio.run(go())
+    reg.warm("demo-chef", 0)
+    reg.close()
