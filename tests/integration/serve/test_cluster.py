@@ -445,7 +445,19 @@ def test_a_redis_outage_does_not_fail_health_checks(cluster):
     before = set(cluster.replica_actors())
     client = redis.Redis.from_url(cluster.redis_url)
     client.execute_command("CLIENT", "PAUSE", 7000, "ALL")  # every Redis call stalls 7 s
-    time.sleep(7.5)  # > health_check_period_s (5 s): checks ran during the outage
+    start = time.monotonic()
+    # a registry that does not answer is a prompt 503, not a request held for 30 s
+    r = httpx.post(
+        f"{cluster.http}/v1/completions",
+        headers={"Authorization": f"Bearer {cluster.keys['ops']}"},
+        json={"model": "demo-poet", "prompt": PROMPT, "max_tokens": 2},
+        timeout=30,
+    )
+    assert time.monotonic() - start < 5.0
+    assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+    assert r.json()["error"]["code"] == "registry_unavailable"
+    assert "did not answer within 3 s" in r.json()["error"]["message"]
+    time.sleep(max(0.0, start + 7.5 - time.monotonic()))  # > health_check_period_s (5 s)
     client.close()
     assert set(cluster.replica_actors()) == before  # no replica was replaced
     assert complete(cluster, "demo-poet").choices[0].finish_reason == "length"
