@@ -146,8 +146,8 @@ class LoraIngress(GrpcInferenceMixin):
 
     async def _dispatch(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         """One replica call; a replica that dies before the first output is retried once.
-        One that dies later is a ReplicaFailed (503, retryable), not an internal error:
-        outputs already went out, so only the caller can decide to start again."""
+        One that dies later (or again) is a ReplicaFailed (503, retryable), not an internal
+        error: outputs may have gone out, so only the caller can decide to start again."""
         for attempt in range(REPLICA_DEATH_RETRIES + 1):
             started = False
             try:
@@ -159,8 +159,8 @@ class LoraIngress(GrpcInferenceMixin):
                 if started or attempt == REPLICA_DEATH_RETRIES:
                     raise ReplicaFailed(
                         f"the replica running request {call.request_id} stopped "
-                        f"({type(e).__name__}) after it began answering; allowed: send the "
-                        "request again (another replica takes it)"
+                        f"({type(e).__name__}) while running it; allowed: send the request "
+                        "again (another replica takes it)"
                     ) from None
 
     async def _call_replica(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
