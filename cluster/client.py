@@ -10,6 +10,7 @@ redis-py exception.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +43,9 @@ class RetryPolicy:
     backoff_base_s / backoff_cap_s: exponential backoff with jitter between attempts.
     connect_timeout_s: TCP connect timeout per attempt.
     socket_timeout_s: read timeout per command.
+    deadline_s: the most one command of the asyncio client may take, retries included:
+        a Redis that accepts connections but does not answer (stopped, partitioned,
+        overloaded) would otherwise hold a request for (retries + 1) x socket_timeout_s.
     """
 
     retries: int = 5
@@ -49,11 +53,13 @@ class RetryPolicy:
     backoff_cap_s: float = 0.5
     connect_timeout_s: float = 1.0
     socket_timeout_s: float = 5.0
+    deadline_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise ValueError(f"retries={self.retries}; allowed: >= 0")
-        for field in ("backoff_base_s", "backoff_cap_s", "connect_timeout_s", "socket_timeout_s"):
+        timeouts = ("connect_timeout_s", "socket_timeout_s", "deadline_s")
+        for field in ("backoff_base_s", "backoff_cap_s", *timeouts):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field}={getattr(self, field)}; allowed: > 0")
 
@@ -158,6 +164,7 @@ class AsyncExecutor:
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
         self.url, self.ns = url, ns
+        self.deadline_s = policy.deadline_s
         self.client = _from_url(
             redis.asyncio.Redis.from_url,
             url,
@@ -170,7 +177,13 @@ class AsyncExecutor:
 
     async def run(self, plan: Plan[T]) -> T:
         try:
-            raw = await self._send(plan)
+            async with asyncio.timeout(self.deadline_s):
+                raw = await self._send(plan)
+        except TimeoutError as e:  # the deadline (redis-py's own timeouts are RedisErrors)
+            raise RegistryUnavailable(
+                f"Redis at {redact(self.url)} did not answer within {self.deadline_s:g} s "
+                "(retries included); allowed: a Redis that answers, retry later"
+            ) from e
         except REDIS_ERRORS as e:
             raise unavailable(self.url, e) from e
         return plan.parse(raw)

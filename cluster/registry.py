@@ -336,14 +336,15 @@ class _Api:
         self, replica_id: str, epoch: int, adapter: AdapterVersion | str
     ) -> Reply[bool]:
         """Forget replica's copy of adapter (as in report_resident; a bare name without
-        '@' means any version). True if removed. Finishes unregistering a draining
-        adapter once no live replica holds it."""
+        '@' means any version; a ref or key removes only an entry of that content, so a
+        stale copy numbered like the current version cannot drop it). True if removed.
+        Finishes unregistering a draining adapter once no live replica holds it."""
         if isinstance(adapter, str) and "@" not in adapter:
-            name, version = adapter, ""
+            name, version, ref_key = adapter, "", ""
         else:
-            name, num, _ = _name_version(adapter)
+            name, num, ref_key = _name_version(adapter)
             version = str(num)
-        args = (replica_id, epoch, name, version)
+        args = (replica_id, epoch, name, version, ref_key)
         plan = ops.fenced_write("remove_resident", args, replica_id, epoch, name)
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: plan.parse(raw)[0] == 1))
 

@@ -327,7 +327,7 @@ redis.call('HSET', k('resident', name), id,
 redis.call('SADD', k('replica', id, 'adapters'), name)
 return ret('ok')
 """,
-    # ARGV: ns, id, epoch, name, version ('' = any)
+    # ARGV: ns, id, epoch, name, version ('' = any), ref_key ('' = any content)
     "remove_resident": r"""
 local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
@@ -336,7 +336,10 @@ local cur = redis.call('HGET', k('resident', name), id)
 local removed = 0
 if cur then
   local _, ver = split_resident(cur)
-  if ARGV[5] == '' or ver == ARGV[5] then
+  -- same number, other content (a copy from before Redis restarted empty): not this entry
+  local key = string.match(cur, '^[^|]*|[^|]*|[^|]*|[^|]*|(.*)$') or ''
+  local same = ARGV[6] == '' or key == '' or key == ARGV[6]
+  if (ARGV[5] == '' or ver == ARGV[5]) and same then
     removed = redis.call('HDEL', k('resident', name), id)
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end

@@ -109,6 +109,13 @@ class CapacityExceeded(LoraFleetError):
         self.retry_after_s = retry_after_s
 
 
+class ReplicaFailed(LoraFleetError):
+    """The replica running a request stopped (crashed, killed) after it began answering.
+    Sending the request again is safe: another replica takes it."""
+
+    retryable = True
+
+
 class ModelLoadFailed(LoraFleetError):
     """The base model directory or hub id cannot be read or is unsupported."""
 

@@ -236,7 +236,13 @@ class RegistryPublisher:
     async def follow_desired(self) -> None:
         state = await self.registry.desired_state()
         if state.version == self.desired_version:
-            await self._unload_comebacks(state)
+            failures: list[str] = []
+            await self._unload_comebacks(state, failures)
+            # A warm copy is an ordinary LRU resident: traffic can evict it after the target
+            # was met, so the target is checked again on every tick, not once per version.
+            await self._apply_warm(state, failures)
+            for failure in self.logged.fresh(state.version, failures):
+                log.warning("desired state %d not applied yet: %s", state.version, failure)
             return
         for name, ref in state.refs.items():
             self.refs[ref.key] = ref
@@ -303,7 +309,7 @@ class RegistryPublisher:
             if await attempt(failures, f"unload {name!r}", self._unload(name)):
                 self.pinned.pop(name, None)
 
-    async def _unload_comebacks(self, state: DesiredState) -> None:
+    async def _unload_comebacks(self, state: DesiredState, failures: list[str]) -> None:
         """Unload again a draining adapter that came back after its unload: a request
         resolved just before the unregister can reach this replica after the drain freed
         the adapter and load it again, and nothing would free it but LRU eviction."""
@@ -313,12 +319,9 @@ class RegistryPublisher:
             for key in (*stats.gpu_adapters, *stats.cpu_adapters)
             if key in self.refs and key not in stats.draining
         }
-        failures: list[str] = []
         for name in sorted(back & state.draining):
             if await attempt(failures, f"unload {name!r}", self._unload(name)):
                 self.pinned.pop(name, None)
-        for failure in self.logged.fresh(state.version, failures):
-            log.warning("desired state %d not applied yet: %s", state.version, failure)
 
     async def _unload(self, name: str) -> None:
         try:

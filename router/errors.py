@@ -25,6 +25,7 @@ from lora_core.errors import (
     NonFiniteLogits,
     PinRefused,
     RegistryUnavailable,
+    ReplicaFailed,
     StaleEpoch,
     Unauthorized,
 )
@@ -83,6 +84,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorStatus], ...] = (
         RegistryUnavailable,
         ErrorStatus(503, _S.UNAVAILABLE, "server_error", "registry_unavailable", 1.0),
     ),
+    (ReplicaFailed, ErrorStatus(503, _S.UNAVAILABLE, "server_error", "replica_failed", 1.0)),
     (ModelLoadFailed, ErrorStatus(500, _S.INTERNAL, "server_error", "model_load_failed")),
     (StaleEpoch, ErrorStatus(500, _S.INTERNAL, "server_error", "stale_epoch")),
     (NonFiniteLogits, ErrorStatus(500, _S.INTERNAL, "server_error", "non_finite_logits")),

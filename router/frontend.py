@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +89,11 @@ class Prepared:
     call: GenerateCall
     model: str
     adapter: AdapterRef | None
+
+    def again(self) -> Prepared:
+        """The same request under a new request id (the engine keys aborts by id)."""
+        call = dataclasses.replace(self.call, request_id=f"req-{uuid.uuid4().hex}")
+        return dataclasses.replace(self, call=call)
 
 
 class Frontend:

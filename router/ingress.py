@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from lora_core.errors import CapacityExceeded, InvalidRequest
+from lora_core.errors import CapacityExceeded, InvalidRequest, ReplicaFailed
 from replica.models.config import max_positions, resolve_max_model_len
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
@@ -145,7 +145,9 @@ class LoraIngress(GrpcInferenceMixin):
             self._served_task.cancel()
 
     async def _dispatch(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
-        """One replica call; a replica that dies before the first output is retried once."""
+        """One replica call; a replica that dies before the first output is retried once.
+        One that dies later (or again) is a ReplicaFailed (503, retryable), not an internal
+        error: outputs may have gone out, so only the caller can decide to start again."""
         for attempt in range(REPLICA_DEATH_RETRIES + 1):
             started = False
             try:
@@ -153,9 +155,13 @@ class LoraIngress(GrpcInferenceMixin):
                     started = True
                     yield out
                 return
-            except (ActorDiedError, ActorUnavailableError):
+            except (ActorDiedError, ActorUnavailableError) as e:
                 if started or attempt == REPLICA_DEATH_RETRIES:
-                    raise
+                    raise ReplicaFailed(
+                        f"the replica running request {call.request_id} stopped "
+                        f"({type(e).__name__}) while running it; allowed: send the request "
+                        "again (another replica takes it)"
+                    ) from None
 
     async def _call_replica(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         handle = self.replicas.options(

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
 from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.frontend import Frontend, Prepared
@@ -97,6 +98,28 @@ async def _start(front: Frontend, api_key: str | None, prepared: Prepared):
     return outputs, first
 
 
+# A non-streamed answer has sent nothing yet when its replica dies: it starts again.
+REPLICA_FAILED_RETRIES = 1
+
+
+async def _collect_whole(
+    front: Frontend, api_key: str | None, prepared: Prepared, started, reader: Callable
+):
+    """`_collect` of a non-streamed request. started: `_start`'s (outputs, first); reader:
+    makes a fresh LogprobReader (or None) per attempt. A ReplicaFailed starts the request
+    again on another replica (the client has seen nothing of the failed attempt)."""
+    outputs, first = started
+    for _ in range(REPLICA_FAILED_RETRIES):
+        try:
+            return await _collect(_chain(first, outputs), reader())
+        except Exception as e:
+            if not isinstance(unwrap(e), ReplicaFailed):
+                raise
+        prepared = prepared.again()
+        outputs, first = await _start(front, api_key, prepared)
+    return await _collect(_chain(first, outputs), reader())
+
+
 async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]):
     if first is not None:
         yield first
@@ -118,7 +141,9 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     want_lp = req.logprobs is not None
     if not req.stream:
         try:
-            whole, usage = await _collect(_chain(first, outputs), _reader(front, want_lp))
+            whole, usage = await _collect_whole(
+                front, api_key, prepared, (outputs, first), lambda: _reader(front, want_lp)
+            )
         except Exception as e:
             return error_response(e)
         return JSONResponse(completion_body(head, whole, usage, want_lp))
@@ -164,7 +189,9 @@ async def chat_completions(
     head = Head.now(prepared.call.request_id.replace("req-", "chatcmpl-"), req.model)
     if not req.stream:
         try:
-            whole, usage = await _collect(_chain(first, outputs), _reader(front, req.logprobs))
+            whole, usage = await _collect_whole(
+                front, api_key, prepared, (outputs, first), lambda: _reader(front, req.logprobs)
+            )
         except Exception as e:
             return error_response(e)
         return JSONResponse(chat_body(head, whole, usage, req.logprobs))

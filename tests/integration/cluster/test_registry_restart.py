@@ -183,3 +183,31 @@ def test_replicas_serve_versions_handed_out_after_an_empty_restart(restartable, 
 
     asyncio.run(scenario())
     reg.close()
+
+
+def test_async_client_gives_up_on_a_redis_that_does_not_answer(restartable):
+    """A paused Redis accepts connections but answers nothing: the asyncio client (the
+    ingress, the replicas) raises RegistryUnavailable at its deadline, instead of waiting
+    (retries + 1) x socket_timeout_s (30 s with the default policy)."""
+    import time
+
+    import redis
+
+    url = restartable[0]
+    policy = RetryPolicy(retries=5, socket_timeout_s=5.0, deadline_s=0.5)
+
+    async def scenario() -> None:
+        reg = AsyncRegistry(url, "t", retry=policy)
+        await reg.create_tenant("t1")
+        pauser = redis.Redis.from_url(url)
+        pauser.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        start = time.monotonic()
+        with pytest.raises(RegistryUnavailable, match="did not answer within 0.5 s"):
+            await reg.list_tenants()
+        assert time.monotonic() - start < 1.5
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
+        assert await reg.list_tenants() == ["t1"]  # the client recovers with Redis
+        await reg.close()
+
+    asyncio.run(scenario())

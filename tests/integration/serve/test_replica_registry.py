@@ -272,3 +272,57 @@ def test_a_lapsed_replica_is_reaped_by_a_live_replicas_publisher(redis_url, demo
 
     asyncio.run(go())
     reg.close()
+
+
+def test_a_warm_copy_evicted_after_the_target_was_met_is_loaded_again(redis_url, demo):
+    """`warm` keeps N copies: LRU eviction after the desired state was applied (the
+    version is unchanged) must not leave the target unmet for good."""
+    engine, pub, refs = setup(redis_url, demo, names=("demo-chef",), replica="warm1")
+    reg = Registry(redis_url)
+
+    async def go():
+        reg.warm("demo-chef", 1)
+        await pub.tick()
+        assert engine.calls == [("load", "demo-chef", True)]
+        await pub.tick()  # published: the target is met, nothing more to load
+        assert engine.calls == [("load", "demo-chef", True)]
+        engine.gpu.remove(refs["demo-chef"].key)  # evicted by traffic for other adapters
+        await pub.tick()  # publishes the eviction: the registry has no GPU copy now
+        await pub.tick()
+        assert engine.calls == [("load", "demo-chef", True)] * 2
+        assert engine.gpu == [refs["demo-chef"].key]
+
+    asyncio.run(go())
+    reg.warm("demo-chef", 0)
+    reg.close()
+
+
+def test_a_stale_copy_numbered_like_the_current_version_leaves_its_residency(redis_url, demo):
+    """After Redis restarts empty, numbering starts over: demo-poet v1 (new weights) is
+    pinned on a replica that still caches the old v1. Evicting the old copy must not drop
+    the new copy's residency (routing and `adapters list` would lose a pinned holder)."""
+    import redis
+
+    engine, pub, refs = setup(redis_url, demo, names=("demo-poet",), replica="stale1")
+    old = refs["demo-poet"]
+
+    async def go():
+        engine.cpu = [old.key]
+        await pub.tick()
+        client = redis.Redis.from_url(redis_url)
+        client.flushall()  # Redis restarted empty
+        client.close()
+        reg = Registry(redis_url)
+        new = reg.register_adapter("demo-poet", str(demo.adapters["demo-chef"]), public=True).ref
+        reg.close()
+        assert (new.version, new.key != old.key) == (old.version, True)
+        pub.refs[new.key] = new
+        engine.gpu, engine.cpu = [new.key], [old.key, new.key]
+        await pub.tick()  # registers again, reports both (the stale one is ignored)
+        await pub.tick()
+        assert locations(redis_url, "demo-poet") == [("stale1", "gpu")]
+        engine.cpu = [new.key]  # the stale copy is evicted from the CPU cache
+        await pub.tick()
+        assert locations(redis_url, "demo-poet") == [("stale1", "gpu")]
+
+    asyncio.run(go())

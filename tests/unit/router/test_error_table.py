@@ -12,6 +12,7 @@ from lora_core.errors import (
     LoraFleetError,
     NonFiniteLogits,
     RegistryUnavailable,
+    ReplicaFailed,
     Unauthorized,
 )
 from router.errors import openai_error_body, status_for, unwrap
@@ -46,6 +47,7 @@ from router.errors import openai_error_body, status_for, unwrap
             "rate_limit_error",
             3.0,
         ),
+        (ReplicaFailed("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
         (RegistryUnavailable("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
         (NonFiniteLogits("r", 3), 500, grpc.StatusCode.INTERNAL, "server_error", None),
         (LoraFleetError("x"), 500, grpc.StatusCode.INTERNAL, "server_error", None),
