@@ -25,6 +25,7 @@ CASES = [
     errors.RegistryUnavailable("redis://127.0.0.1:1/0 refused the connection"),
     errors.StaleEpoch("epoch 3 < 4"),
     errors.NonFiniteLogits("req-7", 12),
+    errors.ReplicaFailed("replica r1 stopped while answering"),
 ]
 
 
