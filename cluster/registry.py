@@ -372,7 +372,7 @@ class _Api:
     # -- desired state ---------------------------------------------------------------
 
     def pin(self, name: str, pool: str = "all") -> Reply[None]:
-        """Replicas of pool ("all" | "prefill" | "decode") holding name keep it in GPU.
+        """Every replica of pool ("all" | "prefill" | "decode") loads name into a GPU slot and keeps it there.
 
         PinRefused, with nothing written, when the pins would reach the served base's
         max_loras: each replica must keep one evictable GPU slot, and pins of every pool
