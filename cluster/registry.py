@@ -372,7 +372,8 @@ class _Api:
     # -- desired state ---------------------------------------------------------------
 
     def pin(self, name: str, pool: str = "all") -> Reply[None]:
-        """Every replica of pool ("all" | "prefill" | "decode") loads name into a GPU slot and keeps it there.
+        """Every replica of pool ("all" | "prefill" | "decode") loads name into a GPU slot
+        and keeps it there.
 
         PinRefused, with nothing written, when the pins would reach the served base's
         max_loras: each replica must keep one evictable GPU slot, and pins of every pool
