@@ -17,35 +17,44 @@ from kernels.meta import SegmentMeta
 MAX_SLICES = 3
 
 
-def _slices(tensors, name: str) -> tuple[torch.Tensor, ...]:
-    """tuple of 1..3 3-D float tensors of one dtype, device and slot count."""
+def check_slices(
+    tensors, name: str, dtypes: tuple[torch.dtype, ...] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """tuple of 1..3 3-D float tensors of one dtype (one of dtypes when given), device and
+    slot count; the Triton launchers check their slices with this too."""
     if not isinstance(tensors, tuple | list) or not 1 <= len(tensors) <= MAX_SLICES:
         raise ValueError(
             f"{name}: a tuple of 1 to {MAX_SLICES} tensors (slices); got "
             f"{type(tensors).__name__} of {len(tensors) if isinstance(tensors, tuple | list) else '?'}"
         )
     first = tensors[0]
+    kinds = "a float dtype" if dtypes is None else "one of " + "/".join(map(str, dtypes))
     for s, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name}[{s}]: a 3-D tensor; got {getattr(t, 'shape', t)!r}")
-        if t.device != first.device or t.dtype != first.dtype or not t.is_floating_point():
+        allowed = t.is_floating_point() if dtypes is None else t.dtype in dtypes
+        if t.device != first.device or t.dtype != first.dtype or not allowed:
             raise ValueError(
                 f"{name}[{s}] is {t.dtype} on {t.device}; allowed: {first.dtype} on "
-                f"{first.device} (a float dtype, all slices alike)"
+                f"{first.device} ({kinds}, all slices alike)"
             )
         if t.shape[0] != first.shape[0]:
             raise ValueError(f"{name}[{s}]: {t.shape[0]} slots; slice 0 has {first.shape[0]}")
     return tuple(tensors)
 
 
+def check_meta(meta: SegmentMeta, tokens: int, num_slots: int, device: torch.device) -> None:
+    """A caller's SegmentMeta must be built for this call's T, L and device."""
+    if meta.num_tokens != tokens or meta.num_slots != num_slots or meta.device != device:
+        raise ValueError(
+            f"token_slots (SegmentMeta): built for T={meta.num_tokens}, L={meta.num_slots} on "
+            f"{meta.device}; allowed: T={tokens}, L={num_slots} on {device}"
+        )
+
+
 def _slots(token_slots, tokens: int, num_slots: int, device: torch.device) -> None:
     if isinstance(token_slots, SegmentMeta):
-        m = token_slots
-        if m.num_tokens != tokens or m.num_slots != num_slots or m.device != device:
-            raise ValueError(
-                f"token_slots (SegmentMeta): built for T={m.num_tokens}, L={m.num_slots} on "
-                f"{m.device}; allowed: T={tokens}, L={num_slots} on {device}"
-            )
+        check_meta(token_slots, tokens, num_slots, device)
         return
     if (
         not isinstance(token_slots, torch.Tensor)
@@ -64,7 +73,7 @@ def check_shrink(x, lora_a, token_slots) -> None:
     """x: [T, H] float; lora_a: 1..3 x [L, R, H] of x's dtype; token_slots: int [T] | meta."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"x: a 2-D float tensor [T, H]; got {getattr(x, 'shape', x)!r}")
-    a = _slices(lora_a, "lora_a")
+    a = check_slices(lora_a, "lora_a")
     if any(t.shape != a[0].shape for t in a):
         raise ValueError("lora_a: slices differ in shape; all slices must match")
     if a[0].dtype != x.dtype or a[0].device != x.device:
@@ -80,7 +89,7 @@ def check_expand(y, buf, lora_b, token_slots) -> None:
     """y: [T, sum N_s] float; buf: [S, T, R]; lora_b: S x [L, N_s, R]; token_slots: int [T] | meta."""
     if not isinstance(y, torch.Tensor) or y.dim() != 2 or not y.is_floating_point():
         raise ValueError(f"y: a 2-D float tensor [T, sum N_s]; got {getattr(y, 'shape', y)!r}")
-    b = _slices(lora_b, "lora_b")
+    b = check_slices(lora_b, "lora_b")
     rank = b[0].shape[2]
     if any(t.shape[2] != rank for t in b):
         raise ValueError("lora_b: slices differ in rank; all slices must match")

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.checks import MAX_SLICES, check_meta, check_slices
 from kernels.meta import SegmentMeta, build_meta, grid_follows_expected_slots
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_SLICES = 3
 MAX_RANK = 128  # the range tested on the GPU (tests/gpu/test_kernels.py)
 
 
@@ -63,33 +63,20 @@ _SLICES_CACHE_MAX = 4096
 
 def slices_of(tensors, name: str) -> Slices:
     """tuple of 1..3 3-D tensors of one dtype (fp16/bf16/fp32), slot count and device -> Slices."""
-    if not isinstance(tensors, tuple | list) or not 1 <= len(tensors) <= MAX_SLICES:
-        raise ValueError(
-            f"{name}: a tuple of 1 to {MAX_SLICES} tensors (slices); got {type(tensors).__name__}"
-        )
-    key = tuple(map(id, tensors))
-    hit = _SLICES_CACHE.get(key)
+    key = tuple(map(id, tensors)) if isinstance(tensors, tuple | list) else None
+    hit = _SLICES_CACHE.get(key) if key is not None else None
     if hit is not None and all(w() is t for w, t in zip(hit[0], tensors, strict=True)):
         return hit[1]
-    info = _derive(tensors, name)
+    info = _derive(check_slices(tensors, name, DTYPES))
     if len(_SLICES_CACHE) >= _SLICES_CACHE_MAX:
         _SLICES_CACHE.clear()
     _SLICES_CACHE[key] = (tuple(weakref.ref(t) for t in tensors), info)
     return info
 
 
-def _derive(tensors, name: str) -> Slices:
+def _derive(tensors: tuple[torch.Tensor, ...]) -> Slices:
+    """Slices of tensors that passed `check_slices`."""
     first = tensors[0]
-    for s, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"{name}[{s}]: a 3-D tensor; got {getattr(t, 'shape', t)!r}")
-        if t.device != first.device or t.dtype != first.dtype or t.dtype not in DTYPES:
-            raise ValueError(
-                f"{name}[{s}] is {t.dtype} on {t.device}; allowed: {first.dtype} on {first.device} "
-                "(one of fp16/bf16/fp32, all slices alike)"
-            )
-        if t.shape[0] != first.shape[0]:
-            raise ValueError(f"{name}[{s}]: {t.shape[0]} slots; slice 0 has {first.shape[0]}")
     return Slices(
         base=first,
         shapes=tuple(tuple(t.shape) for t in tensors),
@@ -105,11 +92,7 @@ def as_meta(
     (tile height for a pool of this rank)."""
     if isinstance(token_slots_or_meta, SegmentMeta):
         meta = token_slots_or_meta
-        if meta.num_tokens != tokens or meta.num_slots != num_slots or meta.device != device:
-            raise ValueError(
-                f"token_slots (SegmentMeta): built for T={meta.num_tokens}, L={meta.num_slots} on "
-                f"{meta.device}; allowed: T={tokens}, L={num_slots} on {device}"
-            )
+        check_meta(meta, tokens, num_slots, device)
         if meta.block_m < 16:
             raise ValueError(f"token_slots (SegmentMeta): block_m={meta.block_m}; allowed: >= 16")
         return meta
