@@ -14,6 +14,7 @@ from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from tests.tiny import run_requests
+from tests.unit.replica.engines import small_engine
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [
@@ -25,20 +26,7 @@ PROMPTS = [
 
 
 def _engine(model_dir, **kw) -> LLMEngine:
-    cfg = dict(
-        model=str(model_dir),
-        device="cpu",
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=16,
-        block_size=4,
-    )
-    return LLMEngine(EngineConfig(**{**cfg, **kw}))
-
-
-@pytest.fixture(scope="module")
-def refs(llama_adapters):
-    return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
+    return small_engine(model_dir, **kw)
 
 
 def test_mixed_batch_equals_each_request_alone(llama_dir, refs):

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from lora_core.errors import AdapterDraining, AdapterNotFound
-from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from tests.tiny import ADAPTER_SPECS, make_peft_adapter
+from tests.unit.replica.engines import small_engine
 
 MAX_LEN = 48
 NAMES = list(ADAPTER_SPECS)
@@ -45,16 +45,7 @@ def versions(llama_dir, llama_adapters, tmp_path_factory):
 
 
 def _engine(model_dir, **kw) -> LLMEngine:
-    cfg = dict(
-        model=str(model_dir),
-        device="cpu",
-        max_loras=2,
-        max_cpu_loras=3,
-        max_lora_rank=16,
-        block_size=4,
-        max_model_len=MAX_LEN,
-    )
-    return LLMEngine(EngineConfig(**{**cfg, **kw}))
+    return small_engine(model_dir, **{"max_cpu_loras": 3, "max_model_len": MAX_LEN, **kw})
 
 
 def _requests(rng: random.Random, n: int) -> list[tuple[str, list[int], SamplingParams, str]]:
