@@ -92,7 +92,7 @@ def unavailable(url: str, err: BaseException) -> RegistryUnavailable:
     """The RegistryUnavailable for err, saying what went wrong and what would work."""
     where, text = redact(url), str(err).strip() or type(err).__name__
     if isinstance(err, redis.AuthenticationError) or "NOAUTH" in text:
-        if redact(url) == url:  # no password in the URL
+        if where == url:  # no password in the URL
             return RegistryUnavailable(
                 f"Redis at {where} requires a password ({text}); allowed: a URL "
                 f"carrying it, {_URL_FORM}"

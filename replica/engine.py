@@ -71,14 +71,13 @@ class LLMEngine:
         self._check_prompt(prompt_token_ids, params)
         if adapter is not None:
             self.adapters.register(adapter)
-        arrival = next(self._arrival)
         seq = Sequence(
             request_id=request_id,
             prompt_len=len(prompt_token_ids),
             tokens=list(prompt_token_ids),
             params=params,
             adapter=adapter,
-            arrival=arrival,
+            arrival=next(self._arrival),
             rng=SeedStream(params.seed) if params.seed is not None else None,
         )
         self._seqs[request_id] = seq

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -237,12 +237,11 @@ class RegistryPublisher:
         state = await self.registry.desired_state()
         if state.version == self.desired_version:
             failures: list[str] = []
-            await self._unload_comebacks(state, failures)
+            await self._unload(self._comebacks(state), failures)
             # A warm copy is an ordinary LRU resident: traffic can evict it after the target
             # was met, so the target is checked again on every tick, not once per version.
             await self._apply_warm(state, failures)
-            for failure in self.logged.fresh(state.version, failures):
-                log.warning("desired state %d not applied yet: %s", state.version, failure)
+            self._log(state.version, failures)
             return
         for name, ref in state.refs.items():
             self.refs[ref.key] = ref
@@ -254,12 +253,15 @@ class RegistryPublisher:
         await self._apply_unpins(state, failures)
         await self._apply_pins(state, failures)
         await self._apply_warm(state, failures)
-        await self._apply_draining(state, failures)
+        await self._unload(state.draining, failures)
         if failures:
-            for failure in self.logged.fresh(state.version, failures):
-                log.warning("desired state %d not applied yet: %s", state.version, failure)
+            self._log(state.version, failures)
             return  # desired_version stays behind, so the next tick tries again
         self.desired_version = state.version
+
+    def _log(self, version: int, failures: list[str]) -> None:
+        for failure in self.logged.fresh(version, failures):
+            log.warning("desired state %d not applied yet: %s", version, failure)
 
     async def _apply_unpins(self, state: DesiredState, failures: list[str]) -> None:
         # A pin that no longer binds this replica's pool, or whose adapter was replaced
@@ -304,26 +306,24 @@ class RegistryPublisher:
         if copies < target.replicas:
             await self.engine.load_adapter(ref, to_gpu=True)
 
-    async def _apply_draining(self, state: DesiredState, failures: list[str]) -> None:
-        for name in sorted(state.draining):
-            if await attempt(failures, f"unload {name!r}", self._unload(name)):
-                self.pinned.pop(name, None)
-
-    async def _unload_comebacks(self, state: DesiredState, failures: list[str]) -> None:
-        """Unload again a draining adapter that came back after its unload: a request
-        resolved just before the unregister can reach this replica after the drain freed
-        the adapter and load it again, and nothing would free it but LRU eviction."""
+    def _comebacks(self, state: DesiredState) -> set[str]:
+        """Draining adapters held here again after their unload: a request resolved just
+        before the unregister can reach this replica after the drain freed the adapter and
+        load it again, and nothing would free it but LRU eviction."""
         stats = self.engine.stats()
-        back = {
+        held = {
             self.refs[key].name
             for key in (*stats.gpu_adapters, *stats.cpu_adapters)
             if key in self.refs and key not in stats.draining
         }
-        for name in sorted(back & state.draining):
-            if await attempt(failures, f"unload {name!r}", self._unload(name)):
+        return held & state.draining
+
+    async def _unload(self, names: Iterable[str], failures: list[str]) -> None:
+        for name in sorted(names):
+            if await attempt(failures, f"unload {name!r}", self._unload_one(name)):
                 self.pinned.pop(name, None)
 
-    async def _unload(self, name: str) -> None:
+    async def _unload_one(self, name: str) -> None:
         try:
             await self.engine.unload_adapter(name)
         except AdapterNotFound:
