@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,19 @@ MAX_HEADER_BYTES = 100_000_000
 TensorInfo = tuple[str, tuple[int, ...]]
 
 
+def _header_of(
+    path: Path, size: int, prefix: bytes, read: Callable[[int], bytes]
+) -> tuple[int, bytes]:
+    """(header length, header bytes) of a size-byte file starting with prefix (its first
+    8 bytes); read(n) returns the n bytes after them."""
+    if len(prefix) < 8:
+        raise _corrupt(path, f"file is {size} bytes, shorter than the 8-byte header length")
+    (length,) = struct.unpack("<Q", prefix)
+    if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
+        raise _corrupt(path, f"header length {length} does not fit a {size}-byte file")
+    return length, read(length)
+
+
 def read_safetensors_header(path: str | Path, data: bytes | None = None) -> dict[str, TensorInfo]:
     """{tensor_name: (dtype_str, shape)} of a safetensors file; AdapterLoadFailed if corrupt.
 
@@ -43,22 +57,12 @@ def read_safetensors_header(path: str | Path, data: bytes | None = None) -> dict
     path = Path(path)
     try:
         if data is not None:
-            size, prefix = len(data), data[:8]
+            size = len(data)
+            length, raw = _header_of(path, size, data[:8], lambda n: data[8 : 8 + n])
         else:
             size = path.stat().st_size
-            with path.open("rb") as f:
-                prefix = f.read(8)
-        if len(prefix) < 8:
-            raise _corrupt(path, f"file is {size} bytes, shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", prefix)
-        if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
-            raise _corrupt(path, f"header length {length} does not fit a {size}-byte file")
-        if data is not None:
-            raw = data[8 : 8 + length]
-        else:
-            with path.open("rb") as f:
-                f.seek(8)
-                raw = f.read(length)
+            with path.open("rb") as f:  # the read after the prefix continues at byte 8
+                length, raw = _header_of(path, size, f.read(8), f.read)
     except OSError as e:
         raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
     try:
