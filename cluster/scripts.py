@@ -19,7 +19,7 @@ local function hmap(flat)
   return t
 end
 local function split_resident(v)
-  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
 end
 -- Live locations of name (only entries whose replica still holds its lease with
 -- the epoch that wrote them); version nil means any version. One MGET for all leases
@@ -335,9 +335,9 @@ if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
 local cur = redis.call('HGET', k('resident', name), id)
 local removed = 0
 if cur then
-  local _, ver = split_resident(cur)
+  local _, ver, _, _, key = split_resident(cur)
   -- same number, other content (a copy from before Redis restarted empty): not this entry
-  local key = string.match(cur, '^[^|]*|[^|]*|[^|]*|[^|]*|(.*)$') or ''
+  key = key or ''
   local same = ARGV[6] == '' or key == '' or key == ARGV[6]
   if (ARGV[5] == '' or ver == ARGV[5]) and same then
     removed = redis.call('HDEL', k('resident', name), id)
@@ -419,8 +419,8 @@ local out = {}
 for _, name in ipairs(names) do
   local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
     'base_model', 'owner', 'public', 'state')
-  if v[1] and v[8] ~= 'draining' and (tenant == '' or v[7] == '1' or v[6] == tenant
-      or redis.call('SISMEMBER', k('grants', name), tenant) == 1) then
+  if v[1] and v[8] ~= 'draining'
+      and (tenant == '' or allowed({name = name, owner = v[6], public = v[7]}, tenant)) then
     out[#out + 1] = {name, v[1], v[2], v[3], v[4], v[5] or ''}
   end
 end
