@@ -1,0 +1,95 @@
+"""Lua helpers prepended to every registry script: key building, result encoding,
+residency parsing, live locations, lease fencing (see `cluster.scripts`)."""
+
+from __future__ import annotations
+
+HELPERS = r"""
+local ns = ARGV[1]
+local function k(...) return ns .. ':' .. table.concat({...}, ':') end
+local function ret(...) return cjson.encode({...}) end
+local function hmap(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local function split_resident(v)
+  return string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+end
+-- Live locations of name (only entries whose replica still holds its lease with
+-- the epoch that wrote them); version nil means any version. One MGET for all leases
+-- (unpack caps this at a few thousand replicas per adapter).
+local function locations(name, version)
+  local out = {}
+  local flat = redis.call('HGETALL', ns .. ':resident:' .. name)
+  if #flat == 0 then return out end
+  local lease_keys = {}
+  for i = 1, #flat, 2 do lease_keys[#lease_keys + 1] = ns .. ':lease:' .. flat[i] end
+  local leases = redis.call('MGET', unpack(lease_keys))
+  for i = 1, #flat, 2 do
+    local tier, ver, ep, pool = split_resident(flat[i + 1])
+    if (version == nil or ver == version) and leases[(i + 1) / 2] == ep then
+      out[#out + 1] = {flat[i], tier, pool}
+    end
+  end
+  return out
+end
+-- nil when (id, epoch) holds the lease; 'stale' when a newer registration exists;
+-- 'lapsed' when the lease expired (or Redis lost it) and the replica must re-register.
+local function fence(id, epoch)
+  local cur = redis.call('GET', k('epoch', id))
+  if cur and cur ~= epoch then return 'stale' end
+  if not cur or redis.call('GET', k('lease', id)) ~= epoch then return 'lapsed' end
+  return nil
+end
+-- The desired-state version: +1 per change. A missing counter (a new namespace, or a
+-- Redis restarted without persistence, or flushed) starts from the clock in ms, not 0,
+-- so versions after a restart never repeat one a replica applied before it (a replica
+-- skips a version equal to the one it holds: a repeat would hide the new state).
+local function bump(name, change)
+  if redis.call('EXISTS', k('desired')) == 0 then
+    local now = redis.call('TIME')
+    redis.call('SET', k('desired'), tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+  end
+  local v = redis.call('INCR', k('desired'))
+  redis.call('PUBLISH', k('hints'), cjson.encode({version = v, adapter = name, change = change}))
+  return v
+end
+local function finalize(name)
+  for _, id in ipairs(redis.call('HKEYS', k('resident', name))) do
+    redis.call('SREM', k('replica', id, 'adapters'), name)
+  end
+  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name))
+  redis.call('SREM', k('adapters'), name)
+  redis.call('SREM', k('draining'), name)
+  redis.call('HDEL', k('pins'), name)
+  redis.call('HDEL', k('warm'), name)
+  bump(name, 'removed')
+end
+local function allowed(rec, tenant)
+  return rec.public == '1' or rec.owner == tenant
+    or redis.call('SISMEMBER', k('grants', rec.name), tenant) == 1
+end
+-- Drop replica id's record, residency and set membership. Its epoch counter stays, so a
+-- later registration of the same id still gets a newer epoch than any old incarnation.
+local function forget(id)
+  for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
+    redis.call('HDEL', k('resident', name), id)
+  end
+  redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
+  redis.call('SREM', k('replicas'), id)
+end
+-- nil when pinning name leaves every replica an evictable GPU slot, else {slots, names
+-- pinned already}. All pins share one budget whatever their pool: a mixed replica takes
+-- pins of every pool (records.pin_applies), so the budget is one for all. slots is the
+-- served base's max_loras; without one (no deployment published it) nothing is checked.
+-- Re-pinning a pinned name (to any pool) adds no pin, so it is never refused.
+local function pin_overflow(name)
+  local raw = redis.call('GET', k('served'))
+  local slots = raw and tonumber(cjson.decode(raw).max_loras)
+  if not slots or redis.call('HEXISTS', k('pins'), name) == 1 then return nil end
+  local held = redis.call('HKEYS', k('pins'))
+  if #held + 1 < slots then return nil end
+  table.sort(held)
+  return {slots, held}
+end
+"""
