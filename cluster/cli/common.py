@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from cluster.client import DEFAULT_URL, RegistryTimeout, RetryPolicy, redact
@@ -55,15 +56,30 @@ def connection_parent() -> argparse.ArgumentParser:
         "fails; raise it for a slow Redis (env LORAFLEET_REDIS_TIMEOUT; default "
         f"{DEFAULT_REDIS_TIMEOUT_S:g})",
     )
+    return p
+
+
+def add_max_lora_rank(p: argparse.ArgumentParser) -> None:
+    """--max-lora-rank: only `adapters register` checks ranks."""
     p.add_argument(
         "--max-lora-rank",
-        type=int,
+        type=_lora_rank,
+        metavar="RANK",
         default=env_default("LORAFLEET_MAX_LORA_RANK", "") or None,
-        help="max LoRA rank checked by register; a running cluster's own limit applies "
-        f"too (env LORAFLEET_MAX_LORA_RANK; default: the cluster's limit, or "
-        f"{DEFAULT_MAX_LORA_RANK} when no cluster published one)",
+        help="max LoRA rank to accept; a running cluster's own limit applies too (env "
+        f"LORAFLEET_MAX_LORA_RANK; default: the cluster's limit, or {DEFAULT_MAX_LORA_RANK} "
+        "when no cluster published one)",
     )
-    return p
+
+
+def _lora_rank(text: str) -> int:
+    # argparse reports the option's name; the value may have come from the environment
+    if not (text.strip().isdigit() and 1 <= int(text) <= MAX_LORA_RANK):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}; allowed: an integer 1 .. {MAX_LORA_RANK} (flag or env "
+            "LORAFLEET_MAX_LORA_RANK)"
+        )
+    return int(text)
 
 
 def _seconds(text: str) -> float:
@@ -72,7 +88,9 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= 3600:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r}; allowed: seconds, > 0 and <= 3600")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}; allowed: seconds, > 0 and <= 3600 (flag or env LORAFLEET_REDIS_TIMEOUT)"
+        )
     return value
 
 
@@ -91,16 +109,26 @@ def cli_retry(timeout_s: float) -> RetryPolicy:
 
 def json_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
 def add_verb(
-    sub: argparse._SubParsersAction, name: str, handler: Handler, help: str, *, listing: bool
+    sub: argparse._SubParsersAction,
+    name: str,
+    handler: Handler,
+    help: str,
+    *,
+    listing: bool,
+    named: str = "",
 ) -> argparse.ArgumentParser:
+    """The verb's parser; listing: it takes --json; named: the help of its NAME argument
+    ("" for none)."""
     parents = [connection_parent()] + ([json_parent()] if listing else [])
     p = sub.add_parser(name, parents=parents, help=help, description=help)
     p.set_defaults(func=lambda args: run(handler, args))
+    if named:
+        p.add_argument("name", help=named)
     return p
 
 
@@ -109,9 +137,11 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
     stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141;
     Ctrl-C -> one line, exit 130."""
     try:
-        rank = MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank
+        # register passes its own --max-lora-rank; the registry's limit is the widest
         retry = cli_retry(args.redis_timeout)
-        registry = Registry(args.redis_url, args.namespace, max_lora_rank=rank, retry=retry)
+        registry = Registry(
+            args.redis_url, args.namespace, max_lora_rank=MAX_LORA_RANK, retry=retry
+        )
     except ValueError as e:
         return fail(e)
     try:
@@ -138,6 +168,11 @@ def fail(err: BaseException | str) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def utc_time(at: float | None) -> str:
+    """A timestamp (seconds since the epoch) as "YYYY-MM-DD HH:MM:SSZ", or "-" for none."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + "Z" if at else "-"
 
 
 def print_json(value: object) -> None:
