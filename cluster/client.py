@@ -4,8 +4,8 @@ Both executors run a `cluster.ops.Plan` in exactly one round trip (EVALSHA, with
 redis-py's transparent reload when the script cache is empty, e.g. after a Redis
 restart) and turn every Redis failure into `RegistryUnavailable` naming the URL
 (connection failures after the retry policy is spent; a refused password, a missing
-database, a non-Redis server or an ACL denial at once; `RegistryTimeout` when a
-command passes its deadline), so no caller ever sees a redis-py exception.
+database, a non-Redis server or an ACL denial at once; when a command passes its
+deadline), so no caller ever sees a redis-py exception.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class RetryPolicy:
         deadline; the sync one waits at most min(socket_timeout_s, deadline_s) per
         attempt and retries only while the deadline has time left, so a Redis that
         answers nothing fails at the deadline, a flapping one within 2 x deadline_s.
+    deadline_advice: what the deadline's RegistryUnavailable offers besides a Redis that
+        answers (the CLI names its --redis-timeout).
     """
 
     retries: int = 5
@@ -64,6 +66,7 @@ class RetryPolicy:
     connect_timeout_s: float = 1.0
     socket_timeout_s: float = 5.0
     deadline_s: float = 3.0
+    deadline_advice: str = "retry later"
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -127,14 +130,11 @@ def unavailable(url: str, err: BaseException) -> RegistryUnavailable:
     return RegistryUnavailable(f"Redis at {where} refused the request: {text}")
 
 
-class RegistryTimeout(RegistryUnavailable):
-    """Redis took longer than the command's deadline (RetryPolicy.deadline_s) to answer."""
-
-
-def no_answer(url: str, deadline_s: float) -> RegistryTimeout:
-    return RegistryTimeout(
-        f"Redis at {redact(url)} did not answer within {deadline_s:g} s (retries included); "
-        "allowed: a Redis that answers, retry later"
+def no_answer(url: str, policy: RetryPolicy) -> RegistryUnavailable:
+    """The RegistryUnavailable of a command that passed policy.deadline_s."""
+    return RegistryUnavailable(
+        f"Redis at {redact(url)} did not answer within {policy.deadline_s:g} s (retries "
+        f"included); allowed: a Redis that answers, {policy.deadline_advice}"
     )
 
 
@@ -193,7 +193,7 @@ class SyncExecutor:
                 wait = self._backoff.compute(failures)
                 late = time.monotonic() + wait >= end
                 if late and isinstance(e, redis.TimeoutError):
-                    raise no_answer(self.url, self.policy.deadline_s) from e
+                    raise no_answer(self.url, self.policy) from e
                 if late or failures > self.policy.retries:
                     raise unavailable(self.url, e) from e
                 time.sleep(wait)
@@ -214,8 +214,7 @@ class AsyncExecutor:
     """Runs plans on an asyncio client (bound to the event loop that first uses it)."""
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
-        self.url, self.ns = url, ns
-        self.deadline_s = policy.deadline_s
+        self.url, self.ns, self.policy = url, ns, policy
         self.client = _from_url(
             redis.asyncio.Redis.from_url,
             url,
@@ -228,10 +227,10 @@ class AsyncExecutor:
 
     async def run(self, plan: Plan[T]) -> T:
         try:
-            async with asyncio.timeout(self.deadline_s):
+            async with asyncio.timeout(self.policy.deadline_s):
                 raw = await self._send(plan)
         except TimeoutError as e:  # the deadline (redis-py's own timeouts are RedisErrors)
-            raise no_answer(self.url, self.deadline_s) from e
+            raise no_answer(self.url, self.policy) from e
         except REDIS_ERRORS as e:
             raise unavailable(self.url, e) from e
         return plan.parse(raw)

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from cluster.client import DEFAULT_URL, RegistryTimeout, RetryPolicy, redact
+from cluster.client import DEFAULT_URL, RetryPolicy, redact
 from cluster.registry import MAX_LORA_RANK, Registry
 from lora_core.errors import LoraFleetError
 
@@ -104,6 +104,7 @@ def cli_retry(timeout_s: float) -> RetryPolicy:
         connect_timeout_s=min(0.5, timeout_s),
         socket_timeout_s=timeout_s,
         deadline_s=timeout_s,
+        deadline_advice="retry later, or a longer --redis-timeout (env LORAFLEET_REDIS_TIMEOUT)",
     )
 
 
@@ -146,8 +147,6 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return fail(e)
     try:
         return handler(registry, args)
-    except RegistryTimeout as e:
-        return fail(f"{e}, or a longer --redis-timeout (env LORAFLEET_REDIS_TIMEOUT)")
     except (LoraFleetError, ValueError) as e:
         return fail(e)
     except KeyboardInterrupt:
@@ -162,7 +161,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         registry.close()
 
 
-def fail(err: BaseException | str) -> int:
+def fail(err: BaseException) -> int:
     print(
         f"lorafleet: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
         file=sys.stderr,
