@@ -4,14 +4,15 @@ Both executors run a `cluster.ops.Plan` in exactly one round trip (EVALSHA, with
 redis-py's transparent reload when the script cache is empty, e.g. after a Redis
 restart) and turn every Redis failure into `RegistryUnavailable` naming the URL
 (connection failures after the retry policy is spent; a refused password, a missing
-database, a non-Redis server or an ACL denial at once), so no caller ever sees a
-redis-py exception.
+database, a non-Redis server or an ACL denial at once; when a command passes its
+deadline), so no caller ever sees a redis-py exception.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -29,6 +30,10 @@ from lora_core.errors import RegistryUnavailable
 T = TypeVar("T")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+# What the sync executor retries: the connection failures a reconnect may cure. Refused
+# credentials are ConnectionErrors too, but asking again cannot help.
+_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+_FINAL = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
 # Everything a command can raise from Redis or the socket (redis.RedisError covers the
 # protocol, response and authentication errors too).
 REDIS_ERRORS = (redis.RedisError, OSError)
@@ -43,9 +48,16 @@ class RetryPolicy:
     backoff_base_s / backoff_cap_s: exponential backoff with jitter between attempts.
     connect_timeout_s: TCP connect timeout per attempt.
     socket_timeout_s: read timeout per command.
-    deadline_s: the most one command of the asyncio client may take, retries included:
-        a Redis that accepts connections but does not answer (stopped, partitioned,
-        overloaded) would otherwise hold a request for (retries + 1) x socket_timeout_s.
+    deadline_s: the most one command may take, retries included: a Redis that accepts
+        connections but does not answer (stopped, partitioned, overloaded) would
+        otherwise hold a caller for (retries + 1) x socket_timeout_s. It also bounds the
+        longest legitimate command (the registry's slowest script, a whole-catalog
+        listing, takes ~45 ms per 1k adapters). The asyncio client cancels at the
+        deadline; the sync one waits at most min(socket_timeout_s, deadline_s) per
+        attempt and retries only while the deadline has time left, so a Redis that
+        answers nothing fails at the deadline, a flapping one within 2 x deadline_s.
+    deadline_advice: what the deadline's RegistryUnavailable offers besides a Redis that
+        answers (the CLI names its --redis-timeout).
     """
 
     retries: int = 5
@@ -54,6 +66,7 @@ class RetryPolicy:
     connect_timeout_s: float = 1.0
     socket_timeout_s: float = 5.0
     deadline_s: float = 3.0
+    deadline_advice: str = "retry later"
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -117,6 +130,14 @@ def unavailable(url: str, err: BaseException) -> RegistryUnavailable:
     return RegistryUnavailable(f"Redis at {where} refused the request: {text}")
 
 
+def no_answer(url: str, policy: RetryPolicy) -> RegistryUnavailable:
+    """The RegistryUnavailable of a command that passed policy.deadline_s."""
+    return RegistryUnavailable(
+        f"Redis at {redact(url)} did not answer within {policy.deadline_s:g} s (retries "
+        f"included); allowed: a Redis that answers, {policy.deadline_advice}"
+    )
+
+
 def _from_url(make: Any, url: str, **options: Any) -> Any:
     """make(url, **options), with a malformed URL refused as a ValueError naming it."""
     try:
@@ -129,10 +150,15 @@ def _from_url(make: Any, url: str, **options: Any) -> Any:
 
 
 class SyncExecutor:
-    """Runs plans on a thread-safe sync client (a pooled `redis.Redis`)."""
+    """Runs plans on a thread-safe sync client (a pooled `redis.Redis`).
+
+    It retries by itself rather than through redis-py (whose retries know no deadline):
+    a failed attempt is retried after a backoff while attempts and the deadline are left.
+    `client` (for pub/sub and callers of `Registry.client`) keeps redis-py's retries.
+    """
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
-        self.url, self.ns = url, ns
+        self.url, self.ns, self.policy = url, ns, policy
         self.client = _from_url(
             redis.Redis.from_url,
             url,
@@ -141,21 +167,46 @@ class SyncExecutor:
             socket_connect_timeout=policy.connect_timeout_s,
             socket_timeout=policy.socket_timeout_s,
         )
-        self._scripts = {name: self.client.register_script(src) for name, src in SCRIPTS.items()}
+        self._commands = _from_url(
+            redis.Redis.from_url,
+            url,
+            decode_responses=True,
+            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+            socket_connect_timeout=min(policy.connect_timeout_s, policy.deadline_s),
+            socket_timeout=min(policy.socket_timeout_s, policy.deadline_s),
+        )
+        self._backoff = policy._backoff()
+        self._scripts = {name: self._commands.register_script(src) for name, src in SCRIPTS.items()}
 
     def run(self, plan: Plan[T]) -> T:
-        try:
-            raw = self._send(plan)
-        except REDIS_ERRORS as e:
-            raise unavailable(self.url, e) from e
-        return plan.parse(raw)
+        return plan.parse(self._send_retrying(plan))
+
+    def _send_retrying(self, plan: Plan[Any]) -> Any:
+        end, failures = time.monotonic() + self.policy.deadline_s, 0
+        while True:
+            try:
+                return self._send(plan)
+            except _FINAL as e:
+                raise unavailable(self.url, e) from e
+            except _RETRYABLE as e:
+                failures += 1
+                wait = self._backoff.compute(failures)
+                late = time.monotonic() + wait >= end
+                if late and isinstance(e, redis.TimeoutError):
+                    raise no_answer(self.url, self.policy) from e
+                if late or failures > self.policy.retries:
+                    raise unavailable(self.url, e) from e
+                time.sleep(wait)
+            except REDIS_ERRORS as e:
+                raise unavailable(self.url, e) from e
 
     def _send(self, plan: Plan[Any]) -> Any:
         if plan.script is None:
-            return self.client.execute_command(*plan.args)
+            return self._commands.execute_command(*plan.args)
         return self._scripts[plan.script](args=(self.ns, *plan.args))
 
     def close(self) -> None:
+        self._commands.close()
         self.client.close()
 
 
@@ -163,8 +214,7 @@ class AsyncExecutor:
     """Runs plans on an asyncio client (bound to the event loop that first uses it)."""
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
-        self.url, self.ns = url, ns
-        self.deadline_s = policy.deadline_s
+        self.url, self.ns, self.policy = url, ns, policy
         self.client = _from_url(
             redis.asyncio.Redis.from_url,
             url,
@@ -177,13 +227,10 @@ class AsyncExecutor:
 
     async def run(self, plan: Plan[T]) -> T:
         try:
-            async with asyncio.timeout(self.deadline_s):
+            async with asyncio.timeout(self.policy.deadline_s):
                 raw = await self._send(plan)
         except TimeoutError as e:  # the deadline (redis-py's own timeouts are RedisErrors)
-            raise RegistryUnavailable(
-                f"Redis at {redact(self.url)} did not answer within {self.deadline_s:g} s "
-                "(retries included); allowed: a Redis that answers, retry later"
-            ) from e
+            raise no_answer(self.url, self.policy) from e
         except REDIS_ERRORS as e:
             raise unavailable(self.url, e) from e
         return plan.parse(raw)

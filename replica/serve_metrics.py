@@ -2,7 +2,8 @@
 
 Gauges are updated from engine stats each time Serve polls routing stats, so dashboards
 see the same numbers the router does; counters per model (adapter name, or the base
-model's) as each request ends. Serve adds deployment / replica / application tags.
+model's) as each request ends, with at most `max_models` adapter names per replica (see
+ModelLabels). Serve adds deployment / replica / application tags.
 """
 
 from __future__ import annotations
@@ -43,12 +44,51 @@ class ReplicaGauges:
             self.gauges[name].set(value)
 
 
+OTHER_MODEL = "(other)"
+"""The `model` label of adapters past the cap: '(' is not allowed in adapter names, so it
+can never be one."""
+DEFAULT_MAX_MODELS = 100
+
+
+class ModelLabels:
+    """The `model` label of an ended request: the base model's name, and the names of the
+    first max_models distinct adapters the replica served, label their own series; every
+    later adapter is counted under OTHER_MODEL. A replica then exports at most
+    max_models + 2 model values (x 4 finish reasons), however big the catalog.
+
+    First come, first kept: an exported counter series cannot be withdrawn, so a scheme
+    that later promoted a busier adapter (top-k, LRU) would not shed the series it
+    replaced, and would split the promoted adapter's count between OTHER_MODEL and its
+    own label, making its rate() jump. Busy adapters tend to arrive early anyway.
+
+    Example (max_models=2, base "llama"): a, llama, b, c, a -> a, llama, b, (other), a.
+    """
+
+    def __init__(self, base_model: str = "", max_models: int = DEFAULT_MAX_MODELS):
+        if max_models < 0:
+            raise ValueError(
+                f"max_models={max_models}; allowed: >= 0 (0: adapters all in {OTHER_MODEL!r})"
+            )
+        self.base_model, self.max_models = base_model, max_models
+        self._kept: set[str] = set()
+
+    def __call__(self, model: str) -> str:
+        if model == self.base_model or model in self._kept:
+            return model
+        if len(self._kept) < self.max_models:
+            self._kept.add(model)
+            return model
+        return OTHER_MODEL
+
+
 class RequestCounters:
     """lorafleet_requests_total{model, finish_reason} ("stop", "length", "abort" when the
     caller left, "error"), lorafleet_prompt_tokens_total{model} and
-    lorafleet_generated_tokens_total{model}."""
+    lorafleet_generated_tokens_total{model}; `model` as ModelLabels(base_model,
+    max_models) gives it (base_model "": the base model's name counts as an adapter)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base_model: str = "", max_models: int = DEFAULT_MAX_MODELS) -> None:
+        self.label = ModelLabels(base_model, max_models)
         self.requests = metrics.Counter(
             "lorafleet_requests_total",
             description="requests ended, by model and finish reason",
@@ -67,6 +107,7 @@ class RequestCounters:
 
     def record(self, model: str, finish_reason: str, last: RequestOutput | None) -> None:
         """One request ended; last: its final output (None if it never produced one)."""
+        model = self.label(model)
         self.requests.inc(1, tags={"model": model, "finish_reason": finish_reason})
         if last is not None and last.num_prompt_tokens > 0:
             self.prompt_tokens.inc(last.num_prompt_tokens, tags={"model": model})

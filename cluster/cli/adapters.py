@@ -5,9 +5,18 @@ from __future__ import annotations
 import argparse
 
 from cluster.catalog import validate_for_registry
-from cluster.cli.common import DEFAULT_MAX_LORA_RANK, add_verb, print_json, print_table
+from cluster.cli.common import (
+    DEFAULT_MAX_LORA_RANK,
+    add_max_lora_rank,
+    add_verb,
+    print_json,
+    print_table,
+    utc_time,
+)
 from cluster.records import PIN_POOLS, AdapterListing
 from cluster.registry import LIST_PAGE, Registry
+
+ADAPTER = "adapter name"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_verb(
         verbs, "register", _register, "validate and register a PEFT adapter directory", listing=True
     )
+    add_max_lora_rank(p)
     p.add_argument("name", help="adapter name (what clients put in `model`)")
     p.add_argument("path", help="PEFT adapter directory (adapter_config.json + weights)")
     p.add_argument(
@@ -53,19 +63,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
 
     add_verb(verbs, "list", _list, "list adapters with pins, warm targets, locations", listing=True)
-    add_verb(verbs, "show", _show, "show one adapter", listing=True).add_argument("name")
-    add_verb(
-        verbs, "unregister", _unregister, "stop new requests; unload when idle", listing=False
-    ).add_argument("name")
-
-    p = add_verb(verbs, "pin", _pin, "keep NAME in GPU on replicas holding it", listing=False)
-    p.add_argument("name")
-    p.add_argument("--pool", choices=PIN_POOLS, default="all")
-    add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False).add_argument("name")
-    p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False)
-    p.add_argument("name")
+    add_verb(verbs, "show", _show, "show one adapter", listing=True, named=ADAPTER)
+    add_verb(verbs, "unregister", _unregister, "stop new requests; unload when idle",
+             listing=False, named=ADAPTER)  # fmt: skip
+    p = add_verb(verbs, "pin", _pin, "keep NAME in GPU on replicas holding it", listing=False,
+                 named=ADAPTER)  # fmt: skip
+    _pool(p, "replicas the pin binds")
+    add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False, named=ADAPTER)
+    p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False,
+                 named=ADAPTER)  # fmt: skip
     p.add_argument("--replicas", type=int, required=True, help="copies (0 clears the target)")
-    p.add_argument("--pool", choices=PIN_POOLS, default="all")
+    _pool(p, "replicas that count towards N")
+
+
+def _pool(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--pool",
+        choices=PIN_POOLS,
+        default="all",
+        help=f"{what}: all, or prefill / decode (that pool and mixed replicas; default all)",
+    )
 
 
 def _register(reg: Registry, args: argparse.Namespace) -> int:
@@ -144,7 +161,8 @@ def _show(reg: Registry, args: argparse.Namespace) -> int:
         ", ".join(f"{x['replica']}:{x['tier']}({x['pool']})" for x in data["locations"]) or "-"
     )
     data["target_modules"] = ",".join(data["target_modules"])
-    print_table(("FIELD", "VALUE"), [(k, "-" if v is None else v) for k, v in data.items()])
+    data["created"] = utc_time(data["created"])
+    print_table(("FIELD", "VALUE"), [(k, "-" if v in (None, "") else v) for k, v in data.items()])
     return 0
 
 
@@ -168,5 +186,8 @@ def _unpin(reg: Registry, args: argparse.Namespace) -> int:
 
 def _warm(reg: Registry, args: argparse.Namespace) -> int:
     reg.warm(args.name, args.replicas, args.pool)
-    print(f"warm target of {args.name}: {args.replicas} replicas (pool {args.pool})")
+    if args.replicas == 0:
+        print(f"cleared the warm target of {args.name}")
+    else:
+        print(f"warm target of {args.name}: {args.replicas} replicas (pool {args.pool})")
     return 0

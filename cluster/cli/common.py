@@ -6,14 +6,17 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from cluster.client import DEFAULT_URL, RetryPolicy, redact
 from cluster.registry import MAX_LORA_RANK, Registry
 from lora_core.errors import LoraFleetError
 
-# The CLI is interactive: fail within about a second when Redis is down.
-CLI_RETRY = RetryPolicy(retries=2, backoff_base_s=0.05, backoff_cap_s=0.2, connect_timeout_s=0.5)
+# Without --redis-timeout: the most one Redis command may take, retries included. Every
+# verb's commands are short (paged listings: ~20 ms a page, ~35 ms for the names of 10k
+# adapters), so this is ~100x their need, yet a stopped Redis fails in seconds.
+DEFAULT_REDIS_TIMEOUT_S = 3.0
 # without --max-lora-rank: the served base's limit, or this (the cluster's default) when
 # no deployment published one
 DEFAULT_MAX_LORA_RANK = 64
@@ -45,28 +48,88 @@ def connection_parent() -> argparse.ArgumentParser:
         help="key prefix of this cluster (env LORAFLEET_NAMESPACE; default %(default)s)",
     )
     p.add_argument(
-        "--max-lora-rank",
-        type=int,
-        default=env_default("LORAFLEET_MAX_LORA_RANK", "") or None,
-        help="max LoRA rank checked by register; a running cluster's own limit applies "
-        f"too (env LORAFLEET_MAX_LORA_RANK; default: the cluster's limit, or "
-        f"{DEFAULT_MAX_LORA_RANK} when no cluster published one)",
+        "--redis-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        default=env_default("LORAFLEET_REDIS_TIMEOUT", str(DEFAULT_REDIS_TIMEOUT_S)),
+        help="the most one Redis command may take, retries included, before the verb "
+        "fails; raise it for a slow Redis (env LORAFLEET_REDIS_TIMEOUT; default "
+        f"{DEFAULT_REDIS_TIMEOUT_S:g})",
     )
     return p
 
 
+def add_max_lora_rank(p: argparse.ArgumentParser) -> None:
+    """--max-lora-rank: only `adapters register` checks ranks."""
+    p.add_argument(
+        "--max-lora-rank",
+        type=_lora_rank,
+        metavar="RANK",
+        default=env_default("LORAFLEET_MAX_LORA_RANK", "") or None,
+        help="max LoRA rank to accept; a running cluster's own limit applies too (env "
+        f"LORAFLEET_MAX_LORA_RANK; default: the cluster's limit, or {DEFAULT_MAX_LORA_RANK} "
+        "when no cluster published one)",
+    )
+
+
+def _lora_rank(text: str) -> int:
+    # argparse reports the option's name; the value may have come from the environment
+    if not (text.strip().isdigit() and 1 <= int(text) <= MAX_LORA_RANK):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}; allowed: an integer 1 .. {MAX_LORA_RANK} (flag or env "
+            "LORAFLEET_MAX_LORA_RANK)"
+        )
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"{text!r}; allowed: seconds, > 0 and <= 3600 (flag or env LORAFLEET_REDIS_TIMEOUT)"
+        )
+    return value
+
+
+def cli_retry(timeout_s: float) -> RetryPolicy:
+    """The CLI's policy: a refused connection is retried twice within ~0.5 s; one attempt
+    may wait timeout_s for an answer (no retry after that: the time is spent)."""
+    return RetryPolicy(
+        retries=2,
+        backoff_base_s=0.05,
+        backoff_cap_s=0.2,
+        connect_timeout_s=min(0.5, timeout_s),
+        socket_timeout_s=timeout_s,
+        deadline_s=timeout_s,
+        deadline_advice="retry later, or a longer --redis-timeout (env LORAFLEET_REDIS_TIMEOUT)",
+    )
+
+
 def json_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
 def add_verb(
-    sub: argparse._SubParsersAction, name: str, handler: Handler, help: str, *, listing: bool
+    sub: argparse._SubParsersAction,
+    name: str,
+    handler: Handler,
+    help: str,
+    *,
+    listing: bool,
+    named: str = "",
 ) -> argparse.ArgumentParser:
+    """The verb's parser; listing: it takes --json; named: the help of its NAME argument
+    ("" for none)."""
     parents = [connection_parent()] + ([json_parent()] if listing else [])
     p = sub.add_parser(name, parents=parents, help=help, description=help)
     p.set_defaults(func=lambda args: run(handler, args))
+    if named:
+        p.add_argument("name", help=named)
     return p
 
 
@@ -75,8 +138,11 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
     stdout closed by its reader (`lorafleet adapters list | head`) -> quiet exit 141;
     Ctrl-C -> one line, exit 130."""
     try:
-        rank = MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank
-        registry = Registry(args.redis_url, args.namespace, max_lora_rank=rank, retry=CLI_RETRY)
+        # register passes its own --max-lora-rank; the registry's limit is the widest
+        retry = cli_retry(args.redis_timeout)
+        registry = Registry(
+            args.redis_url, args.namespace, max_lora_rank=MAX_LORA_RANK, retry=retry
+        )
     except ValueError as e:
         return fail(e)
     try:
@@ -101,6 +167,11 @@ def fail(err: BaseException) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def utc_time(at: float | None) -> str:
+    """A timestamp (seconds since the epoch) as "YYYY-MM-DD HH:MM:SSZ", or "-" for none."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + "Z" if at else "-"
 
 
 def print_json(value: object) -> None:

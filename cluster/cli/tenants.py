@@ -4,37 +4,36 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from cluster.cli.common import add_verb, print_json, print_table
+from cluster.cli.common import add_verb, print_json, print_table, utc_time
 from cluster.records import key_id
 from cluster.registry import Registry, hash_key
+
+TENANT = "tenant name"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tenants", help="manage tenants, API keys and grants")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    add_verb(verbs, "create", _create, "create a tenant", listing=False).add_argument("name")
-    add_verb(
-        verbs, "delete", _delete, "delete a tenant with its API keys and grants", listing=False
-    ).add_argument("name")
+    add_verb(verbs, "create", _create, "create a tenant", listing=False, named=TENANT)
+    add_verb(verbs, "delete", _delete, "delete a tenant with its API keys and grants",
+             listing=False, named=TENANT)  # fmt: skip
     add_verb(verbs, "list", _list, "list tenants", listing=True)
-    add_verb(
-        verbs, "key", _key, "issue a new API key (printed once, stored hashed)", listing=True
-    ).add_argument("name")
-    add_verb(verbs, "keys", _keys, "list a tenant's key ids", listing=True).add_argument("name")
+    add_verb(verbs, "key", _key, "issue a new API key (printed once, stored hashed)",
+             listing=True, named=TENANT)  # fmt: skip
+    add_verb(verbs, "keys", _keys, "list a tenant's key ids", listing=True, named=TENANT)
     p = add_verb(
         verbs, "revoke-key", _revoke_key, "revoke an API key (or --all) at once", listing=False
     )
     p.usage = "%(prog)s [options] name (key_id | --all)"
-    p.add_argument("name", help="tenant name")
+    p.add_argument("name", help=TENANT)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("key_id", nargs="?", help="id from `tenants keys` (or a unique prefix)")
     which.add_argument("--all", action=_AllKeys, help="revoke every key of the tenant")
     for verb, handler in (("grant", _grant), ("revoke", _revoke)):
-        p = add_verb(verbs, verb, handler, f"{verb} a tenant's access to an adapter", listing=False)
-        p.add_argument("name")
-        p.add_argument("adapter")
+        what = f"{verb} a tenant's access to an adapter"
+        p = add_verb(verbs, verb, handler, what, listing=False, named=TENANT)
+        p.add_argument("adapter", help="adapter name")
 
 
 class _AllKeys(argparse.Action):
@@ -85,16 +84,12 @@ def _key(reg: Registry, args: argparse.Namespace) -> int:
     return 0
 
 
-def _created(at: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + "Z" if at else "-"
-
-
 def _keys(reg: Registry, args: argparse.Namespace) -> int:
     keys = reg.list_api_keys(args.name)
     if args.json:
         print_json([k.to_json() for k in keys])
     else:
-        print_table(("KEY_ID", "CREATED"), [(k.key_id, _created(k.created)) for k in keys])
+        print_table(("KEY_ID", "CREATED"), [(k.key_id, utc_time(k.created)) for k in keys])
     return 0
 
 

@@ -27,6 +27,13 @@ FAILED = 'finish_reason=~"error|abort"'
 HTTP = 'route!~"/-/.*"'
 """Leaves out Serve's own endpoints (/-/healthz, /-/routes), as Ray's Serve dashboard does."""
 GRPC = r'method!~"/ray\\.serve\\.RayServeAPIService/.*"'
+OTHER = (
+    " Each replica names the first 100 models it served (its default cap) and counts "
+    'requests for later adapters under model="(other)": a big fleet\'s long tail shows '
+    "there, and an adapter may be split between its name (on replicas that served it "
+    "early) and (other)."
+)
+"""Appended to the per-model panels' descriptions (replica/serve_metrics.ModelLabels)."""
 WINDOW = "[5m]"
 """Range of every rate(), the one Ray's dashboards use."""
 
@@ -90,7 +97,7 @@ MODEL_ROW = Row(
             "Requests/s by model and finish reason",
             "Requests ended per second, per model (the adapter's name, or the base model's) "
             "and finish reason: stop, length, abort (the client left) or error. Counted by the "
-            "replica as each request ends (ray_lorafleet_requests_total).",
+            "replica as each request ends (ray_lorafleet_requests_total)." + OTHER,
             "reqps",
             (
                 Target(
@@ -105,7 +112,7 @@ MODEL_ROW = Row(
             "Failed requests/s by model",
             "The error and abort part of the panel beside it, on its own scale: error is a "
             "failure inside the replica (its log says which), abort a client that left before "
-            "the end (timeouts, cancelled streams).",
+            "the end (timeouts, cancelled streams)." + OTHER,
             "reqps",
             (
                 Target(
@@ -119,7 +126,7 @@ MODEL_ROW = Row(
             3,
             "Prompt tokens/s by model",
             "Prompt tokens of ended requests per second, per model "
-            "(ray_lorafleet_prompt_tokens_total): the prefill load each tenant brings.",
+            "(ray_lorafleet_prompt_tokens_total): the prefill load each tenant brings." + OTHER,
             "short",
             (
                 Target(
@@ -133,7 +140,7 @@ MODEL_ROW = Row(
             4,
             "Generated tokens/s by model",
             "Tokens generated per second, per model (ray_lorafleet_generated_tokens_total), "
-            "counted when each request ends: the decode load each tenant brings.",
+            "counted when each request ends: the decode load each tenant brings." + OTHER,
             "short",
             (
                 Target(

@@ -110,7 +110,8 @@ def variables() -> list[dict]:
         _query_variable(
             "Model",
             f"label_values(ray_lorafleet_requests_total{{{scope}}}, model)",
-            "Models: adapter names and the base model's (per-model panels).",
+            "Models: adapter names, the base model's, and (other): adapters past each "
+            "replica's cap of named ones (per-model panels).",
         ),
     ]
 

@@ -287,3 +287,21 @@ def test_pin_refused_when_no_slot_would_stay_evictable(
     ok(cli("adapters", "unpin", "x"))
     ok(cli("adapters", "pin", "y", "--pool", "decode"))
     assert registry.desired_state().pins == {"y": "decode"}
+
+
+def test_show_table_reads_like_the_list(cli, adapters, registry: Registry):
+    """Unset fields show "-" (as in `adapters list`), the creation time as UTC."""
+    rec = registry.register_adapter("a", str(adapters["a"]))
+    rows = dict(ln.split(None, 1) for ln in ok(cli("adapters", "show", "a")).splitlines()[1:])
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(rec.created)) + "Z"
+    assert (rows["base_model"], rows["owner"], rows["created"]) == ("-", "-", created)
+    assert (rows["public"], rows["pin_pool"], rows["locations"]) == ("False", "-", "-")
+
+
+def test_warm_zero_says_it_cleared_the_target(cli, adapters, registry: Registry):
+    registry.register_adapter("a", str(adapters["a"]))
+    assert ok(cli("adapters", "warm", "a", "--replicas", "2", "--pool", "decode")) == (
+        "warm target of a: 2 replicas (pool decode)\n"
+    )
+    assert ok(cli("adapters", "warm", "a", "--replicas", "0")) == "cleared the warm target of a\n"
+    assert registry.desired_state().warm == {}

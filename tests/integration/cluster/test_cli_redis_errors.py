@@ -220,13 +220,22 @@ def test_ctrl_c_while_redis_does_not_answer(tmp_path):
     url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", "status", "--redis-url", url],
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "status",
+            "--redis-url",
+            url,
+            "--redis-timeout",
+            "30",
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.0)  # started, connected, waiting for the reply (5 s socket timeout)
+    time.sleep(2.0)  # started, connected, waiting for the reply (30 s deadline)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     silent.close()

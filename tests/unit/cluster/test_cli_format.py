@@ -10,6 +10,7 @@ import pytest
 
 from cluster.cli.common import connection_parent, print_table
 from cluster.client import DEFAULT_URL, redact
+from deploy.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -51,7 +52,7 @@ def test_empty_or_unset_env_falls_back_to_defaults(monkeypatch, value: str | Non
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-    args = connection_parent().parse_args([])
+    args = build_parser().parse_args(["adapters", "register", "a", "/p"])
     # max_lora_rank None: the cluster's published limit (or 64 without one), see _register
     assert (args.redis_url, args.namespace, args.max_lora_rank) == (DEFAULT_URL, "lorafleet", None)
 
@@ -59,7 +60,7 @@ def test_empty_or_unset_env_falls_back_to_defaults(monkeypatch, value: str | Non
 def test_env_and_flags_still_win(monkeypatch):
     monkeypatch.setenv("LORAFLEET_REDIS_URL", "redis://h:1/2")
     monkeypatch.setenv("LORAFLEET_MAX_LORA_RANK", "16")
-    args = connection_parent().parse_args(["--namespace", "ns"])
+    args = build_parser().parse_args(["adapters", "register", "a", "/p", "--namespace", "ns"])
     assert (args.redis_url, args.namespace, args.max_lora_rank) == ("redis://h:1/2", "ns", 16)
     assert connection_parent().parse_args(["--redis-url", "redis://x:2/0"]).redis_url == (
         "redis://x:2/0"

@@ -38,6 +38,58 @@ def test_revoke_key_parses_an_id_or_all(argv, key_id, all_keys):
     assert (args.name, args.key_id, args.all) == ("acme", key_id, all_keys)
 
 
-@pytest.mark.parametrize("command,verb", [("adapters", "register"), ("tenants", "revoke-key")])
+def _verbs() -> list[tuple[str, str]]:
+    commands = build_parser()._subparsers._group_actions[0].choices
+    return [
+        (command, verb)
+        for command in ("adapters", "replicas", "tenants")
+        for verb in commands[command]._subparsers._group_actions[0].choices
+    ]
+
+
+@pytest.mark.parametrize("command,verb", _verbs())
 def test_every_argument_has_help(command, verb):
     assert all(action.help for action in _verb(command, verb)._actions)
+
+
+@pytest.mark.parametrize("command,verb", _verbs())
+def test_only_register_takes_max_lora_rank(command, verb):
+    options = {o for action in _verb(command, verb)._actions for o in action.option_strings}
+    assert ("--max-lora-rank" in options) == ((command, verb) == ("adapters", "register"))
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--max-lora-rank", "0"], {}, "argument --max-lora-rank: '0'; allowed: an integer "
+         "1 .. 1024 (flag or env LORAFLEET_MAX_LORA_RANK)"),
+        ([], {"LORAFLEET_MAX_LORA_RANK": "x"}, "argument --max-lora-rank: 'x'; allowed: an "
+         "integer 1 .. 1024 (flag or env LORAFLEET_MAX_LORA_RANK)"),
+        (["--redis-timeout", "0"], {}, "argument --redis-timeout: '0'; allowed: seconds, > 0 "
+         "and <= 3600 (flag or env LORAFLEET_REDIS_TIMEOUT)"),
+        ([], {"LORAFLEET_REDIS_TIMEOUT": "inf"}, "argument --redis-timeout: 'inf'; allowed: "
+         "seconds, > 0 and <= 3600 (flag or env LORAFLEET_REDIS_TIMEOUT)"),
+    ],
+)  # fmt: skip
+def test_bad_rank_or_timeout_is_a_usage_error(capsys, monkeypatch, argv, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["adapters", "register", "a", "/p", *argv])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"lorafleet adapters register: error: {message}"
+    )
+
+
+@pytest.mark.parametrize(
+    "env, argv, timeout",
+    [({}, [], 3.0), ({"LORAFLEET_REDIS_TIMEOUT": "7.5"}, [], 7.5),
+     ({"LORAFLEET_REDIS_TIMEOUT": "7.5"}, ["--redis-timeout", "0.2"], 0.2),
+     ({"LORAFLEET_REDIS_TIMEOUT": ""}, [], 3.0)],
+)  # fmt: skip
+def test_redis_timeout_from_flag_env_or_default(monkeypatch, env, argv, timeout):
+    monkeypatch.delenv("LORAFLEET_REDIS_TIMEOUT", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert build_parser().parse_args(["status", *argv]).redis_timeout == timeout
