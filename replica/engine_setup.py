@@ -125,11 +125,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
     if config.tensor_parallel_size > 1:
-        raise InvalidRequest(
-            f"tensor_parallel_size={config.tensor_parallel_size}: the engine cannot start "
-            "worker ranks yet; allowed: 1"
-        )
-    shard, close = build_shard(config, device), None
+        from replica.tp_driver import start_tensor_parallel
+
+        shard, close = start_tensor_parallel(config, device)
+    else:
+        shard, close = build_shard(config, device), None
     cfg = shard.runner.model.config
     tokenizer = load_tokenizer(shard.model_dir)
     adapters = AdapterManager(

@@ -21,6 +21,10 @@ import torch.distributed as dist
 
 from lora_core.errors import InvalidRequest
 
+# A collective's timeout is how long a worker may wait for the driver's next command;
+# an idle replica must not time its workers out.
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+
 
 class TPGroup:
     """rank in [0, size) of a TP group of `size` ranks. size 1 needs no process group."""
@@ -37,20 +41,24 @@ class TPGroup:
 
     @classmethod
     def connect(
-        cls, rank: int, size: int, port: int, backend: str, timeout_s: float = 300.0
+        cls, rank: int, size: int, port: int, backend: str, timeout_s: float = 120.0
     ) -> TPGroup:
         """Join the group whose rank 0 hosts the TCP store on 127.0.0.1:port.
 
         backend: "gloo" (CPU tensors) or "nccl" (CUDA tensors). timeout_s bounds the
-        rendezvous and every collective (a peer that died makes the others fail, not hang).
+        rendezvous (a rank that never comes up fails the others' start). Collectives get
+        COLLECTIVE_TIMEOUT instead: workers wait in a broadcast for the driver's next
+        command, however long the replica stays idle; a rank that dies breaks its
+        connections, which fails the others' next collective at once.
         """
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
+        store = dist.TCPStore(
+            "127.0.0.1", port, size, rank == 0, timeout=datetime.timedelta(seconds=timeout_s)
+        )
         if backend == "gloo":
-            pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+            pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
         elif backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = COLLECTIVE_TIMEOUT
             pg = dist.ProcessGroupNCCL(store, rank, size, options)
         else:
             raise InvalidRequest(f"backend={backend!r}; allowed: 'gloo' or 'nccl'")

@@ -5,6 +5,7 @@ that do not divide are refused."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,19 @@ def test_sharded_slot_buffers_hold_half(llama_dir, adapter_paths):
     )
     assert parts[1].a(1, "qkv")[2].equal(big.a(1, "qkv")[2])
     assert parts[1].b(1, "o")[0].equal(big.b(1, "o")[0])
+
+
+def _idle_main(rank: int, port: int) -> None:
+    group = TPGroup.connect(rank, 2, port, "gloo", timeout_s=1)
+    if rank == 0:
+        time.sleep(2.5)  # an idle driver: longer than the rendezvous timeout
+    x = group.broadcast(torch.tensor([float(rank == 0)]))
+    assert x.item() == 1.0
+
+
+def test_idle_driver_does_not_time_out_workers():
+    """A worker waits for the next command as long as the driver stays idle."""
+    mp.spawn(_idle_main, args=(free_port(),), nprocs=2, join=True)
 
 
 @pytest.mark.parametrize(
