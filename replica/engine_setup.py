@@ -20,7 +20,7 @@ from replica.models.config import resolve_max_model_len
 from replica.models.loader import load_model
 from replica.parallel import SINGLE, TPGroup
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ModelShard:
 
 def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE) -> ModelShard:
     """Load rank tp.rank's shard of config.model on `device` with its KV cache and slots."""
-    dtype = _DTYPES[config.dtype]
+    dtype = TORCH_DTYPES[config.dtype]
     model, model_dir = load_model(config.model, dtype, device, tp)
     cfg = model.config
     max_len = resolve_max_model_len(config.max_model_len, cfg.max_position_embeddings)
@@ -123,7 +123,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
-    dtype = _DTYPES[config.dtype]
+    dtype = TORCH_DTYPES[config.dtype]
     if config.tensor_parallel_size > 1:
         from replica.tp_driver import start_tensor_parallel
 

@@ -30,7 +30,7 @@ from lora_core.base_shape import BaseShape
 from lora_core.errors import ModelLoadFailed
 from lora_core.weights import AdapterWeights
 from replica.config import EngineConfig
-from replica.engine_setup import ModelShard
+from replica.engine_setup import TORCH_DTYPES, ModelShard
 from replica.model_runner import ModelRunner, StepBatch
 from replica.models.loader import read_config, resolve_model_dir
 from replica.parallel import TPGroup, free_port
@@ -47,10 +47,18 @@ TIMEOUT_S = 120.0
 class TPDriver:
     """Rank 0's side of the group: sends commands, owns the worker processes."""
 
-    def __init__(self, group: TPGroup, procs: list[subprocess.Popen], device: torch.device):
+    def __init__(
+        self,
+        group: TPGroup,
+        procs: list[subprocess.Popen],
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        """dtype: the slot buffers' (adapter values travel in it)."""
         self.group = group
         self.procs = procs
         self.device = device
+        self.dtype = dtype
         self.lock = threading.Lock()
         self.closed = False
 
@@ -68,7 +76,7 @@ class TPDriver:
             if weights is None:
                 self.group.broadcast(header(CLEAR, slot, device=self.device))
                 return
-            ranks, flat = pack_adapter(weights, base, self.device)
+            ranks, flat = pack_adapter(weights, base, self.device, self.dtype)
             self.group.broadcast(
                 header(WRITE, slot, flat.numel(), weights.rank, device=self.device)
             )
@@ -85,13 +93,7 @@ class TPDriver:
                 self.group.broadcast(header(STOP, device=self.device))
             except RuntimeError as e:  # a worker already gone: kill the rest below
                 log.warning("could not send STOP to the tensor-parallel workers: %s", e)
-        for p in self.procs:
-            try:
-                p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("tensor-parallel worker pid %d did not stop; killing it", p.pid)
-                p.kill()
-                p.wait()
+        _reap(self.procs, timeout_s)
 
 
 class DriverRunner(ModelRunner):
@@ -132,6 +134,17 @@ def _spawn(config: EngineConfig, device: torch.device, rank: int, port: int) -> 
     return subprocess.Popen(cmd, env=env, cwd=root)
 
 
+def _reap(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Wait up to grace_s for each worker to exit, then kill it."""
+    for p in procs:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("tensor-parallel worker pid %d did not stop; killing it", p.pid)
+            p.kill()
+            p.wait()
+
+
 def start_tensor_parallel(
     config: EngineConfig, device: torch.device
 ) -> tuple[ModelShard, Callable[[], None]]:
@@ -146,21 +159,19 @@ def start_tensor_parallel(
     port = free_port()
     procs = [_spawn(config, device, r, port) for r in range(1, config.tensor_parallel_size)]
     try:
-        group, shard = connect_and_build(config, device, 0, port, TIMEOUT_S)
+        group, shard, error = connect_and_build(config, device, 0, port, TIMEOUT_S)
     except BaseException:
-        for p in procs:
-            p.kill()
-            p.wait()
+        _reap(procs, grace_s=0)
         raise
-    driver = TPDriver(group, procs, device)
     if shard is None:
-        driver.closed = True
-        for p in procs:
-            p.wait(timeout=30)
+        _reap(procs, grace_s=30)  # they exit by themselves after the failed all-reduce
+        if error is not None:
+            raise error
         raise ModelLoadFailed(
-            f"tensor-parallel start of {config.model}: a rank could not build its shard "
-            "(its log says why)"
+            f"tensor-parallel start of {config.model}: a worker rank could not build its "
+            "shard (its log says why)"
         )
+    driver = TPDriver(group, procs, device, TORCH_DTYPES[config.dtype])
     base = shard.runner.model.config.base_shape
     shard.buffers.on_change = lambda slot, w: driver.slot_changed(base, slot, w)
     shard.runner = DriverRunner(shard.runner, driver)

@@ -111,9 +111,9 @@ def _slice_keys(base: BaseShape):
 
 
 def pack_adapter(
-    weights: AdapterWeights, base: BaseShape, device: torch.device
+    weights: AdapterWeights, base: BaseShape, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slice ranks int64 [num_slices], values [numel] in the weights' dtype) on device."""
+    """(slice ranks int64 [num_slices], values [numel] in dtype, the slots') on device."""
     ranks, values = [], []
     for layer, group, s, _ in _slice_keys(base):
         sw = weights.slices(layer, group)[s]
@@ -121,7 +121,7 @@ def pack_adapter(
         if sw is not None:
             values += [sw.a.reshape(-1), sw.b.reshape(-1)]
     flat = torch.cat(values) if values else torch.zeros(0)
-    return torch.tensor(ranks, dtype=torch.long, device=device), flat.to(device)
+    return torch.tensor(ranks, dtype=torch.long, device=device), flat.to(device, dtype)
 
 
 def num_slices(base: BaseShape) -> int:

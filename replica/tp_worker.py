@@ -52,18 +52,21 @@ def worker_device(driver_device: torch.device, rank: int) -> torch.device:
 
 def connect_and_build(
     config: EngineConfig, device: torch.device, rank: int, port: int, timeout_s: float
-) -> tuple[TPGroup, ModelShard | None]:
-    """Join the group and build this rank's shard -> (group, shard or None when some rank,
-    this one or another, failed to build; every rank then returns None)."""
+) -> tuple[TPGroup, ModelShard | None, Exception | None]:
+    """Join the group and build this rank's shard -> (group, shard, this rank's error).
+
+    shard is None on every rank when any rank failed (one all-reduce of a failure flag
+    tells them all); error is what this rank's build raised, or None."""
     group = TPGroup.connect(rank, config.tensor_parallel_size, port, backend_for(device), timeout_s)
-    shard, failed = None, 0
+    shard, error = None, None
     try:
         shard = build_shard(config, device, group)
-    except Exception:
-        log.exception("tensor-parallel rank %d could not build its shard", rank)
-        failed = 1
-    status = group.all_reduce(torch.tensor([failed], dtype=torch.long, device=device))
-    return group, (shard if int(status.item()) == 0 else None)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the all-reduce below
+        error = e
+    failed = torch.tensor([error is not None], dtype=torch.long, device=device)
+    if int(group.all_reduce(failed).item()):
+        shard = None
+    return group, shard, error
 
 
 def serve(group: TPGroup, shard: ModelShard, device: torch.device) -> None:
@@ -111,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     device = worker_device(torch.device(args.device), args.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    group, shard = connect_and_build(config, device, args.rank, args.port, args.timeout)
+    group, shard, error = connect_and_build(config, device, args.rank, args.port, args.timeout)
     if shard is None:
+        if error is not None:
+            log.error("could not build this rank's shard: %s", error)
         return 1
     with torch.inference_mode():
         serve(group, shard, device)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from lora_core.errors import ModelLoadFailed
 from replica.layers.linear import Linear
@@ -111,7 +111,7 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
                     else:
                         param.data.copy_(tensor)
                     loaded.add(target)
-        except (OSError, RuntimeError, ValueError, AttributeError) as e:
+        except (OSError, RuntimeError, ValueError, AttributeError, SafetensorError) as e:
             raise ModelLoadFailed(f"cannot load {file.name}: {e}") from e
     missing = set(params) - loaded
     if missing:

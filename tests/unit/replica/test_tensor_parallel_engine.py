@@ -7,6 +7,7 @@ worker; close() stops the worker, and a worker whose driver is killed exits by i
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_core.errors import InvalidRequest
+from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.config import EngineConfig
 from replica.sampling_params import SamplingParams
 from tests.tiny import run_requests
@@ -55,6 +56,31 @@ def test_tensor_parallel_size_validated(llama_dir):
         small_engine(llama_dir, tensor_parallel_size=3)
     with pytest.raises(InvalidRequest, match="num_key_value_heads=2 is not divisible by"):
         small_engine(llama_dir, tensor_parallel_size=4)
+
+
+def _workers_of(model_dir: Path) -> list[int]:
+    """pids of live tensor-parallel workers started for model_dir."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "replica.tp_worker" in cmd and str(model_dir) in cmd and _alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_failed_shard_load_stops_workers(llama_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(llama_dir, broken)
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    weights.write_bytes(data[: header_end + 100])  # header intact, tensors cut off
+    with pytest.raises(ModelLoadFailed, match="model.safetensors"):
+        small_engine(broken, tensor_parallel_size=2)
+    assert _workers_of(broken) == []
 
 
 _DRIVER = """
