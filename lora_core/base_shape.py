@@ -21,6 +21,9 @@ MODULES: tuple[str, ...] = tuple(m for mods in GROUPS.values() for m in mods)
 MODULE_GROUP: dict[str, tuple[str, int]] = {
     m: (g, i) for g, mods in GROUPS.items() for i, m in enumerate(mods)
 }
+# Groups whose layer splits its *input* across tensor-parallel ranks (Megatron
+# row-parallel: o, down); the others (qkv, gate_up) split their output (column-parallel).
+ROW_PARALLEL_GROUPS: frozenset[str] = frozenset({"o", "down"})
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
@@ -74,3 +77,17 @@ class BaseShape:
         """(in_features, out_features of each slice) of a fused group."""
         mods = GROUPS[group]
         return self.module_shape(mods[0])[0], tuple(self.module_shape(m)[1] for m in mods)
+
+    def shard_sizes(self, group: str, tp_size: int) -> tuple[int, tuple[int, ...]]:
+        """group_sizes of one tensor-parallel rank's shard: row-parallel groups split
+        in_features, column-parallel groups split every slice's out_features."""
+        h, outs = self.group_sizes(group)
+        sizes = (h,) + outs
+        if any(n % tp_size for n in sizes):
+            raise ValueError(
+                f"{group}: sizes {sizes} do not divide by tensor_parallel_size={tp_size}; "
+                "allowed: a tensor_parallel_size dividing the heads and intermediate_size"
+            )
+        if group in ROW_PARALLEL_GROUPS:
+            return h // tp_size, outs
+        return h, tuple(n // tp_size for n in outs)

@@ -3,6 +3,19 @@
 The wrapper keeps vLLM's small *WithLoRA contract: its weights live in the shared
 `SlotBuffers` (created once), `set_slot` writes one slot, `reset_slot` zeroes it;
 `forward` adds the segmented LoRA delta of each token's slot to the base output.
+
+Tensor parallelism: the wrapper adds its delta between the base layer's local GEMM
+(`matmul`) and its communication (`reduce`), with slot buffers holding the rank's
+shard (SlotBuffers). Column-parallel groups (qkv, gate_up): x is whole, A whole, B
+split like the base weight's rows, so each rank computes exactly its output columns'
+delta; no communication. Row-parallel groups (o, down): x is split along H, so is A;
+the rank's shrink A_r @ x_r is a partial sum of A @ x, and as the expand is linear,
+B @ (sum_r A_r x_r) = sum_r B @ (A_r x_r): each rank expands its partial shrink with
+the whole B into its partial base output, and the base layer's one all-reduce sums
+base and delta together. The delta is counted once, not tp times, and needs no extra
+collective (an all-reduce of the [S, T, R] shrink output would be a second, latency-
+bound one per layer); the cost is that every rank runs the whole expand, as it would
+after a shrink all-reduce too.
 """
 
 from __future__ import annotations
@@ -28,8 +41,10 @@ LORA_TARGETS: tuple[tuple[str, str], ...] = (
 class LinearWithLoRA(nn.Module):
     """base(x) + per-token LoRA delta, for one layer's group (qkv, o, gate_up or down).
 
-    base_layer: a `replica.layers.linear.Linear` (or anything with `in_features`,
-    `output_sizes` and forward [T, H] -> [T, sum N_s]); lora_core cannot import replica.
+    base_layer: a `replica.layers.linear.Linear` (or anything with this rank's
+    `in_features` and `output_sizes`, `matmul` x: [T, H] -> [T, sum N_s] without
+    communication and `reduce` [T, sum N_s] -> the layer's output); lora_core cannot
+    import replica.
     """
 
     def __init__(
@@ -41,7 +56,7 @@ class LinearWithLoRA(nn.Module):
         ctx: LoraBatchContext,
     ):
         super().__init__()
-        h, outs = buffers.base.group_sizes(group)
+        h, outs = buffers.group_sizes(group)
         got = (base_layer.in_features, tuple(base_layer.output_sizes))
         if got != (h, outs):
             raise ValueError(
@@ -57,8 +72,8 @@ class LinearWithLoRA(nn.Module):
         self.output_sizes = tuple(base_layer.output_sizes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, sum N_s]."""
-        y = self.base_layer(x)
+        """x: [T, H] -> [T, sum N_s] (this rank's shard sizes)."""
+        y = self.base_layer.matmul(x)
         if self.ctx.any_lora:
             a = self.buffers.a(self.layer, self.group)
             kernels.lora_shrink_expand(
@@ -69,7 +84,7 @@ class LinearWithLoRA(nn.Module):
                 self.ctx.kernel_slots,
                 workspace=self.ctx.take(len(a), x.shape[0], a[0].shape[1]),
             )
-        return y
+        return self.base_layer.reduce(y)
 
     def set_slot(self, slot: int, slices: tuple[SliceWeights | None, ...]) -> None:
         """Write this layer-group's slices of one adapter into `slot`."""

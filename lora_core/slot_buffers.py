@@ -6,19 +6,30 @@ exactly what `kernels.lora_shrink` / `kernels.lora_expand` take (B_s is stored
 rank-major, a transposed view of [L, R, N_s]; the kernels read it through strides).
 A slot holding an adapter of rank r has rows/columns r..R-1 zero, and untargeted
 slices all zero, so the padded rank contributes nothing.
+
+With tensor parallelism (tp_size > 1) the buffers of rank tp_rank hold only its shard,
+matching the base layers it wraps (BaseShape.shard_sizes):
+    column-parallel groups (qkv, gate_up): A_s [L, R, H] whole, B_s [L, N_s/tp, R] rows
+        [tp_rank * N_s/tp, ...) of every slice (x is whole on every rank);
+    row-parallel groups (o, down): A [L, R, H/tp] columns [tp_rank * H/tp, ...) (x is
+        split along H), B [L, N, R] whole.
+So slot memory per device shrinks by about tp. The writer takes whole CPU adapter
+weights and narrows them to the rank's shard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from lora_core.base_shape import GROUPS, BaseShape
+from lora_core.base_shape import GROUPS, ROW_PARALLEL_GROUPS, BaseShape
 from lora_core.errors import AdapterIncompatible
 from lora_core.weights import AdapterWeights, SliceWeights
 
 
 class SlotBuffers:
-    """All slots of one model replica (one device)."""
+    """All slots of one model replica's device (one TP rank's shard of them)."""
 
     def __init__(
         self,
@@ -27,10 +38,16 @@ class SlotBuffers:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ):
         if max_loras < 1 or max_rank < 1:
             raise ValueError(f"max_loras={max_loras}, max_rank={max_rank}; allowed: both >= 1")
+        if not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank={tp_rank}, tp_size={tp_size}; allowed: 0 <= rank < size")
         self.base = base
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.dtype = dtype
@@ -41,9 +58,16 @@ class SlotBuffers:
             self._a.append({g: self._alloc_a(g) for g in GROUPS})
             self._b.append({g: self._alloc_b(g) for g in GROUPS})
         self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=self.device)
+        # Called after write(slot, weights) / clear(slot) (weights None) changed a slot: a
+        # tensor-parallel driver replays the change on its other ranks' buffers.
+        self.on_change: Callable[[int, AdapterWeights | None], None] | None = None
+
+    def group_sizes(self, group: str) -> tuple[int, tuple[int, ...]]:
+        """(in_features, out_features per slice) of this rank's shard of a group."""
+        return self.base.shard_sizes(group, self.tp_size)
 
     def _alloc_a(self, group: str) -> tuple[torch.Tensor, ...]:
-        h, outs = self.base.group_sizes(group)
+        h, outs = self.group_sizes(group)
         shape = (self.max_loras, self.max_rank, h)
         return tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in outs)
 
@@ -51,7 +75,7 @@ class SlotBuffers:
         """Stored rank-major ([L, R, N_s], viewed as [L, N_s, R]): a slot of rank r keeps
         its B in r contiguous rows, so the expand kernel reads only those (coalesced
         along N) instead of r of every R elements of each of N rows."""
-        _, outs = self.base.group_sizes(group)
+        _, outs = self.group_sizes(group)
         return tuple(
             torch.zeros(
                 (self.max_loras, self.max_rank, n), dtype=self.dtype, device=self.device
@@ -94,26 +118,36 @@ class SlotBuffers:
             for group in GROUPS:
                 self.write_slices(slot, layer, group, weights.slices(layer, group))
         self.slot_ranks[slot] = weights.rank
+        if self.on_change is not None:
+            self.on_change(slot, weights)
 
     def write_slices(
         self, slot: int, layer: int, group: str, slices: tuple[SliceWeights | None, ...]
     ) -> None:
-        """Set one layer-group of `slot`; None slices become zero."""
-        for a_buf, b_buf, sw in zip(
-            self._a[layer][group], self._b[layer][group], slices, strict=True
+        """Set one layer-group of `slot` from whole (unsharded) slices; None slices become
+        zero. Only this rank's shard of each slice is copied."""
+        h, outs = self.base.group_sizes(group)
+        row = group in ROW_PARALLEL_GROUPS
+        for a_buf, b_buf, sw, n in zip(
+            self._a[layer][group], self._b[layer][group], slices, outs, strict=True
         ):
             a_buf[slot].zero_()
             b_buf[slot].zero_()
-            if sw is not None:
-                r = sw.rank
-                if sw.a.shape[1] != a_buf.shape[2] or sw.b.shape[0] != b_buf.shape[1]:
-                    raise AdapterIncompatible(
-                        f"layers[{layer}].{group}",
-                        f"A {list(sw.a.shape)} / B {list(sw.b.shape)} do not fit the slots",
-                        f"A [r, {a_buf.shape[2]}], B [{b_buf.shape[1]}, r]",
-                    )
-                a_buf[slot, :r].copy_(sw.a, non_blocking=True)
-                b_buf[slot, :, :r].copy_(sw.b, non_blocking=True)
+            if sw is None:
+                continue
+            if sw.a.shape[1] != h or sw.b.shape[0] != n:
+                raise AdapterIncompatible(
+                    f"layers[{layer}].{group}",
+                    f"A {list(sw.a.shape)} / B {list(sw.b.shape)} do not fit the slots",
+                    f"A [r, {h}], B [{n}, r]",
+                )
+            a, b = sw.a, sw.b
+            if row:
+                a = a.narrow(1, self.tp_rank * a_buf.shape[2], a_buf.shape[2])
+            else:
+                b = b.narrow(0, self.tp_rank * b_buf.shape[1], b_buf.shape[1])
+            a_buf[slot, : sw.rank].copy_(a, non_blocking=True)
+            b_buf[slot, :, : sw.rank].copy_(b, non_blocking=True)
 
     def clear(self, slot: int) -> None:
         """Zero `slot` entirely (its tokens then get a zero delta)."""
@@ -124,6 +158,8 @@ class SlotBuffers:
                     for t in group:
                         t[slot].zero_()
         self.slot_ranks[slot] = 0
+        if self.on_change is not None:
+            self.on_change(slot, None)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:

@@ -28,7 +28,14 @@ class EngineConfig:
     enable_prefix_caching: share full KV blocks of equal (adapter identity, tokens) prefixes.
     seed: seeds the generator requests without a seed draw from (a run of the same
         requests in the same order is then reproducible).
-    cuda_graphs: replay decode-only steps from CUDA graphs (CUDA devices only).
+    cuda_graphs: replay decode-only steps from CUDA graphs (CUDA devices only; not
+        used when tensor_parallel_size > 1).
+    tensor_parallel_size: devices the base model is sharded over (Megatron-style TP).
+        Above 1 the engine's process is rank 0 (driver) and starts one worker process
+        per further rank: on CUDA rank r uses device index (device's index) + r, so the
+        process must see that many GPUs; on CPU the ranks share the CPU (gloo), for
+        tests. The model's attention heads, kv heads and intermediate size must divide
+        by it.
     """
 
     model: str
@@ -46,6 +53,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     cuda_graphs: bool = True
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -59,6 +67,7 @@ class EngineConfig:
         _at_least("max_num_seqs", self.max_num_seqs, 1)
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("max_model_len", self.max_model_len, 0)
+        _at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
 
 
 def _at_least(name: str, value: int, low: int) -> None:

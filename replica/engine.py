@@ -108,6 +108,13 @@ class LLMEngine:
         self._pending.append(self._output(seq, "", []))
         return True
 
+    def close(self) -> None:
+        """Stop what the engine started: the adapter loader thread and, with tensor
+        parallelism, the worker processes. The engine cannot step afterwards."""
+        self.adapters.close()
+        if self.parts.close is not None:
+            self.parts.close()
+
     def has_unfinished(self) -> bool:
         return bool(self._seqs) or bool(self._pending)
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from lora_core.context import LoraBatchContext, workspace_per_token
 from lora_core.errors import InvalidRequest, ModelLoadFailed
+from lora_core.layers import apply_lora
+from lora_core.manager import AdapterManager
+from lora_core.slot_buffers import SlotBuffers
 from replica.config import EngineConfig
 from replica.model_runner import ModelRunner
 from replica.models.config import resolve_max_model_len
 from replica.models.loader import load_model
+from replica.parallel import SINGLE, TPGroup
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -27,6 +33,8 @@ class EngineParts:
     max_model_len: int
     eos_token_ids: frozenset[int]
     vocab_size: int
+    close: Callable[[], None] | None = None
+    """Stops what the parts started (the TP worker processes), or None."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,17 +68,29 @@ def _eos_ids(model_dir: Path, tokenizer, config_eos: tuple[int, ...]) -> frozens
     return frozenset(ids)
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
-    device = resolve_device(config.device)
-    dtype = _DTYPES[config.dtype]
-    model, model_dir = load_model(config.model, dtype, device)
+@dataclass
+class ModelShard:
+    """What one TP rank runs: its model shard, KV cache (its kv heads) and adapter slots
+    (its shard of them), wired to the runner. At tp 1 the shard is the whole model."""
+
+    model_dir: Path
+    runner: ModelRunner
+    buffers: SlotBuffers
+    num_blocks: int
+    max_model_len: int
+
+
+def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE) -> ModelShard:
+    """Load rank tp.rank's shard of config.model on `device` with its KV cache and slots."""
+    dtype = TORCH_DTYPES[config.dtype]
+    model, model_dir = load_model(config.model, dtype, device, tp)
     cfg = model.config
-    tokenizer = load_tokenizer(model_dir)
     max_len = resolve_max_model_len(config.max_model_len, cfg.max_position_embeddings)
     num_blocks = config.num_kv_blocks or -(-config.kv_cache_tokens // config.block_size)
     # One block more than the block manager hands out: the scratch block that padding
     # rows of CUDA-graph decode steps read and write.
-    shape = (num_blocks + 1, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+    kv_heads = cfg.num_kv_heads // tp.size
+    shape = (num_blocks + 1, config.block_size, kv_heads, cfg.head_dim)
     kv = [
         (
             torch.zeros(shape, dtype=dtype, device=device),
@@ -78,12 +98,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         )
         for _ in range(cfg.num_layers)
     ]
-    from lora_core.context import LoraBatchContext, workspace_per_token
-    from lora_core.layers import apply_lora
-    from lora_core.manager import AdapterManager
-    from lora_core.slot_buffers import SlotBuffers
-
-    buffers = SlotBuffers(cfg.base_shape, config.max_loras, config.max_lora_rank, dtype, device)
+    buffers = SlotBuffers(
+        cfg.base_shape,
+        config.max_loras,
+        config.max_lora_rank,
+        dtype,
+        device,
+        tp_rank=tp.rank,
+        tp_size=tp.size,
+    )
     ctx = LoraBatchContext(
         config.max_num_batched_tokens,
         device,
@@ -92,20 +115,36 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_rank=config.max_lora_rank,
     )
     apply_lora(model.model, buffers, ctx)
+    # CUDA graphs would capture the row-parallel all-reduces; not validated under TP.
+    graphs = _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else None
+    runner = ModelRunner(model, kv, config.block_size, ctx, graphs)
+    return ModelShard(model_dir, runner, buffers, num_blocks, max_len)
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    device = resolve_device(config.device)
+    dtype = TORCH_DTYPES[config.dtype]
+    if config.tensor_parallel_size > 1:
+        from replica.tp_driver import start_tensor_parallel
+
+        shard, close = start_tensor_parallel(config, device)
+    else:
+        shard, close = build_shard(config, device), None
+    cfg = shard.runner.model.config
+    tokenizer = load_tokenizer(shard.model_dir)
     adapters = AdapterManager(
-        cfg.base_shape, buffers, config.max_cpu_loras, config.max_lora_rank, dtype
+        cfg.base_shape, shard.buffers, config.max_cpu_loras, config.max_lora_rank, dtype
     )
     return EngineParts(
-        model_dir=model_dir,
+        model_dir=shard.model_dir,
         tokenizer=tokenizer,
-        runner=ModelRunner(
-            model, kv, config.block_size, ctx, _graphs(config, model, kv, ctx, num_blocks, max_len)
-        ),
+        runner=shard.runner,
         adapters=adapters,
-        num_blocks=num_blocks,
-        max_model_len=max_len,
-        eos_token_ids=_eos_ids(model_dir, tokenizer, cfg.eos_token_ids),
+        num_blocks=shard.num_blocks,
+        max_model_len=shard.max_model_len,
+        eos_token_ids=_eos_ids(shard.model_dir, tokenizer, cfg.eos_token_ids),
         vocab_size=cfg.vocab_size,
+        close=close,
     )
 
 

@@ -102,10 +102,16 @@ class ModelRunner:
         logits = self._replay(batch)
         if logits is not None:
             return logits
+        hidden = self.forward(batch)
+        return self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """The model over the step's tokens (KV written) -> hidden states [T, H]; what a
+        tensor-parallel worker runs (only the driver computes logits)."""
         if self.lora_ctx is not None:
             self.lora_ctx.set(batch.lora_slots, batch.any_lora, batch.lora_count or None)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        return self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
 
     def _replay(self, batch: StepBatch) -> torch.Tensor | None:
         """Logits from a CUDA-graph replay when the step is decode-only, else None."""

@@ -1,9 +1,17 @@
-"""Linear layers written for tensor parallelism (tp_size = 1 today).
+"""Linear layers sharded Megatron-style across a tensor-parallel group.
 
-Each layer owns the full weight of its shard and a `weight_loader` that copies a
-checkpoint tensor (or one slice of a fused layer) into place; a TP pass only has
-to narrow those copies. Fused layers record `output_sizes`, the out-features of each
-slice in order (qkv: q, k, v; gate_up: gate, up) — LoRA wrappers rely on it.
+Column-parallel layers (qkv, gate_up) split their output features: rank r of tp keeps
+rows [r * N_s/tp, (r+1) * N_s/tp) of every slice s, takes the whole (replicated) input
+and needs no communication. Row-parallel layers (o, down) split their input features:
+rank r keeps columns [r * H/tp, (r+1) * H/tp), takes its shard of the input (what the
+column-parallel layer before it produced) and all-reduces its partial [T, N] output;
+the bias (replicated) is added once, after the all-reduce.
+
+Each layer's `weight_loader` copies the rank's shard of a checkpoint tensor (or of one
+slice of a fused layer) into place. `output_sizes` and `in_features` are the rank's
+(local) sizes, what LoRA wrappers match their slot buffers against; `matmul` (local
+GEMM) and `reduce` (the group's communication plus the bias) split `forward` so a LoRA
+wrapper can add its delta in between.
 """
 
 from __future__ import annotations
@@ -12,75 +20,158 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from replica.parallel import SINGLE, TPGroup
+
 
 class Linear(nn.Module):
-    """y = x @ W^T (+ b). weight: [N, H]; bias: [N] or None."""
+    """One rank's shard of y = x @ W^T (+ b). weight: [N_local, H_local]; bias: [N_local]
+    (column-parallel) or [N] (row-parallel) or None.
+
+    full_in: the checkpoint's in-features; full_sizes: its out-features per slice.
+    row_parallel: split the input (else the output) across `tp`.
+    """
 
     def __init__(
-        self, in_features: int, output_sizes: tuple[int, ...], bias: bool, tp_size: int = 1
+        self,
+        full_in: int,
+        full_sizes: tuple[int, ...],
+        bias: bool,
+        tp: TPGroup = SINGLE,
+        row_parallel: bool = False,
     ):
         super().__init__()
-        if tp_size != 1:
-            raise NotImplementedError("tensor parallelism: tp_size must be 1 for now")
-        self.in_features = in_features
-        self.output_sizes = tuple(output_sizes)
-        self.out_features = sum(output_sizes)
-        self.tp_size = tp_size
-        self.weight = nn.Parameter(torch.empty(self.out_features, in_features), requires_grad=False)
+        self.tp = tp
+        self.row_parallel = row_parallel
+        self.full_in = full_in
+        self.full_sizes = tuple(full_sizes)
+        if row_parallel:
+            self.in_features = tp.shard(full_in, "in_features")
+            self.output_sizes = self.full_sizes
+        else:
+            self.in_features = full_in
+            self.output_sizes = tuple(tp.shard(n, "out_features") for n in self.full_sizes)
+        self.out_features = sum(self.output_sizes)
+        self.weight = nn.Parameter(
+            torch.empty(self.out_features, self.in_features), requires_grad=False
+        )
         self.bias = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, N]."""
-        return F.linear(x, self.weight, self.bias)
+        """x: [T, H_local] -> [T, N_local] (row-parallel: [T, N], summed over the group)."""
+        return self.reduce(self.matmul(x))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The rank's GEMM without communication: x: [T, H_local] -> [T, N_local]; a
+        row-parallel layer returns its partial sum, without the bias."""
+        return F.linear(x, self.weight, None if self.row_parallel else self.bias)
+
+    def reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """matmul's output -> the layer's output: row-parallel all-reduces it and adds the
+        bias; column-parallel returns it as is."""
+        if not self.row_parallel:
+            return y
+        y = self.tp.all_reduce(y)
+        return y if self.bias is None else y.add_(self.bias)
 
     def slice_offset(self, shard: int) -> int:
+        """Local row offset of slice `shard`."""
         return sum(self.output_sizes[:shard])
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None
     ) -> None:
-        """Copy `loaded` (a whole weight, or slice `shard` of a fused one) into `param`."""
+        """Copy the rank's part of `loaded` into `param`.
+
+        loaded: the checkpoint's whole weight [N, H] / bias [N], or slice `shard` of a
+        fused one ([N_s, H] / [N_s]), unsharded.
+        """
         if shard is None:
-            if param.shape != loaded.shape:
-                raise ValueError(f"shape {tuple(loaded.shape)} does not fit {tuple(param.shape)}")
-            param.data.copy_(loaded)
+            want = (sum(self.full_sizes), self.full_in)[: loaded.dim()]
+            if tuple(loaded.shape) != want:
+                raise ValueError(f"shape {tuple(loaded.shape)} does not fit {want}")
+            if self.row_parallel:
+                param.data.copy_(self._narrow_in(loaded))
+                return
+            start = 0
+            for s, size in enumerate(self.full_sizes):
+                self._load_slice(param, loaded.narrow(0, start, size), s)
+                start += size
             return
-        start, size = self.slice_offset(shard), self.output_sizes[shard]
-        target = param.data.narrow(0, start, size)
-        if target.shape != loaded.shape:
-            raise ValueError(
-                f"slice {shard}: shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}"
-            )
-        target.copy_(loaded)
+        self._load_slice(param, loaded, shard)
+
+    def _load_slice(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
+        want = (self.full_sizes[shard], self.full_in)[: loaded.dim()]
+        if tuple(loaded.shape) != want:
+            raise ValueError(f"slice {shard}: shape {tuple(loaded.shape)} does not fit {want}")
+        if self.row_parallel:
+            loaded = self._narrow_in(loaded)
+        else:
+            local = self.output_sizes[shard]
+            loaded = loaded.narrow(0, self.tp.rank * local, local)
+        param.data.narrow(0, self.slice_offset(shard), self.output_sizes[shard]).copy_(loaded)
+
+    def _narrow_in(self, loaded: torch.Tensor) -> torch.Tensor:
+        """A row-parallel weight's input columns of this rank (a bias is replicated)."""
+        if loaded.dim() == 1:
+            return loaded
+        return loaded.narrow(1, self.tp.rank * self.in_features, self.in_features)
 
 
 class ColumnParallelLinear(Linear):
     """Output features split across TP ranks (one slice)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(in_features, (out_features,), bias)
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE
+    ):
+        super().__init__(in_features, (out_features,), bias, tp)
 
 
 class MergedColumnParallelLinear(Linear):
-    """Several column-parallel outputs fused into one GEMM (gate_up: gate, up)."""
+    """Several column-parallel outputs fused into one GEMM (gate_up: gate, up); each
+    slice is split on its own, so a rank holds gate rows and the matching up rows."""
 
-    def __init__(self, in_features: int, output_sizes: tuple[int, ...], bias: bool = False):
-        super().__init__(in_features, output_sizes, bias)
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: tuple[int, ...],
+        bias: bool = False,
+        tp: TPGroup = SINGLE,
+    ):
+        super().__init__(in_features, output_sizes, bias, tp)
 
 
 class QKVParallelLinear(Linear):
-    """Fused q, k, v projection: output_sizes = (heads*d, kv_heads*d, kv_heads*d)."""
+    """Fused q, k, v projection: output_sizes = (heads*d, kv_heads*d, kv_heads*d) / tp.
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+    Split by heads: rank r holds q heads [r * heads/tp, ...) and the kv heads their
+    group shares, so both head counts must divide by tp (refused otherwise).
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        tp: TPGroup = SINGLE,
+    ):
+        tp.shard(num_heads, "num_attention_heads")
+        tp.shard(num_kv_heads, "num_key_value_heads")
         super().__init__(
-            hidden, (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim), bias
+            hidden,
+            (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim),
+            bias,
+            tp,
         )
 
 
 class RowParallelLinear(Linear):
-    """Input features split across TP ranks; an all-reduce would follow (none at tp_size 1)."""
+    """Input features split across TP ranks; the partial outputs are all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__(in_features, (out_features,), bias)
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE
+    ):
+        super().__init__(in_features, (out_features,), bias, tp, row_parallel=True)

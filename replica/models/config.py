@@ -87,6 +87,21 @@ class ModelConfig:
             eos_token_ids=eos_ids,
         )
 
+    def check_tensor_parallel(self, size: int) -> None:
+        """Refuse a tensor_parallel_size the model cannot be sharded over (Megatron TP
+        splits q heads, kv heads and the MLP's intermediate features evenly)."""
+        dims = {
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "intermediate_size": self.intermediate_size,
+        }
+        for name, n in dims.items():
+            if n % size:
+                raise InvalidRequest(
+                    f"{name}={n} is not divisible by tensor_parallel_size={size}; allowed: a "
+                    f"tensor_parallel_size dividing {', '.join(f'{k}={v}' for k, v in dims.items())}"
+                )
+
     @property
     def base_shape(self) -> BaseShape:
         return BaseShape(

@@ -1,8 +1,11 @@
 """Llama-family decoder (Llama, Mistral, Qwen2) written for the engine.
 
 Pure model code: no LoRA, no scheduling. LoRA is a pass (`lora_core.layers.apply_lora`)
-that replaces the fused projections; tensor parallelism would be another pass over
-the TP-ready linears. Inputs are flattened batches: input_ids: long [T],
+that replaces the fused projections. Tensor parallelism is built in, Megatron style:
+with a `TPGroup` of size tp, each rank's attention holds num_heads/tp q heads and
+num_kv_heads/tp kv heads (qkv column-parallel, o row-parallel), its MLP
+intermediate/tp features (gate_up column-parallel, down row-parallel); the embedding,
+norms and lm_head are replicated, so every rank's hidden states are whole. Inputs are flattened batches: input_ids: long [T],
 positions: long [T], plus paged-attention metadata.
 """
 
@@ -16,24 +19,25 @@ from replica.layers.attention import AttentionMetadata, paged_attention
 from replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from replica.layers.norm_rope import RMSNorm, RotaryEmbedding
 from replica.models.config import ModelConfig
+from replica.parallel import SINGLE, TPGroup
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    """This rank's heads: num_heads/tp query heads, num_kv_heads/tp kv heads."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup = SINGLE):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.num_heads = tp.shard(cfg.num_heads, "num_attention_heads")
+        self.num_kv_heads = tp.shard(cfg.num_kv_heads, "num_key_value_heads")
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.window = cfg.layer_windows[layer]
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp
         )
-        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp=tp)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def forward(self, x, positions, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
@@ -49,13 +53,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """This rank's intermediate/tp features of gate, up and down."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.intermediate = cfg.intermediate_size
+        self.intermediate = tp.shard(cfg.intermediate_size, "intermediate_size")
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, (cfg.intermediate_size,) * 2
+            cfg.hidden_size, (cfg.intermediate_size,) * 2, tp=tp
         )
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -63,12 +69,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, positions, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
@@ -78,11 +84,11 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """embed -> layers -> norm. `layers` is what LoRA and TP passes walk."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta):
@@ -93,12 +99,18 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The decoder plus the LM head; one class serves all three architectures."""
+    """The decoder plus the LM head; one class serves all three architectures.
 
-    def __init__(self, cfg: ModelConfig):
+    tp: the TP group this copy is rank `tp.rank` of. The lm_head is replicated: only the
+    driver (rank 0) computes logits, from hidden states every rank holds whole, so
+    sharding it would add a gather per step to save memory only (vocab x hidden per rank).
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg)
+        self.tp = tp
+        self.model = DecoderModel(cfg, tp)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head.weight.requires_grad_(False)
         if cfg.tie_word_embeddings:

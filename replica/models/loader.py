@@ -1,7 +1,8 @@
 """Load a Llama-family model from a local HF directory or a cached hub id.
 
 Weights come only from safetensors (one file or a sharded index); q/k/v and gate/up
-checkpoint tensors are copied into their slices of the fused layers.
+checkpoint tensors are copied into their slices of the fused layers. Every linear
+layer's tensor goes through its `weight_loader`, which keeps only this TP rank's shard.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from lora_core.errors import ModelLoadFailed
+from replica.layers.linear import Linear
 from replica.models.config import ModelConfig
 from replica.models.llama import CausalLM
+from replica.parallel import SINGLE, TPGroup
 
 # checkpoint projection name -> (fused module attribute, slice index)
 _FUSED = {
@@ -99,27 +102,30 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
                     param = params[target]
                     module = model.get_submodule(target.rsplit(".", 1)[0])
                     tensor = f.get_tensor(name).to(param.dtype)
-                    if shard is None:
-                        if param.shape != tensor.shape:
-                            raise ModelLoadFailed(
-                                f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}"
-                            )
-                        param.data.copy_(tensor)
-                    else:
+                    if isinstance(module, Linear):
                         module.weight_loader(param, tensor, shard)
+                    elif param.shape != tensor.shape:
+                        raise ModelLoadFailed(
+                            f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}"
+                        )
+                    else:
+                        param.data.copy_(tensor)
                     loaded.add(target)
-        except (OSError, RuntimeError, ValueError, AttributeError) as e:
+        except (OSError, RuntimeError, ValueError, AttributeError, SafetensorError) as e:
             raise ModelLoadFailed(f"cannot load {file.name}: {e}") from e
     missing = set(params) - loaded
     if missing:
         raise ModelLoadFailed(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
 
 
-def load_model(model: str, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, Path]:
-    """Build the model for `model` (dir or cached hub id) on `device` and load its weights."""
+def load_model(
+    model: str, dtype: torch.dtype, device: torch.device, tp: TPGroup = SINGLE
+) -> tuple[CausalLM, Path]:
+    """Build rank tp.rank's shard of `model` (dir or cached hub id) on `device` and load
+    its weights."""
     model_dir = resolve_model_dir(model)
     cfg = read_config(model_dir)
     with torch.device(device):
-        net = CausalLM(cfg).to(dtype)
+        net = CausalLM(cfg, tp).to(dtype)
     load_weights(net, model_dir)
     return net.eval(), model_dir

@@ -1,0 +1,99 @@
+"""The tensor-parallel group of one replica (Megatron-style TP across its GPUs).
+
+Every rank of a replica holds one shard of the base model; the ranks meet in one
+process group (gloo on CPU, nccl on CUDA) that carries the row-parallel all-reduces
+and the driver's per-step broadcasts. The group is built from its own TCP store and
+process-group object, not `torch.distributed.init_process_group`, so no process-global
+state is touched: one process may hold several engines (tests do), one after another.
+
+Example (tp 2, hidden 8, num_heads 4, head_dim 2): qkv_proj of rank 1 holds q heads
+2-3 (rows 4..7 of q_proj) and its kv heads; o_proj of rank 1 holds input columns 4..7
+of the checkpoint's o_proj and all-reduces its [T, 8] partial output with rank 0's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+from lora_core.errors import InvalidRequest
+
+# A collective's timeout is how long a worker may wait for the driver's next command;
+# an idle replica must not time its workers out.
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+
+
+class TPGroup:
+    """rank in [0, size) of a TP group of `size` ranks. size 1 needs no process group."""
+
+    def __init__(self, rank: int = 0, size: int = 1, pg: dist.ProcessGroup | None = None):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank={rank}, size={size}; allowed: 0 <= rank < size")
+        if size > 1 and pg is None:
+            raise ValueError(f"a TP group of size {size} needs a process group")
+        self.rank = rank
+        self.size = size
+        self._pg = pg
+        self._store: dist.Store | None = None  # kept alive as long as the group
+
+    @classmethod
+    def connect(
+        cls, rank: int, size: int, port: int, backend: str, timeout_s: float = 120.0
+    ) -> TPGroup:
+        """Join the group whose rank 0 hosts the TCP store on 127.0.0.1:port.
+
+        backend: "gloo" (CPU tensors) or "nccl" (CUDA tensors). timeout_s bounds the
+        rendezvous (a rank that never comes up fails the others' start). Collectives get
+        COLLECTIVE_TIMEOUT instead: workers wait in a broadcast for the driver's next
+        command, however long the replica stays idle; a rank that dies breaks its
+        connections, which fails the others' next collective at once.
+        """
+        store = dist.TCPStore(
+            "127.0.0.1", port, size, rank == 0, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+        if backend == "gloo":
+            pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
+        elif backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = COLLECTIVE_TIMEOUT
+            pg = dist.ProcessGroupNCCL(store, rank, size, options)
+        else:
+            raise InvalidRequest(f"backend={backend!r}; allowed: 'gloo' or 'nccl'")
+        group = cls(rank, size, pg)
+        group._store = store
+        return group
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum t over the ranks, in place; returns t."""
+        if self.size > 1:
+            self._pg.allreduce(t).wait()
+        return t
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite t on every rank with rank src's t, in place; returns t."""
+        if self.size > 1:
+            self._pg.broadcast(t, src).wait()
+        return t
+
+    def shard(self, n: int, what: str) -> int:
+        """n // size, refusing an n the group cannot split evenly."""
+        if n % self.size:
+            raise InvalidRequest(
+                f"{what}={n} is not divisible by tensor_parallel_size={self.size}; allowed: "
+                f"a tensor_parallel_size that divides {what}"
+            )
+        return n // self.size
+
+
+SINGLE = TPGroup()
+"""The group of a model that is not sharded (tp_size 1)."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the store binds it moments later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,151 @@
+"""What the tensor-parallel driver (rank 0) sends its workers: tensors only, no pickles.
+
+Every command is one broadcast of a fixed int64 header [HEADER_LEN], then the payload
+tensors the header sizes:
+
+    kind   header[1:]                                    payload
+    STEP   T, D, W, P, Wp, lora_count                    int64 [4T + D*W + D + 3P + P*Wp]
+    WRITE  slot, numel, rank                             int64 [num_slices] slice ranks,
+                                                         float [numel] A and B values
+    CLEAR  slot                                          -
+    STOP   -                                             -
+
+STEP payload, in order: input_ids [T], positions [T], lora_slots [T], slot_mapping [T],
+decode block tables [D, W], decode context lens [D], prefill (start, q_len, context_len)
+[P, 3], prefill block tables [P, Wp] zero-padded (attention reads a chunk's table only
+up to its context_len). Example: one decode token (table [3], 5 tokens of KV) and a
+3-token prefill chunk (table [1, 2]): T=4, D=1, W=1, P=1, Wp=2.
+
+WRITE payload: for each layer, group and slice of `base_shape.GROUPS` in order, the
+slice's rank (0 = untargeted); then A [r, H] and B [N, r] of each targeted slice,
+flattened and concatenated, whole (each rank keeps its shard: SlotBuffers.write_slices).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lora_core.base_shape import GROUPS, BaseShape
+from lora_core.weights import AdapterWeights, SliceWeights
+from replica.layers.attention import AttentionMetadata, PrefillChunk
+from replica.model_runner import StepBatch
+
+HEADER_LEN = 8
+STEP, WRITE, CLEAR, STOP = 1, 2, 3, 4
+
+
+def header(kind: int, *fields: int, device: torch.device) -> torch.Tensor:
+    """int64 [HEADER_LEN]: kind, then fields, zero-padded."""
+    values = [kind, *fields]
+    assert len(values) <= HEADER_LEN, "header fields fit HEADER_LEN"
+    return torch.tensor(values + [0] * (HEADER_LEN - len(values)), dtype=torch.long, device=device)
+
+
+def pack_step(batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(header, payload) of one step; payload on the batch's device."""
+    meta = batch.meta
+    t = batch.input_ids.shape[0]
+    dev = batch.input_ids.device
+    parts = [batch.input_ids, batch.positions, batch.lora_slots.long(), meta.slot_mapping]
+    d, w = 0, 0
+    if meta.num_decode:
+        d, w = meta.decode_block_tables.shape
+        parts += [meta.decode_block_tables.reshape(-1), meta.decode_context_lens]
+    p = len(meta.prefills)
+    wp = max((c.block_table.shape[0] for c in meta.prefills), default=0)
+    if p:
+        parts.append(
+            torch.tensor(
+                [[c.start, c.q_len, c.context_len] for c in meta.prefills],
+                dtype=torch.long,
+                device=dev,
+            ).view(-1)
+        )
+        tables = torch.zeros(p, wp, dtype=torch.long, device=dev)
+        for i, c in enumerate(meta.prefills):
+            tables[i, : c.block_table.shape[0]] = c.block_table
+        parts.append(tables.view(-1))
+    payload = torch.cat([x.reshape(-1).long() for x in parts])
+    return header(STEP, t, d, w, p, wp, batch.lora_count, device=dev), payload
+
+
+def step_payload_len(h: list[int]) -> int:
+    """Payload elements of a STEP header (as a list of ints)."""
+    t, d, w, p, wp = h[1:6]
+    return 4 * t + d * w + d + 3 * p + p * wp
+
+
+def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
+    """The StepBatch a worker runs (no sample rows: only the driver samples)."""
+    t, d, w, p, wp, lora_count = h[1:7]
+    sizes = [t, t, t, t, d * w, d, 3 * p, p * wp]
+    ids, pos, slots, slot_mapping, dtables, dlens, pinfo, ptables = payload.split(sizes)
+    ptables = ptables.view(p, wp)
+    prefills = [
+        PrefillChunk(start, q_len, ctx, ptables[i])
+        for i, (start, q_len, ctx) in enumerate(pinfo.view(p, 3).tolist())
+    ]
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        num_decode=d,
+        decode_block_tables=dtables.view(d, w) if d else None,
+        decode_context_lens=dlens if d else None,
+        prefills=prefills,
+    )
+    return StepBatch(
+        input_ids=ids,
+        positions=pos,
+        lora_slots=slots,
+        lora_count=lora_count,
+        meta=meta,
+        sample_rows=payload[:0],
+        sample_seqs=[],
+    )
+
+
+def _slice_keys(base: BaseShape):
+    for layer in range(base.num_layers):
+        for group, modules in GROUPS.items():
+            for s, module in enumerate(modules):
+                yield layer, group, s, module
+
+
+def pack_adapter(
+    weights: AdapterWeights, base: BaseShape, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slice ranks int64 [num_slices], values [numel] in dtype, the slots') on device."""
+    ranks, values = [], []
+    for layer, group, s, _ in _slice_keys(base):
+        sw = weights.slices(layer, group)[s]
+        ranks.append(0 if sw is None else sw.rank)
+        if sw is not None:
+            values += [sw.a.reshape(-1), sw.b.reshape(-1)]
+    flat = torch.cat(values) if values else torch.zeros(0)
+    return torch.tensor(ranks, dtype=torch.long, device=device), flat.to(device, dtype)
+
+
+def num_slices(base: BaseShape) -> int:
+    return base.num_layers * sum(len(m) for m in GROUPS.values())
+
+
+def unpack_adapter(
+    ranks: torch.Tensor, flat: torch.Tensor, base: BaseShape, rank: int
+) -> AdapterWeights:
+    """AdapterWeights of adapter rank `rank` (views of flat; content_hash empty) from
+    pack_adapter's tensors."""
+    layers: list[dict[str, list[SliceWeights | None]]] = [
+        {g: [] for g in GROUPS} for _ in range(base.num_layers)
+    ]
+    offset = 0
+    for (layer, group, _, module), r in zip(_slice_keys(base), ranks.tolist(), strict=True):
+        if r == 0:
+            layers[layer][group].append(None)
+            continue
+        h, n = base.module_shape(module)
+        a = flat[offset : offset + r * h].view(r, h)
+        offset += r * h
+        b = flat[offset : offset + n * r].view(n, r)
+        offset += n * r
+        layers[layer][group].append(SliceWeights(a, b))
+    packed = tuple({g: tuple(v) for g, v in layer.items()} for layer in layers)
+    return AdapterWeights("", rank, packed)

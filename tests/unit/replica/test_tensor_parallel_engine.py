@@ -1,0 +1,123 @@
+"""Tensor parallelism at the engine level: an engine with tensor_parallel_size=2 on CPU
+(the engine's process is rank 0, one gloo worker process) generates the greedy tokens of
+the tp=1 engine (itself equal to HF + PEFT, test_generate_vs_peft) for base and several
+adapters in one run, with fewer slots than adapters so slot writes and clears reach the
+worker; close() stops the worker, and a worker whose driver is killed exits by itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lora_core.errors import InvalidRequest, ModelLoadFailed
+from replica.config import EngineConfig
+from replica.sampling_params import SamplingParams
+from tests.tiny import run_requests
+from tests.unit.replica.engines import small_engine
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+PROMPTS = ["hello world how are you", "the quick brown fox jumps over"]
+ADAPTERS = ("all16rs", "qv8", "mlp4")  # three adapters, two slots
+
+
+def _requests(refs):
+    return [
+        (f"{name or 'base'}-{i}", prompt, GREEDY, refs[name] if name else None)
+        for i, prompt in enumerate(PROMPTS)
+        for name in (None, *ADAPTERS)
+    ]
+
+
+def test_tp2_engine_equals_tp1(llama_dir, refs):
+    want = run_requests(small_engine(llama_dir), _requests(refs))
+    engine = small_engine(llama_dir, tensor_parallel_size=2)
+    procs = engine.runner.driver.procs
+    try:
+        got = run_requests(engine, _requests(refs))
+        assert engine.stats().adapter_loads > 2  # slots were rewritten on both ranks
+    finally:
+        engine.close()
+    assert got == want
+    assert [p.returncode for p in procs] == [0]
+
+
+def test_tensor_parallel_size_validated(llama_dir):
+    with pytest.raises(InvalidRequest, match="tensor_parallel_size=0; allowed"):
+        EngineConfig(model=str(llama_dir), tensor_parallel_size=0)
+    # refused before any worker starts: the tiny model has 4 heads, 2 kv heads
+    with pytest.raises(InvalidRequest, match="num_attention_heads=4 is not divisible by"):
+        small_engine(llama_dir, tensor_parallel_size=3)
+    with pytest.raises(InvalidRequest, match="num_key_value_heads=2 is not divisible by"):
+        small_engine(llama_dir, tensor_parallel_size=4)
+
+
+def _workers_of(model_dir: Path) -> list[int]:
+    """pids of live tensor-parallel workers started for model_dir."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "replica.tp_worker" in cmd and str(model_dir) in cmd and _alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_failed_shard_load_stops_workers(llama_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(llama_dir, broken)
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    weights.write_bytes(data[: header_end + 100])  # header intact, tensors cut off
+    with pytest.raises(ModelLoadFailed, match="model.safetensors"):
+        small_engine(broken, tensor_parallel_size=2)
+    assert _workers_of(broken) == []
+
+
+_DRIVER = """
+import sys, time
+from tests.unit.replica.engines import small_engine
+engine = small_engine(sys.argv[1], tensor_parallel_size=2)
+print(*[p.pid for p in engine.runner.driver.procs], flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_worker_exits_when_driver_killed(llama_dir):
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, str(llama_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    try:
+        pid = int(driver.stdout.readline())
+        assert _alive(pid)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pid)
+    finally:
+        driver.kill()
