@@ -130,6 +130,10 @@ class ClusterArgs(BaseModel):
     """Autoscale the replica deployment (None = num_replicas, fixed)."""
     num_cpus_per_replica: float = Field(0.5, ge=0.0)
     num_gpus_per_replica: float = Field(0.0, ge=0.0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one replica's base model is sharded over (Megatron-style tensor parallelism:
+    the replica runs one worker process per further rank). On GPUs num_gpus_per_replica
+    must equal it."""
     max_ongoing_requests: int = Field(32, ge=1)
     max_queued_requests: int = Field(256, ge=-1)
     """Requests waiting for a replica before 503 backpressure (-1 = unbounded)."""
@@ -149,6 +153,12 @@ class ClusterArgs(BaseModel):
         if self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras={self.max_cpu_loras}; allowed: >= max_loras ({self.max_loras})"
+            )
+        tp, gpus = self.tensor_parallel_size, self.num_gpus_per_replica
+        if tp > 1 and gpus > 0 and gpus != tp:
+            raise ValueError(
+                f"num_gpus_per_replica={gpus:g} with tensor_parallel_size={tp}; allowed: "
+                f"num_gpus_per_replica {tp} (one GPU per rank) or 0 (CPU)"
             )
         if self.hot_queue_len > self.overload_queue_len:
             raise ValueError("hot_queue_len must be <= overload_queue_len")
@@ -254,6 +264,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_lora_rank=cfg.max_lora_rank,
         max_model_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
+        tensor_parallel_size=cfg.tensor_parallel_size,
     )
     replica = ReplicaSettings(
         engine=engine,

@@ -179,6 +179,10 @@ class AsyncEngine:
                 self._stats = self.engine.stats()
 
     def shutdown(self) -> None:
+        """Stop the step thread, then the engine (its adapter loader and, with tensor
+        parallelism, its worker processes)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # a step still running keeps what it uses
+            self.engine.close()

@@ -30,6 +30,8 @@ def test_defaults_match_cluster_yaml():
         ({"redis_port": 70000}, "redis_port"),
         ({"lease_ttl_s": 1.0, "registry_tick_s": 2.0}, "lease_ttl_s"),
         ({"bogus": 1}, "bogus"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 2, "num_gpus_per_replica": 1}, "num_gpus_per_replica"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):
@@ -108,3 +110,10 @@ def test_the_serve_config_names_the_lora_policy_with_its_kwargs():
     assert "metrics_interval_s" not in config  # Serve's default; setting it warns
     default = parse_args({"autoscaling": {"policy": "default"}}).autoscaling.serve_config()
     assert "policy" not in default
+
+
+def test_tensor_parallel_takes_one_gpu_per_rank_or_the_cpu():
+    assert (
+        parse_args({"tensor_parallel_size": 2, "num_gpus_per_replica": 2}).tensor_parallel_size == 2
+    )
+    assert parse_args({"tensor_parallel_size": 2}).num_gpus_per_replica == 0
