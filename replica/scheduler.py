@@ -17,6 +17,9 @@ A step's waiting-side work is bounded by what it admits, fails and skips, not by
 queue's length: the queue is kept per adapter (`WaitingQueue`), so skipping an adapter
 that cannot get a slot costs one look however many of its requests wait, and the scan
 stops at the first KV shortage or when the budget or the sequence room runs out.
+
+Queued requests that wait for an adapter slot are reported to `AdapterDemand` (when
+given), so the CPU adapter cache keeps their adapters while it can drop others.
 """
 
 from __future__ import annotations
@@ -41,6 +44,17 @@ class AdapterAdmission(Protocol):
     def acquire(self, ref: AdapterRef) -> int: ...
 
     def release(self, ref: AdapterRef) -> None: ...
+
+
+class AdapterDemand(Protocol):
+    """Where the scheduler reports which adapters queued requests wait for: want(ref)
+    once per request queued without a slot, unwant(ref) once when it gets its slot,
+    fails or is aborted. A preempted sequence is not counted: it keeps its slot, so its
+    adapter is in use and stays in memory anyway."""
+
+    def want(self, ref: AdapterRef) -> None: ...
+
+    def unwant(self, ref: AdapterRef) -> None: ...
 
 
 @dataclass
@@ -165,9 +179,11 @@ class Scheduler:
         adapters: AdapterAdmission,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        demand: AdapterDemand | None = None,
     ):
         self.blocks = blocks
         self.adapters = adapters
+        self.demand = demand
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
         self.waiting = WaitingQueue()
@@ -176,6 +192,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if self.demand is not None and self._needs_slot(seq):
+            self.demand.want(seq.adapter)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -236,6 +254,7 @@ class Scheduler:
             self.waiting.end_scan()
 
     def _fail(self, seq: Sequence, error: LoraFleetError, out: SchedulerOutput) -> None:
+        self._unwant(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "error"
@@ -260,6 +279,7 @@ class Scheduler:
                 self.blocks.free(seq.block_table)
                 seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
                 raise
+            self._unwant(seq)
             seq.holds_slot = True
         seq.status = Status.RUNNING
         self.running.append(seq)
@@ -270,6 +290,11 @@ class Scheduler:
     def _needs_slot(seq: Sequence) -> bool:
         """seq has an adapter and no slot yet (a preempted sequence still holds its own)."""
         return seq.adapter is not None and not seq.holds_slot
+
+    def _unwant(self, seq: Sequence) -> None:
+        """A waiting seq without a slot got one, failed or was aborted: it stops waiting."""
+        if self.demand is not None and self._needs_slot(seq):
+            self.demand.unwant(seq.adapter)
 
     def _grow(self, seq: Sequence, n: int) -> bool:
         """Give seq blocks for num_computed + n tokens; False if too few are free."""
@@ -315,6 +340,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+            self._unwant(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason

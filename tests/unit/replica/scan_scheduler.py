@@ -13,11 +13,12 @@ from replica.sequence import Sequence, Status
 
 
 class ScanScheduler(Scheduler):
-    """Scheduler with the old O(queue) waiting scan: every method that touches the
-    waiting queue is the old one."""
+    """Scheduler with the old O(queue) waiting scan (no AdapterDemand): every method that
+    touches the waiting queue is the old one."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        assert self.demand is None, "the old scheduler reported no demand"
         self.waiting: deque[Sequence] = deque()
 
     def add(self, seq: Sequence) -> None:

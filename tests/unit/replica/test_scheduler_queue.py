@@ -1,6 +1,6 @@
 """The per-adapter waiting queue: a blocked adapter costs one look per step however many of
 its requests wait; the scheduler admits, skips, fails and preempts exactly as the old
-full scan did (random workloads, compared step by step)."""
+full scan did (random workloads, compared step by step); queued demand stays balanced."""
 
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ from tests.unit.replica.scan_scheduler import ScanScheduler
 
 class Slots:
     """n refcounted slots; adapters in `gone` raise AdapterNotFound (unloaded); counts
-    can_admit calls (looks) per key."""
+    can_admit calls (looks) and the demand (want / unwant) per key."""
 
     def __init__(self, n: int):
         self.n = n
         self.users: dict[str, int] = {}
         self.gone: set[str] = set()
         self.looks: Counter[str] = Counter()
+        self.wanted: Counter[str] = Counter()
 
     def can_admit(self, ref: AdapterRef) -> bool:
         self.looks[ref.key] += 1
@@ -47,6 +48,15 @@ class Slots:
         self.users[ref.key] -= 1
         if not self.users[ref.key]:
             del self.users[ref.key]
+
+    def want(self, ref: AdapterRef) -> None:
+        self.wanted[ref.key] += 1
+
+    def unwant(self, ref: AdapterRef) -> None:
+        assert self.wanted[ref.key] > 0, f"unwant({ref.key}) without want"
+        self.wanted[ref.key] -= 1
+        if not self.wanted[ref.key]:
+            del self.wanted[ref.key]
 
 
 REFS = [AdapterRef(n, 1, n * 8, "/x", 8) for n in "abcd"]
@@ -145,7 +155,7 @@ def _mirror(seed: int):
     new, old = Slots(slots), Slots(slots)
     return (
         rng,
-        Scheduler(BlockManager(**kv), new, **limits),
+        Scheduler(BlockManager(**kv), new, **limits, demand=new),
         ScanScheduler(BlockManager(**kv), old, **limits),
     )
 
@@ -162,11 +172,15 @@ def _view(s: Scheduler, out) -> tuple:
     )
 
 
+def _wanted_by_queue(s: Scheduler) -> Counter[str]:
+    return Counter(q.adapter_key for q in s.waiting if q.adapter is not None and not q.holds_slot)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_matches_the_old_full_scan_step_by_step(seed):
     """Arrivals, aborts, unloads (waiting requests of an unloaded adapter fail alone),
     KV shortage, preemption and prefix hits: both schedulers make the same decisions
-    every step."""
+    every step, and the demand reported equals the queued requests without a slot."""
     rng, new, old = _mirror(seed)
     seqs: dict[str, tuple[Sequence, Sequence]] = {}
     max_len = new.blocks.num_blocks * 4
@@ -198,8 +212,9 @@ def test_matches_the_old_full_scan_step_by_step(seed):
                     q.tokens.append((int(q.request_id) + len(q.tokens)) % 3)
                     if q.num_output >= q.params.max_tokens:
                         s.finish(q, "length")
+        assert new.adapters.wanted == _wanted_by_queue(new)
     while new.has_work():
         for s in (new, old):
             for q in list(s.waiting) + list(s.running):
                 s.finish(q, "abort")
-    assert not old.has_work() and not new.adapters.users
+    assert not old.has_work() and not new.adapters.wanted and not new.adapters.users
