@@ -97,6 +97,7 @@ class WaitingQueue:
         self._groups: dict[str, OrderedDict[Sequence, int]] = {}
         self._heap: list[tuple[int, str]] = []
         self._passed: list[tuple[int, str]] = []
+        self._first: tuple[int, str] | None = None  # the heap entry first() answered from
         self._back, self._front, self._len = 0, -1, 0
 
     def __len__(self) -> int:
@@ -150,14 +151,15 @@ class WaitingQueue:
             pos, key = heap[0]
             group = self._groups.get(key)
             if group is not None and next(iter(group.values())) == pos:
+                self._first = heap[0]
                 return next(iter(group))
             heapq.heappop(heap)  # stale
         return None
 
-    def pass_over(self, seq: Sequence) -> None:
-        """Leave seq's group (seq = first()) out of first() until end_scan()."""
+    def pass_over(self) -> None:
+        """Leave the group of the sequence first() returned out of first() until end_scan()."""
+        assert self._heap and self._heap[0] is self._first, "pass_over() right after first()"
         entry = heapq.heappop(self._heap)
-        assert entry == (self._groups[seq.adapter_key][seq], seq.adapter_key), "not first()"
         while self._heap and self._heap[0] == entry:  # pushed again when it became first again
             heapq.heappop(self._heap)
         self._passed.append(entry)
@@ -239,7 +241,7 @@ class Scheduler:
                     if self._needs_slot(seq) and not self.adapters.can_admit(seq.adapter):
                         # Admissions only take slots, so none frees up later in this step:
                         # skip every request of this adapter at once (they all need one).
-                        self.waiting.pass_over(seq)
+                        self.waiting.pass_over()
                         continue
                     admitted = self._admit(seq, budget, out)
                 except LoraFleetError as e:  # this request's adapter is gone: fail it alone

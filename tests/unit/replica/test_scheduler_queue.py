@@ -87,7 +87,7 @@ def test_queue_worked_example_from_docstring():
     assert q.first() is p
     q.remove(p)  # admitted
     assert q.first() is a1
-    q.pass_over(a1)  # no slot for a
+    q.pass_over()  # no slot for a
     assert q.first() is b1
     q.remove(b1)
     assert q.first() is None  # a2 is never looked at
@@ -105,7 +105,7 @@ def test_queue_passes_a_group_over_once():
     q.appendleft(p)
     q.remove(p)
     assert q.first() is x
-    q.pass_over(x)
+    q.pass_over()
     assert q.first() is None
     q.end_scan()
     assert q.first() is x
