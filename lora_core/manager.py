@@ -134,6 +134,16 @@ class AdapterManager:
         with self._lock:
             self._run(self.pool.release(ref.key), {})
 
+    def want(self, ref: AdapterRef) -> None:
+        """A request queued for ref waits for a slot (the scheduler's AdapterDemand)."""
+        with self._lock:
+            self.pool.want(ref.key)
+
+    def unwant(self, ref: AdapterRef) -> None:
+        """A request that waited for ref got its slot, failed or was aborted."""
+        with self._lock:
+            self.pool.unwant(ref.key)
+
     def pin(self, ref: AdapterRef) -> int:
         """Keep ref in a GPU slot until unpinned; returns the slot."""
         with self._lock:

@@ -1,4 +1,5 @@
-"""Adapter residency: GPU slots and a CPU cache, both LRU (pure logic, torch-free).
+"""Adapter residency: GPU slots (LRU) and a CPU cache (LRU, sparing wanted adapters); pure
+logic, torch-free.
 
 The pool decides; the torch side (`lora_core.manager`) executes the `PoolAction`s
 each call returns, in order. Invariants (checked by the tests after every call):
@@ -13,6 +14,14 @@ add c -> CPU [a, b, c]; acquire c -> evict a from slot 0, slot 0 <- c (cpu);
 add d -> drop a from CPU (the LRU entry not in a slot), load d into CPU.
 A key must be added before it is acquired; if its CPU copy was dropped meanwhile,
 acquire loads it into the slot from disk.
+
+Wanted keys: the scheduler calls want(key) for each request queued for a slot and
+unwant(key) once it gets the slot, fails or is aborted. A CPU drop takes the LRU entry
+outside the slots that nobody wants; when queued requests want all of them, the one
+wanted most recently (first wanted last: its requests come last in FIFO order), so
+the adapter of the longest-waiting request is not the one dropped while another can
+go. Example (max_loras=1, max_cpu_loras=3): a holds the slot, b then c are wanted,
+CPU [a, b, c]; add d -> drop c (LRU would drop b, the one needed first).
 """
 
 from __future__ import annotations
@@ -57,12 +66,14 @@ class _Entry:
 
 @dataclass(frozen=True)
 class PoolStats:
-    """slots: key per GPU slot (None = free); cpu_keys: the CPU cache, LRU first."""
+    """slots: key per GPU slot (None = free); cpu_keys: the CPU cache, LRU first;
+    wanted: keys queued requests wait for, in the order they were first wanted."""
 
     slots: tuple[str | None, ...]
     cpu_keys: tuple[str, ...]
     pinned: tuple[str, ...]
     draining: tuple[str, ...]
+    wanted: tuple[str, ...]
     loads_from_cpu: int
     loads_from_disk: int
     cpu_loads: int
@@ -109,6 +120,9 @@ class SlotPool:
         self._slots: list[str | None] = [None] * max_loras
         self._gpu_lru: OrderedDict[str, None] = OrderedDict()
         self._cpu_lru: OrderedDict[str, None] = OrderedDict()
+        # key -> queued requests waiting for it (> 0), in the order keys became wanted;
+        # kept apart from _entries: an unload forgets a key its queued requests still count
+        self._wanted: dict[str, int] = {}
         self._counts = dict.fromkeys(
             ("loads_from_cpu", "loads_from_disk", "cpu_loads", "slot_evictions", "cpu_drops"), 0
         )
@@ -126,6 +140,10 @@ class SlotPool:
         entry = self._entries.get(key)
         return 0 if entry is None else entry.refcount
 
+    def wanted(self, key: str) -> int:
+        """Queued requests waiting for key (want() calls not yet matched by unwant())."""
+        return self._wanted.get(key, 0)
+
     def can_admit(self, key: str) -> bool:
         """True when acquire(key) would succeed now; False means wait (slots busy).
 
@@ -140,6 +158,7 @@ class SlotPool:
             cpu_keys=tuple(self._cpu_lru),
             pinned=tuple(k for k, e in self._entries.items() if e.pinned),
             draining=tuple(k for k, e in self._entries.items() if e.draining),
+            wanted=tuple(self._wanted),
             **self._counts,
         )
 
@@ -193,6 +212,20 @@ class SlotPool:
         if entry.refcount == 0 and entry.draining:
             return self._purge(key)
         return []
+
+    def want(self, key: str) -> None:
+        """One more queued request waits for key: spare its CPU copy while another can go."""
+        self._wanted[key] = self._wanted.get(key, 0) + 1
+
+    def unwant(self, key: str) -> None:
+        """A request that waited for key got its slot, failed or was aborted."""
+        n = self._wanted.get(key, 0)
+        if n == 0:
+            raise ValueError(f"unwant({key!r}) without a matching want")
+        if n == 1:
+            del self._wanted[key]
+        else:
+            self._wanted[key] = n - 1
 
     def pin(self, key: str) -> list[PoolAction]:
         """Keep `key` in a GPU slot until unpinned (loads it now if needed)."""
@@ -287,11 +320,19 @@ class SlotPool:
         return [PoolAction(EVICT_SLOT, old, slot)]
 
     def _make_cpu_room(self) -> list[PoolAction] | None:
-        """Drops that leave room for one more CPU entry; None when everything is in a slot."""
+        """Drops that leave room for one more CPU entry; None when everything is in a slot.
+
+        The victim: the LRU entry outside the slots that no queued request wants, else
+        the wanted one first wanted last (see the module docstring).
+        """
         if len(self._cpu_lru) < self.max_cpu_loras:
             return []
         for key in self._cpu_lru:
-            if self._entries[key].slot is None:
+            if self._entries[key].slot is None and key not in self._wanted:
+                return [self._drop_cpu(key)]
+        for key in reversed(self._wanted):
+            entry = self._entries.get(key)
+            if entry is not None and entry.in_cpu and entry.slot is None:
                 return [self._drop_cpu(key)]
         return None
 

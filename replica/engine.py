@@ -40,7 +40,11 @@ class LLMEngine:
         self.max_model_len = p.max_model_len
         self.blocks = BlockManager(p.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.blocks, self.adapters, config.max_num_seqs, config.max_num_batched_tokens
+            self.blocks,
+            self.adapters,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            demand=self.adapters,
         )
         self.runner = p.runner
         self.detok = Detokenizer(self.tokenizer)

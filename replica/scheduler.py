@@ -12,12 +12,21 @@ preempted: an unload lets in-flight requests finish, and a slot released here wo
 purge a draining adapter under a request that already streamed tokens (the request
 would then fail as if it had never started). Preempted sequences wait at the head
 of the queue, so the slot they hold delays no one admitted before them.
+
+A step's waiting-side work is bounded by what it admits, fails and skips, not by the
+queue's length: the queue is kept per adapter (`WaitingQueue`), so skipping an adapter
+that cannot get a slot costs one look however many of its requests wait, and the scan
+stops at the first KV shortage or when the budget or the sequence room runs out.
+
+Queued requests that wait for an adapter slot are reported to `AdapterDemand` (when
+given), so the CPU adapter cache keeps their adapters while it can drop others.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterator, KeysView
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +46,17 @@ class AdapterAdmission(Protocol):
     def release(self, ref: AdapterRef) -> None: ...
 
 
+class AdapterDemand(Protocol):
+    """Where the scheduler reports which adapters queued requests wait for: want(ref)
+    once per request queued without a slot, unwant(ref) once when it gets its slot,
+    fails or is aborted. A preempted sequence is not counted: it keeps its slot, so its
+    adapter is in use and stays in memory anyway."""
+
+    def want(self, ref: AdapterRef) -> None: ...
+
+    def unwant(self, ref: AdapterRef) -> None: ...
+
+
 @dataclass
 class SchedulerOutput:
     """scheduled: (sequence, tokens to compute this step), decode-like (1 token) first.
@@ -52,6 +72,108 @@ class SchedulerOutput:
         return sum(n for _, n in self.scheduled)
 
 
+class WaitingQueue:
+    """Waiting sequences in scheduling order, kept per adapter.
+
+    The order: preempted sequences first (the latest preempted in front), then the
+    others in arrival order. Each sequence gets a position when queued: append() the
+    next one after every position handed out, appendleft() the next one before; the
+    order is by position. Each adapter key ("" for base requests) has a group, an
+    OrderedDict seq -> position in the same order (appendleft puts a sequence first in
+    O(1)), and a heap holds (position of a group's first sequence, key); an entry whose
+    group's first sequence has changed since is stale and dropped when it reaches the top.
+
+    Example: append a1, b1, a2, then appendleft p (adapter b, preempted): positions
+    a1=0, b1=1, a2=2, p=-1; groups a: {a1: 0, a2: 2}, b: {p: -1, b1: 1}; heap
+    (-1, b), (0, a); order p, a1, b1, a2. A scan that passes over adapter a (no slot
+    for it) sees p, a1, then b1, and never looks at a2.
+
+    Within a group, sequences holding their slot (preempted: appendleft) come before
+    those that need one (append), so once a group's first sequence needs a slot, all
+    of its sequences do.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, OrderedDict[Sequence, int]] = {}
+        self._heap: list[tuple[int, str]] = []
+        self._passed: list[tuple[int, str]] = []
+        self._first: tuple[int, str] | None = None  # the heap entry first() answered from
+        self._back, self._front, self._len = 0, -1, 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, seq: Sequence) -> bool:
+        return seq in self._groups.get(seq.adapter_key, ())
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """Every waiting sequence in scheduling order (O(N log A); for tests and tools)."""
+        merged = heapq.merge(*(g.items() for g in self._groups.values()), key=lambda i: i[1])
+        return (seq for seq, _ in merged)
+
+    def adapter_keys(self) -> KeysView[str]:
+        """Keys of the groups with a waiting sequence ("" for base requests)."""
+        return self._groups.keys()
+
+    def append(self, seq: Sequence) -> None:
+        self._insert(seq, self._back)
+        self._back += 1
+
+    def appendleft(self, seq: Sequence) -> None:
+        self._insert(seq, self._front)
+        self._front -= 1
+
+    def _insert(self, seq: Sequence, pos: int) -> None:
+        key = seq.adapter_key
+        group = self._groups.setdefault(key, OrderedDict())
+        group[seq] = pos
+        if pos < 0:
+            group.move_to_end(seq, last=False)
+        if next(iter(group)) is seq:
+            heapq.heappush(self._heap, (pos, key))
+        self._len += 1
+
+    def remove(self, seq: Sequence) -> None:
+        key = seq.adapter_key
+        group = self._groups[key]
+        first = next(iter(group)) is seq
+        del group[seq]
+        self._len -= 1
+        if not group:
+            del self._groups[key]
+        elif first:
+            heapq.heappush(self._heap, (next(iter(group.values())), key))
+
+    def first(self) -> Sequence | None:
+        """The first sequence in order, leaving out groups passed over in this scan."""
+        heap = self._heap
+        while heap:
+            pos, key = heap[0]
+            group = self._groups.get(key)
+            if group is not None and next(iter(group.values())) == pos:
+                self._first = heap[0]
+                return next(iter(group))
+            heapq.heappop(heap)  # stale
+        return None
+
+    def pass_over(self) -> None:
+        """Leave the group of the sequence first() returned out of first() until end_scan()."""
+        assert self._heap and self._heap[0] is self._first, "pass_over() right after first()"
+        entry = heapq.heappop(self._heap)
+        while self._heap and self._heap[0] == entry:  # pushed again when it became first again
+            heapq.heappop(self._heap)
+        self._passed.append(entry)
+
+    def end_scan(self) -> None:
+        """Put the passed-over groups back; drop stale entries once they outnumber groups."""
+        for entry in self._passed:
+            heapq.heappush(self._heap, entry)
+        self._passed.clear()
+        if len(self._heap) > 2 * len(self._groups) + 16:
+            self._heap = [(next(iter(g.values())), k) for k, g in self._groups.items()]
+            heapq.heapify(self._heap)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -59,25 +181,31 @@ class Scheduler:
         adapters: AdapterAdmission,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        demand: AdapterDemand | None = None,
     ):
         self.blocks = blocks
         self.adapters = adapters
+        self.demand = demand
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if self.demand is not None and self._needs_slot(seq):
+            self.demand.want(seq.adapter)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def active_adapters(self) -> int:
         """Distinct adapters among running and waiting sequences."""
-        seqs = itertools.chain(self.running, self.waiting)
-        return len({seq.adapter_key for seq in seqs if seq.adapter is not None})
+        keys = {seq.adapter_key for seq in self.running}
+        keys.update(self.waiting.adapter_keys())
+        keys.discard("")  # base requests
+        return len(keys)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -104,25 +232,31 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            try:
-                if self._needs_slot(seq) and not self.adapters.can_admit(seq.adapter):
-                    skipped.append(self.waiting.popleft())
+        try:
+            while budget > 0 and len(self.running) < self.max_num_seqs:
+                seq = self.waiting.first()
+                if seq is None:
+                    break
+                try:
+                    if self._needs_slot(seq) and not self.adapters.can_admit(seq.adapter):
+                        # Admissions only take slots, so none frees up later in this step:
+                        # skip every request of this adapter at once (they all need one).
+                        self.waiting.pass_over()
+                        continue
+                    admitted = self._admit(seq, budget, out)
+                except LoraFleetError as e:  # this request's adapter is gone: fail it alone
+                    self.waiting.remove(seq)
+                    self._fail(seq, e, out)
                     continue
-                admitted = self._admit(seq, budget, out)
-            except LoraFleetError as e:  # this request's adapter is gone: fail it alone
-                self.waiting.popleft()
-                self._fail(seq, e, out)
-                continue
-            if not admitted:
-                break
-            self.waiting.popleft()
-            budget -= out.scheduled[-1][1]
-        self.waiting.extendleft(reversed(skipped))
+                if not admitted:
+                    break
+                self.waiting.remove(seq)
+                budget -= out.scheduled[-1][1]
+        finally:
+            self.waiting.end_scan()
 
     def _fail(self, seq: Sequence, error: LoraFleetError, out: SchedulerOutput) -> None:
+        self._unwant(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "error"
@@ -147,6 +281,7 @@ class Scheduler:
                 self.blocks.free(seq.block_table)
                 seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
                 raise
+            self._unwant(seq)
             seq.holds_slot = True
         seq.status = Status.RUNNING
         self.running.append(seq)
@@ -157,6 +292,11 @@ class Scheduler:
     def _needs_slot(seq: Sequence) -> bool:
         """seq has an adapter and no slot yet (a preempted sequence still holds its own)."""
         return seq.adapter is not None and not seq.holds_slot
+
+    def _unwant(self, seq: Sequence) -> None:
+        """A waiting seq without a slot got one, failed or was aborted: it stops waiting."""
+        if self.demand is not None and self._needs_slot(seq):
+            self.demand.unwant(seq.adapter)
 
     def _grow(self, seq: Sequence, n: int) -> bool:
         """Give seq blocks for num_computed + n tokens; False if too few are free."""
@@ -202,6 +342,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+            self._unwant(seq)
         self._release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from lora_core.identity import AdapterRef
 from replica.outputs import TopLogprobs
@@ -45,8 +46,9 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
-    @property
+    @cached_property
     def adapter_key(self) -> str:
+        """adapter.key ("" for none); cached: the scheduler's queue reads it per look."""
         return self.adapter.key if self.adapter else ""
 
     @property

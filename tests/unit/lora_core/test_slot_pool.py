@@ -170,7 +170,7 @@ def test_release_without_acquire_is_a_bug() -> None:
 
 
 class _Shadow:
-    """A simple model of the pool: replays actions, tracks refcounts and recency."""
+    """A simple model of the pool: replays actions, tracks refcounts, recency and wants."""
 
     def __init__(self, max_loras: int, max_cpu: int):
         self.slots: list[str | None] = [None] * max_loras
@@ -180,17 +180,23 @@ class _Shadow:
         self.draining: set[str] = set()
         self.gpu_tick: dict[str, int] = {}
         self.tick = 0
+        self.cpu_lru: list[str] = []  # least recently used first
+        self.wanted: dict[str, int] = {}
+        self.want_tick: dict[str, int] = {}
 
     def replay(self, actions: list[PoolAction]) -> None:
         for a in actions:
             if a.kind == "load_cpu":
                 assert a.key not in self.cpu
                 self.cpu.add(a.key)
+                self.cpu_lru.append(a.key)
             elif a.kind == "drop_cpu":
                 assert (
                     a.key in self.cpu and a.key not in self.slots and self.refs.get(a.key, 0) == 0
                 )
+                self._check_cpu_victim(a.key)
                 self.cpu.remove(a.key)
+                self.cpu_lru.remove(a.key)
             elif a.kind == "evict_slot":
                 assert self.slots[a.slot] == a.key and self.refs.get(a.key, 0) == 0
                 assert a.key not in self.pinned or a.key in self.draining
@@ -199,6 +205,8 @@ class _Shadow:
             elif a.kind == "load_slot":
                 assert self.slots[a.slot] is None
                 assert (a.source == "cpu") == (a.key in self.cpu)
+                if a.key not in self.cpu:
+                    self.cpu_lru.append(a.key)
                 self.cpu.add(a.key)
                 self.slots[a.slot] = a.key
             elif a.kind == "forget":
@@ -213,6 +221,30 @@ class _Shadow:
         assert None not in self.slots, "evicted although a slot was free"
         assert self.gpu_tick[key] == min(self.gpu_tick[k] for k in idle)
 
+    def _check_cpu_victim(self, key: str) -> None:
+        """The LRU droppable entry nobody wants; else the droppable one wanted last."""
+        if key in self.draining:
+            return  # purged, not chosen
+        droppable = [k for k in self.cpu_lru if k not in self.slots]
+        unwanted = [k for k in droppable if not self.wanted.get(k)]
+        if unwanted:
+            assert key == unwanted[0]
+        else:
+            assert key == max(droppable, key=lambda k: self.want_tick[k])
+
+    def cpu_touch(self, key: str) -> None:
+        if key in self.cpu:
+            self.cpu_lru.remove(key)
+            self.cpu_lru.append(key)
+
+    def want(self, key: str, delta: int) -> None:
+        self.wanted[key] = self.wanted.get(key, 0) + delta
+        if self.wanted[key] == 0:
+            del self.wanted[key]
+        elif delta > 0 and self.wanted[key] == 1:
+            self.tick += 1
+            self.want_tick[key] = self.tick
+
     def touch(self, key: str) -> None:
         self.tick += 1
         self.gpu_tick[key] = self.tick
@@ -222,6 +254,9 @@ def _check_invariants(pool: SlotPool, shadow: _Shadow) -> None:
     s = pool.stats()
     assert list(s.slots) == shadow.slots
     assert set(s.cpu_keys) == shadow.cpu and len(s.cpu_keys) <= pool.max_cpu_loras
+    assert list(s.cpu_keys) == shadow.cpu_lru
+    assert s.wanted == tuple(sorted(shadow.wanted, key=shadow.want_tick.__getitem__))
+    assert all(pool.wanted(k) == n for k, n in shadow.wanted.items())
     assert set(s.gpu_keys) <= shadow.cpu
     assert set(s.pinned) == shadow.pinned and len(shadow.pinned) <= pool.max_loras - 1
     assert shadow.pinned <= set(s.gpu_keys)
@@ -243,6 +278,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
         key = rng.choice(keys)
         op = rng.choice(
             ["add", "cache", "acquire", "acquire", "release", "release", "pin", "unpin", "unload"]
+            + ["want", "want", "unwant"]
         )
         live = key in pool and key not in shadow.draining
         if op == "add":
@@ -251,6 +287,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
                     pool.add(key, key)
                 continue
             shadow.refs.setdefault(key, 0)
+            shadow.cpu_touch(key)
             shadow.replay(pool.add(key, key))
         elif op == "cache" and live:
             room = (
@@ -258,6 +295,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
                 or len(shadow.cpu) < max_cpu
                 or bool(shadow.cpu - set(shadow.slots))
             )
+            shadow.cpu_touch(key)
             shadow.replay(pool.cache(key))
             assert (key in shadow.cpu) == room
         elif op == "acquire":
@@ -275,6 +313,7 @@ def test_random_operations_keep_invariants(seed: int) -> None:
                 continue
             slot, actions = pool.acquire(key)
             shadow.replay(actions)
+            shadow.cpu_touch(key)
             shadow.refs[key] += 1
             shadow.touch(key)
             assert shadow.slots[slot] == key
@@ -306,4 +345,14 @@ def test_random_operations_keep_invariants(seed: int) -> None:
             shadow.draining.add(key)
             shadow.pinned.discard(key)
             shadow.replay(pool.unload(key))
+        elif op == "want":
+            pool.want(key)
+            shadow.want(key, 1)
+        elif op == "unwant":
+            if not shadow.wanted.get(key):
+                with pytest.raises(ValueError, match="without a matching want"):
+                    pool.unwant(key)
+                continue
+            pool.unwant(key)
+            shadow.want(key, -1)
         _check_invariants(pool, shadow)

@@ -1,0 +1,80 @@
+"""The CPU cache spares adapters that queued requests want: the LRU entry nobody wants
+goes first; when every droppable entry is wanted, the one wanted last goes, so the
+longest-waiting request's adapter stays through any churn of newer adapters."""
+
+import pytest
+
+from lora_core.pool import PoolAction, SlotPool
+
+
+def _busy_pool(max_cpu: int) -> SlotPool:
+    """One slot, held by a running request of "run"."""
+    pool = SlotPool(1, max_cpu)
+    pool.add("run", "run")
+    pool.acquire("run")
+    return pool
+
+
+def test_an_unwanted_entry_goes_before_a_wanted_older_one():
+    pool = _busy_pool(3)
+    pool.add("old", "old")
+    pool.want("old")  # its request waits for the busy slot
+    pool.add("done", "done")  # nobody waits for it
+    assert pool.stats().cpu_keys == ("run", "old", "done")
+    assert pool.add("new", "new") == [PoolAction("drop_cpu", "done"), PoolAction("load_cpu", "new")]
+    assert pool.stats().wanted == ("old",) and pool.wanted("old") == 1
+
+
+def test_under_churn_the_longest_wanted_adapter_stays_cached():
+    """Each new adapter's request queues behind "first": when all droppable entries are
+    wanted, the newest goes (LRU dropped "first" at the second newcomer)."""
+    pool = _busy_pool(3)
+    pool.add("first", "first")
+    pool.want("first")
+    drops = []
+    for key in ("k0", "k1", "k2", "k3"):
+        drops += [a.key for a in pool.add(key, key) if a.kind == "drop_cpu"]
+        pool.want(key)
+        assert "first" in pool.stats().cpu_keys
+    assert drops == ["k0", "k1", "k2"]
+    assert pool.stats().wanted == ("first", "k0", "k1", "k2", "k3")
+    assert len(pool.stats().cpu_keys) == 3
+
+
+def test_a_slot_load_drops_a_wanted_entry_when_it_must():
+    """Nothing deadlocks: with every droppable entry wanted, a slot load from disk still
+    makes room (the entry wanted last), and the cache never grows past its bound."""
+    pool = _busy_pool(2)
+    pool.add("a", "a")
+    pool.want("a")
+    pool.add("b", "b")  # "a", the only droppable entry, goes although wanted
+    pool.want("b")
+    assert pool.stats().cpu_keys == ("run", "b")
+    pool.release("run")
+    pool.unwant("a")  # a's request is admitted now
+    slot, actions = pool.acquire("a")
+    assert actions == [
+        PoolAction("evict_slot", "run", 0),
+        PoolAction("drop_cpu", "run"),  # not wanted: goes before b
+        PoolAction("load_slot", "a", 0, "disk"),
+    ]
+    pool.release("a")
+    pool.want("c")
+    pool.add("c", "c")  # only b can go (a is in the slot), wanted or not
+    assert pool.stats().cpu_keys == ("a", "c") and pool.stats().cpu_drops == 3
+
+
+def test_unwant_without_want_is_a_bug_and_counts_outlive_an_unload():
+    pool = SlotPool(1, 1)
+    with pytest.raises(ValueError, match="without a matching want"):
+        pool.unwant("a")
+    pool.add("a", "a")
+    pool.want("a")
+    pool.want("a")
+    pool.unload("a")  # forgotten, but its two queued requests still count until they fail
+    assert "a" not in pool and pool.wanted("a") == 2
+    pool.unwant("a")
+    pool.unwant("a")
+    assert pool.stats().wanted == () and pool.wanted("a") == 0
+    with pytest.raises(ValueError):
+        pool.unwant("a")
