@@ -377,3 +377,8 @@ def status(rest: list[Any]) -> RegistryStatus:
 
 def locations(rest: list[Any]) -> tuple[Location, ...]:
     return _locations(rest[0])
+
+
+def counts(names: list[str], rest: list[Any]) -> dict[str, int]:
+    """names zipped with the counts a script returned for them, in order."""
+    return dict(zip(names, (int(c) for c in _list(rest[0])), strict=True))

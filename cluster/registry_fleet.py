@@ -5,7 +5,7 @@ AsyncRegistry supply `_run` (one Redis round trip per method, sync or asyncio)."
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from cluster import ops
@@ -100,6 +100,22 @@ class FleetApi:
         args = (replica_id, epoch, name, version, ref_key)
         plan = ops.fenced_write("remove_resident", args, replica_id, epoch, name)
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: plan.parse(raw)[0] == 1))
+
+    def report_active(
+        self, replica_id: str, epoch: int, in_flight: Mapping[str, int]
+    ) -> Reply[dict[str, int]]:
+        """Record the adapters replica's requests use now (name -> requests in flight;
+        names left out are no longer active there) and return, for each of them, on how
+        many live replicas it is active now, this one included (>= 1). One round trip
+        for all names; StaleEpoch unless (replica_id, epoch) holds the lease."""
+        names = sorted(in_flight)
+        for name in names:
+            check_name("adapter", name)
+        args = (replica_id, epoch, *(x for n in names for x in (n, int(in_flight[n]))))
+        plan = ops.fenced_write("report_active", args, replica_id, epoch, "")
+        return self._run(
+            ops.Plan(plan.script, plan.args, lambda raw: ops.counts(names, plan.parse(raw)))
+        )
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

@@ -1,13 +1,15 @@
 """A replica's side of the registry: lease, residency publishing, pin/warm following.
 
 Runs as one background task per replica. Every tick it renews the lease (registering
-again, with a new epoch, when the lease was lost), publishes the difference between
-what the engine holds and what it last published, and applies desired-state changes
-(pins, warm targets, draining adapters); every `reap_every` ticks it also reaps
-replicas whose lease lapsed (crashed ones), so no operator has to. Any registry error
-is logged and retried on the next tick: a Redis outage never stops serving and never
-fails health checks, it only makes this replica's registry entries go stale until
-Redis is back. On shutdown `deregister` removes this replica's record at once.
+again, with a new epoch, when the lease was lost), publishes the difference between what
+the engine holds and what it last published, reports the adapters its requests use (and
+reads back on how many replicas each is active: the autoscaling `adapter_share`), and
+applies desired-state changes (pins, warm targets, draining adapters); every
+`reap_every` ticks it also reaps replicas whose lease lapsed (crashed ones), so no
+operator has to. Any registry error is logged and retried on the next tick: a Redis
+outage never stops serving and never fails health checks, it only makes this replica's
+registry entries go stale until Redis is back. On shutdown `deregister` removes this
+replica's record at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 
 from lora_core.errors import AdapterNotFound, LoraFleetError, RegistryUnavailable, StaleEpoch
 from lora_core.identity import AdapterRef
+from replica.autoscaling_metrics import InFlight, adapter_share
 from replica.outputs import EngineStats
 
 log = logging.getLogger("lorafleet.replica")
@@ -87,6 +90,9 @@ class Registry(Protocol):
     ) -> None: ...
     async def remove_resident(self, replica_id: str, epoch: int, adapter: str) -> bool: ...
     async def desired_state(self) -> DesiredState: ...
+    async def report_active(
+        self, replica_id: str, epoch: int, in_flight: dict[str, int]
+    ) -> dict[str, int]: ...
     async def locations(self, name: str) -> Any: ...
     async def reap(self) -> tuple[int, int]: ...
     async def deregister_replica(self, replica_id: str, epoch: int) -> bool: ...
@@ -145,6 +151,9 @@ class RegistryPublisher:
     engine: the replica's AsyncEngine.
     refs: AdapterRef by key for every adapter the replica has seen (filled by the
         deployment as requests arrive; the engine's stats carry keys only).
+    in_flight: the replica's requests in flight per adapter (kept by the deployment).
+    adapter_share: this replica's `autoscaling_metrics.adapter_share` as of the last
+        tick; None while the registry could not say (the metric then falls back).
     """
 
     config: PublisherConfig
@@ -160,6 +169,9 @@ class RegistryPublisher:
     newest_version: dict[str, int] = field(default_factory=dict)
     logged: OncePerVersion = field(default_factory=OncePerVersion)
     ticks: int = 0
+    in_flight: InFlight = field(default_factory=InFlight)
+    adapter_share: float | None = None
+    active_reported: bool = False
 
     async def run(self) -> None:
         while True:
@@ -170,8 +182,10 @@ class RegistryPublisher:
                 raise
             except StaleEpoch:
                 self.epoch = None  # fenced off: register again as a new incarnation
+                self.adapter_share = None
             except Exception as e:
                 self._set_registry_health(False, e)
+                self.adapter_share = None
             await asyncio.sleep(self.config.tick_s)
 
     def _set_registry_health(self, ok: bool, err: Exception | None = None) -> None:
@@ -199,7 +213,9 @@ class RegistryPublisher:
                 self.desired_version = -1
             self.last_epoch = self.epoch
             self.published = {}
+            self.active_reported = False  # a registration clears what was reported
         await self.publish(self.engine.stats())
+        await self.report_active()
         await self.follow_desired()
         await self._reap_now_and_then()
 
@@ -232,6 +248,17 @@ class RegistryPublisher:
                 # by key: the name alone would also drop a newer version held here
                 await reg.remove_resident(rid, self.epoch, ref.key)
             del self.published[key]
+
+    async def report_active(self) -> None:
+        """Report the adapters this replica's requests use and set adapter_share from how
+        many live replicas each is active on (one round trip; none while idle twice)."""
+        counts = self.in_flight.counts()
+        if not counts and not self.active_reported:
+            self.adapter_share = 0.0
+            return
+        copies = await self.registry.report_active(self.config.replica_id, self.epoch, counts)
+        self.active_reported = bool(counts)
+        self.adapter_share = adapter_share(counts, copies)
 
     async def follow_desired(self) -> None:
         state = await self.registry.desired_state()

@@ -17,6 +17,7 @@ for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
   redis.call('HDEL', k('resident', name), id)
 end
 redis.call('DEL', k('replica', id, 'adapters'))
+drop_activity(id)
 return ret('ok', e)
 """,
     # ARGV: ns, id, epoch, ttl_ms

@@ -33,6 +33,31 @@ local function locations(name, version)
   end
   return out
 end
+-- Live entries of a per-replica hash whose values end in '|epoch' (activity):
+-- {replica id, value without the epoch} for each replica whose lease holds that epoch.
+local function live_entries(key)
+  local out = {}
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return out end
+  local lease_keys = {}
+  for i = 1, #flat, 2 do lease_keys[#lease_keys + 1] = ns .. ':lease:' .. flat[i] end
+  local leases = redis.call('MGET', unpack(lease_keys))
+  for i = 1, #flat, 2 do
+    local value, ep = string.match(flat[i + 1], '^(.*)|([^|]*)$')
+    if ep and leases[(i + 1) / 2] == ep then out[#out + 1] = {flat[i], value} end
+  end
+  return out
+end
+-- Drop what replica id reported as active (a new incarnation, a deregistered or reaped one).
+local function drop_activity(id)
+  for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'active'))) do
+    redis.call('HDEL', k('active', name), id)
+    if redis.call('EXISTS', k('active', name)) == 0 then
+      redis.call('SREM', k('active_names'), name)
+    end
+  end
+  redis.call('DEL', k('replica', id, 'active'))
+end
 -- nil when (id, epoch) holds the lease; 'stale' when a newer registration exists;
 -- 'lapsed' when the lease expired (or Redis lost it) and the replica must re-register.
 local function fence(id, epoch)
@@ -58,7 +83,9 @@ local function finalize(name)
   for _, id in ipairs(redis.call('HKEYS', k('resident', name))) do
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end
-  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name))
+  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name),
+    k('active', name))
+  redis.call('SREM', k('active_names'), name)
   redis.call('SREM', k('adapters'), name)
   redis.call('SREM', k('draining'), name)
   redis.call('HDEL', k('pins'), name)
@@ -75,6 +102,7 @@ local function forget(id)
   for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
     redis.call('HDEL', k('resident', name), id)
   end
+  drop_activity(id)
   redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
   redis.call('SREM', k('replicas'), id)
 end

@@ -1,0 +1,82 @@
+"""Publishers of several replicas against one real redis-server: the autoscaling adapter
+share (an adapter active on 2 replicas counts half on each).
+
+Engines are `publishers.StubEngine`s; each test sets the requests in flight directly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster.registry import Registry
+from deploy.demo import ensure_demo
+from tests.integration.serve.publishers import locations, publisher, register
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return ensure_demo(tmp_path_factory.mktemp("demo"))
+
+
+def fleet(url, refs, n: int):
+    return [publisher(url, refs, replica=f"rep{i}") for i in range(n)]
+
+
+def test_an_adapter_active_on_two_replicas_counts_half_on_each(redis_url, demo):
+    refs = register(redis_url, demo)
+    (e1, p1), (e2, p2) = fleet(redis_url, refs, 2)
+    # demo-poet's requests run on both replicas; demo-chef's on rep0 only. rep1 also
+    # holds demo-chef in a GPU slot, idle: residency alone is no demand.
+    e2.gpu = [refs["demo-chef"].key]
+    for _ in range(3):
+        p1.in_flight.start("demo-poet")
+    p1.in_flight.start("demo-chef")
+    p2.in_flight.start("demo-poet")
+
+    async def go():
+        await p1.tick()
+        assert p1.adapter_share == 2.0  # rep1 has not reported yet
+        await p2.tick()
+        await p1.tick()
+        assert (p1.adapter_share, p2.adapter_share) == (1.5, 0.5)  # 2 distinct adapters
+        p2.in_flight.done("demo-poet")
+        await p2.tick()
+        await p1.tick()
+        assert (p1.adapter_share, p2.adapter_share) == (2.0, 0.0)
+        await p2.deregister()
+        p2.in_flight.start("demo-chef")
+        p2.epoch = None
+        await p2.tick()  # registers again, then reports
+        await p1.tick()
+        assert (p1.adapter_share, p2.adapter_share) == (1.5, 0.5)
+
+    asyncio.run(go())
+    assert locations(redis_url, "demo-chef") == [("rep1", "gpu")]
+
+
+def test_an_outage_drops_the_share_so_the_metric_falls_back(redis_url, demo):
+    refs = register(redis_url, demo, names=("demo-poet",))
+    ((_, pub),) = fleet(redis_url, refs, 1)
+    pub.in_flight.start("demo-poet")
+
+    async def go():
+        task = asyncio.create_task(pub.run())
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if pub.adapter_share == 1.0:
+                break
+        assert pub.adapter_share == 1.0
+        reg = Registry(redis_url)
+        reg.client.execute_command("CLIENT", "PAUSE", 600, "ALL")  # Redis stops answering
+        reg.close()
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if pub.adapter_share is None:
+                break
+        task.cancel()
+        assert pub.adapter_share is None
+
+    asyncio.run(go())
