@@ -51,6 +51,9 @@ Adapter demand (written by replicas every registry tick, read by replicas)
                                          whose requests use name now (live ones count)
     {ns}:replica:{id}:active      set    adapter names the replica reported active
     {ns}:active_names             set    names with any entry in active:{name}
+    {ns}:warm_claims:{name}       hash   replica id -> "expires (unix ms)|epoch": a
+                                         replica loading one of name's warm copies; PX
+                                         TTL of the latest claim (`claim_warm`)
 
 Desired state
     {ns}:pins                     hash   adapter name -> pool ("all" | "prefill" | "decode")
@@ -168,6 +171,9 @@ class Keys:
     @property
     def active_names(self) -> str:
         return f"{self.ns}:active_names"
+
+    def warm_claims(self, name: str) -> str:
+        return f"{self.ns}:warm_claims:{name}"
 
     @property
     def pins(self) -> str:

@@ -382,3 +382,7 @@ def locations(rest: list[Any]) -> tuple[Location, ...]:
 def counts(names: list[str], rest: list[Any]) -> dict[str, int]:
     """names zipped with the counts a script returned for them, in order."""
     return dict(zip(names, (int(c) for c in _list(rest[0])), strict=True))
+
+
+def names(rest: list[Any]) -> list[str]:
+    return sorted(_list(rest[0]))

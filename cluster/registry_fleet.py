@@ -5,7 +5,7 @@ AsyncRegistry supply `_run` (one Redis round trip per method, sync or asyncio)."
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
 from cluster import ops
@@ -116,6 +116,20 @@ class FleetApi:
         return self._run(
             ops.Plan(plan.script, plan.args, lambda raw: ops.counts(names, plan.parse(raw)))
         )
+
+    def claim_warm(
+        self, replica_id: str, epoch: int, names: Sequence[str], claim_s: float
+    ) -> Reply[list[str]]:
+        """Which of names (warm targets replica does not hold in a GPU slot) replica should
+        load now: a name is granted, with a claim lasting claim_s, while its live GPU
+        copies in the target's pools plus other replicas' live claims are below the
+        target. Atomic, so replicas claiming at once never exceed a target; a claim ends
+        when replica reports the copy, after claim_s, or when its lease lapses. An
+        unexpired claim of replica's own is granted again (a retried load), not
+        extended. One round trip for all names; StaleEpoch unless replica holds the lease."""
+        args = (replica_id, epoch, _ttl_ms(claim_s), *sorted(names))
+        plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.names(plan.parse(raw))))
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

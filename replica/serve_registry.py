@@ -4,12 +4,12 @@ Runs as one background task per replica. Every tick it renews the lease (registe
 again, with a new epoch, when the lease was lost), publishes the difference between what
 the engine holds and what it last published, reports the adapters its requests use (and
 reads back on how many replicas each is active: the autoscaling `adapter_share`), and
-applies desired-state changes (pins, warm targets, draining adapters); every
-`reap_every` ticks it also reaps replicas whose lease lapsed (crashed ones), so no
-operator has to. Any registry error is logged and retried on the next tick: a Redis
-outage never stops serving and never fails health checks, it only makes this replica's
-registry entries go stale until Redis is back. On shutdown `deregister` removes this
-replica's record at once.
+applies desired-state changes (pins, warm targets through atomic claims, draining
+adapters); every `reap_every` ticks it also reaps replicas whose lease lapsed (crashed
+ones), so no operator has to. Any registry error is logged and retried on the next tick:
+a Redis outage never stops serving and never fails health checks, it only makes this
+replica's registry entries go stale until Redis is back. On shutdown `deregister`
+removes this replica's record at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from lora_core.errors import AdapterNotFound, LoraFleetError, RegistryUnavailable, StaleEpoch
 from lora_core.identity import AdapterRef
@@ -35,6 +35,9 @@ class PublisherConfig:
     lease_ttl_s: lease lifetime (several ticks, so one slow tick does not drop it).
     reap_every: ticks between reaps of lapsed replicas (>= 1; every live replica reaps,
         so a crashed one leaves the registry within about lease_ttl_s + reap_every ticks).
+    warm_claim_s: how long a claim on a warm copy keeps other replicas from loading one
+        (it ends earlier when this replica reports the copy, or its lease lapses); a load
+        that takes longer may let one more replica load a copy.
     """
 
     replica_id: str
@@ -43,10 +46,13 @@ class PublisherConfig:
     tick_s: float = 1.0
     lease_ttl_s: float = 5.0
     reap_every: int = 10
+    warm_claim_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.reap_every < 1:
             raise ValueError(f"reap_every={self.reap_every}; allowed: >= 1 (ticks)")
+        if not 0.01 <= self.warm_claim_s <= 3600:
+            raise ValueError(f"warm_claim_s={self.warm_claim_s}; allowed: 0.01 .. 3600 seconds")
 
 
 def residency(stats: EngineStats) -> dict[str, str]:
@@ -93,7 +99,9 @@ class Registry(Protocol):
     async def report_active(
         self, replica_id: str, epoch: int, in_flight: dict[str, int]
     ) -> dict[str, int]: ...
-    async def locations(self, name: str) -> Any: ...
+    async def claim_warm(
+        self, replica_id: str, epoch: int, names: list[str], claim_s: float
+    ) -> list[str]: ...
     async def reap(self) -> tuple[int, int]: ...
     async def deregister_replica(self, replica_id: str, epoch: int) -> bool: ...
 
@@ -320,18 +328,26 @@ class RegistryPublisher:
 
     async def _apply_warm(self, state: DesiredState, failures: list[str]) -> None:
         held = residency(self.engine.stats())
-        for name, target in sorted(state.warm_for(self.config.pool).items()):
-            ref = state.refs.get(name)
-            if ref is None or held.get(ref.key) == "gpu":
-                continue
-            await attempt(failures, f"warm {name!r}", self._warm(ref, target))
-
-    async def _warm(self, ref: AdapterRef, target: WarmTarget) -> None:
-        # Only copies in the target's pools count: a decode target is not met by prefill copies.
-        locations = await self.registry.locations(ref.name)
-        copies = sum(1 for loc in locations if loc.tier == "gpu" and target.binds(loc.pool))
-        if copies < target.replicas:
-            await self.engine.load_adapter(ref, to_gpu=True)
+        wanted = {
+            name: state.refs[name]
+            for name in state.warm_for(self.config.pool)
+            if name in state.refs and held.get(state.refs[name].key) != "gpu"
+        }
+        if not wanted:
+            return
+        # One claim for every target not held here: the registry counts live GPU copies in
+        # each target's pools plus other replicas' claims atomically, so replicas that
+        # tick together never load past a target (each checking copies, then loading,
+        # could all see "one short" at once).
+        granted = await self.registry.claim_warm(
+            self.config.replica_id, self.epoch, sorted(wanted), self.config.warm_claim_s
+        )
+        loaded = False
+        for name in granted:
+            step = self.engine.load_adapter(wanted[name], to_gpu=True)
+            loaded |= await attempt(failures, f"warm {name!r}", step)
+        if loaded:
+            await self.publish(self.engine.stats())  # reported copies end their claims now
 
     def _comebacks(self, state: DesiredState) -> set[str]:
         """Draining adapters held here again after their unload: a request resolved just

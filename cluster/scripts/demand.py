@@ -1,5 +1,5 @@
 """Registry scripts for adapter demand: what replicas' requests use now (the autoscaling
-share; see `cluster.scripts`)."""
+share) and claims on warm-target copies (see `cluster.scripts`)."""
 
 from __future__ import annotations
 
@@ -32,5 +32,53 @@ for i = 4, #ARGV, 2 do
   copies[#copies + 1] = #live_entries(k('active', name))
 end
 return ret('ok', copies)
+""",
+    # ARGV: ns, id, epoch, claim_ms, name... (warm targets id does not hold in a GPU slot).
+    # Grants id a claim on a name's next warm copy when live GPU copies in the target's
+    # pools plus other replicas' unexpired claims are below the target; a claim ends when
+    # it expires, when its replica's lease does, or when that replica reports the copy
+    # (report_resident). One script, so concurrent replicas never claim past the target.
+    # An unexpired claim of id's own is granted again (its load is retried), not extended.
+    # Returns the names granted.
+    "claim_warm": r"""
+local id, epoch = ARGV[2], ARGV[3]
+local f = fence(id, epoch)
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local pool = redis.call('HGET', k('replica', id), 'pool') or ''
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local claim_ms = tonumber(ARGV[4])
+local granted = {}
+for i = 5, #ARGV do
+  local name = ARGV[i]
+  local raw = redis.call('HGET', k('warm'), name)
+  local version = redis.call('HGET', k('adapter', name), 'version')
+  local want, target_pool
+  if raw then want, target_pool = string.match(raw, '^(%d+)|(.*)$') end
+  if version and want and binds(target_pool, pool) then
+    local gpu, n = {}, 0
+    for _, loc in ipairs(locations(name, version)) do
+      if loc[2] == 'gpu' and binds(target_pool, loc[3]) then
+        gpu[loc[1]] = true
+        n = n + 1
+      end
+    end
+    local mine = false
+    for _, c in ipairs(live_entries(k('warm_claims', name))) do
+      if tonumber(c[2]) > now and not gpu[c[1]] then
+        if c[1] == id then mine = true else n = n + 1 end
+      end
+    end
+    if not gpu[id] and (mine or n < tonumber(want)) then
+      if not mine then
+        local key = k('warm_claims', name)
+        redis.call('HSET', key, id, (now + claim_ms) .. '|' .. epoch)
+        if redis.call('PTTL', key) < claim_ms then redis.call('PEXPIRE', key, claim_ms) end
+      end
+      granted[#granted + 1] = name
+    end
+  end
+end
+return ret('ok', granted)
 """,
 }

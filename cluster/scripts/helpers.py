@@ -33,7 +33,7 @@ local function locations(name, version)
   end
   return out
 end
--- Live entries of a per-replica hash whose values end in '|epoch' (activity):
+-- Live entries of a per-replica hash whose values end in '|epoch' (activity, warm claims):
 -- {replica id, value without the epoch} for each replica whose lease holds that epoch.
 local function live_entries(key)
   local out = {}
@@ -84,13 +84,18 @@ local function finalize(name)
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end
   redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name),
-    k('active', name))
+    k('active', name), k('warm_claims', name))
   redis.call('SREM', k('active_names'), name)
   redis.call('SREM', k('adapters'), name)
   redis.call('SREM', k('draining'), name)
   redis.call('HDEL', k('pins'), name)
   redis.call('HDEL', k('warm'), name)
   bump(name, 'removed')
+end
+-- Whether a pin / warm target of target_pool binds a replica of replica_pool (the Lua twin
+-- of records.pin_applies: "all" binds every replica, mixed replicas take every pool).
+local function binds(target_pool, replica_pool)
+  return target_pool == 'all' or replica_pool == target_pool or replica_pool == 'mixed'
 end
 local function allowed(rec, tenant)
   return rec.public == '1' or rec.owner == tenant

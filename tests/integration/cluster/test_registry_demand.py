@@ -1,14 +1,18 @@
 """Adapter demand on a real redis-server: replicas' active adapters (the autoscaling
-share's copy counts)."""
+share's copy counts) and claims on warm copies, including many replicas claiming at once."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cluster.registry import Registry
+from cluster.registry import AsyncRegistry, Registry
 from lora_core.errors import StaleEpoch
+
+CLAIMERS = 12
 
 
 @pytest.fixture
@@ -69,3 +73,86 @@ def test_unregistering_an_adapter_drops_its_activity(reg: Registry):
     reg.report_active("r0", e, {"a": 1})
     assert reg.unregister_adapter("a") == "removed"  # active but resident nowhere
     assert reg.client.exists("t:active:a") == 0 and reg.client.smembers("t:active_names") == set()
+
+
+def test_concurrent_claims_never_exceed_the_warm_target(reg: Registry, redis_url):
+    epochs = replicas(reg, CLAIMERS)
+    reg.warm("a", 3)
+    reg.warm("b", 1)
+
+    def claim(i: int) -> list[str]:
+        r = Registry(redis_url, namespace="t")
+        try:
+            return r.claim_warm(f"r{i}", epochs[i], ["a", "b"], 10.0)
+        finally:
+            r.close()
+
+    with ThreadPoolExecutor(CLAIMERS) as pool:
+        granted = list(pool.map(claim, range(CLAIMERS)))
+    assert sum("a" in g for g in granted) == 3 and sum("b" in g for g in granted) == 1
+    # a replica asking again while its claim lasts is granted again (a retried load)
+    winners = [i for i, g in enumerate(granted) if "a" in g]
+    losers = [i for i in range(CLAIMERS) if i not in winners]
+    assert reg.claim_warm(f"r{winners[0]}", epochs[winners[0]], ["a"], 10.0) == ["a"]
+    assert reg.claim_warm(f"r{losers[0]}", epochs[losers[0]], ["a"], 10.0) == []
+    # a winner reports its copy: the claim becomes that copy, the count stays 3
+    reg.report_resident(f"r{winners[0]}", epochs[winners[0]], ("a", 1), "gpu")
+    assert reg.client.hexists("t:warm_claims:a", f"r{winners[0]}") == 0
+    assert reg.claim_warm(f"r{losers[0]}", epochs[losers[0]], ["a"], 10.0) == []
+    assert reg.claim_warm(f"r{winners[0]}", epochs[winners[0]], ["a"], 10.0) == []
+
+
+def test_asyncio_claimers_and_a_copy_in_place(reg: Registry, redis_url):
+    epochs = replicas(reg, CLAIMERS)
+    reg.report_resident("r0", epochs[0], ("a", 1), "gpu")
+    reg.warm("a", 2)
+
+    async def scenario() -> list[list[str]]:
+        r = AsyncRegistry(redis_url, namespace="t")
+        try:
+            return await asyncio.gather(
+                *(r.claim_warm(f"r{i}", epochs[i], ["a"], 10.0) for i in range(CLAIMERS))
+            )
+        finally:
+            await r.close()
+
+    granted = asyncio.run(scenario())
+    assert granted[0] == []  # holds a copy already
+    assert sum(g == ["a"] for g in granted) == 1  # one more copy makes the target
+
+
+def test_claims_expire_and_lapse(reg: Registry):
+    fast = reg.register_replica("fast", "mixed", "d", 2, 0.2)
+    e = replicas(reg, 2)
+    reg.warm("a", 1)
+    assert reg.claim_warm("r0", e[0], ["a"], 0.1) == ["a"]
+    assert reg.claim_warm("r1", e[1], ["a"], 5.0) == []
+    time.sleep(0.15)
+    assert reg.claim_warm("r1", e[1], ["a"], 5.0) == ["a"]  # r0's claim expired
+    reg.warm("b", 1)
+    assert reg.claim_warm("fast", fast, ["b"], 30.0) == ["b"]
+    assert reg.claim_warm("r0", e[0], ["b"], 5.0) == []
+    wait_lapsed(reg, "fast")  # crashed while loading: its claim ends with its lease
+    assert reg.claim_warm("r0", e[0], ["b"], 5.0) == ["b"]
+
+
+def test_claims_follow_the_targets_pools(reg: Registry):
+    pre = reg.register_replica("pre", "prefill", "d", 2, 30.0)
+    dec = reg.register_replica("dec", "decode", "d", 2, 30.0)
+    mix = reg.register_replica("mix", "mixed", "d", 2, 30.0)
+    reg.report_resident("pre", pre, ("a", 1), "gpu")
+    reg.warm("a", 1, "decode")
+    assert reg.claim_warm("pre", pre, ["a"], 5.0) == []  # prefill takes no decode target
+    # the prefill copy does not count for a decode target: a decode replica claims one
+    assert reg.claim_warm("dec", dec, ["a"], 5.0) == ["a"]
+    assert reg.claim_warm("mix", mix, ["a"], 5.0) == []
+    # no target, or an unknown name: nothing to claim
+    assert reg.claim_warm("mix", mix, ["b", "nope"], 5.0) == []
+
+
+def test_a_lapsed_replica_cannot_claim(reg: Registry):
+    fast = reg.register_replica("fast", "mixed", "d", 2, 0.2)
+    reg.warm("a", 1)
+    wait_lapsed(reg, "fast")
+    with pytest.raises(StaleEpoch, match="lapsed"):
+        reg.claim_warm("fast", fast, ["a"], 5.0)

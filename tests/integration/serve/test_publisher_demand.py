@@ -1,5 +1,6 @@
 """Publishers of several replicas against one real redis-server: the autoscaling adapter
-share (an adapter active on 2 replicas counts half on each).
+share (an adapter active on 2 replicas counts half on each) and warm targets met by
+claims (publishers ticking at once never load past a target).
 
 Engines are `publishers.StubEngine`s; each test sets the requests in flight directly."""
 
@@ -14,6 +15,7 @@ from deploy.demo import ensure_demo
 from tests.integration.serve.publishers import locations, publisher, register
 
 pytestmark = pytest.mark.integration
+FLEET = 6
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,28 @@ def test_an_outage_drops_the_share_so_the_metric_falls_back(redis_url, demo):
         assert pub.adapter_share is None
 
     asyncio.run(go())
+
+
+def test_publishers_ticking_at_once_never_load_past_a_warm_target(redis_url, demo):
+    refs = register(redis_url, demo)
+    pubs = fleet(redis_url, refs, FLEET)
+    reg = Registry(redis_url)
+    reg.warm("demo-poet", 2)
+    reg.warm("demo-chef", 1, "decode")  # mixed replicas take decode targets too
+
+    async def go():
+        for _ in range(5):
+            await asyncio.gather(*(pub.tick() for _, pub in pubs))
+        loads = [call[1] for engine, _ in pubs for call in engine.calls]
+        assert sorted(loads) == ["demo-chef", "demo-poet", "demo-poet"]
+        assert len(locations(redis_url, "demo-poet")) == 2
+        # a copy evicted by traffic: exactly one replica loads one again
+        evicted = next(e for e, _ in pubs if refs["demo-poet"].key in e.gpu)
+        evicted.gpu.remove(refs["demo-poet"].key)
+        for _ in range(4):
+            await asyncio.gather(*(pub.tick() for _, pub in pubs))
+        loads = [call[1] for engine, _ in pubs for call in engine.calls]
+        assert loads.count("demo-poet") == 3 and len(locations(redis_url, "demo-poet")) == 2
+
+    asyncio.run(go())
+    reg.close()
