@@ -15,6 +15,7 @@ from cluster.records import (
     REPLICA_POOLS,
     TIERS,
     DesiredState,
+    HotAdapter,
     Location,
     RegistryStatus,
     ReplicaInfo,
@@ -130,6 +131,15 @@ class FleetApi:
         args = (replica_id, epoch, _ttl_ms(claim_s), *sorted(names))
         plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.names(plan.parse(raw))))
+
+    def hot_adapters(self, replica_id: str, limit: int) -> Reply[list[HotAdapter]]:
+        """Up to limit adapters in demand that replica neither serves nor holds in a GPU
+        slot, the most requests in flight per copy first (ties by name): what a new
+        replica loads before traffic finds it. Reads every active adapter's entries, so
+        call it once per replica start, not every tick. One round trip."""
+        if limit < 0:
+            raise ValueError(f"limit={limit}; allowed: >= 0")
+        return self._run(ops.script("hot_adapters", (replica_id, limit), ops.hot, ""))
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

@@ -5,11 +5,12 @@ again, with a new epoch, when the lease was lost), publishes the difference betw
 the engine holds and what it last published, reports the adapters its requests use (and
 reads back on how many replicas each is active: the autoscaling `adapter_share`), and
 applies desired-state changes (pins, warm targets through atomic claims, draining
-adapters); every `reap_every` ticks it also reaps replicas whose lease lapsed (crashed
-ones), so no operator has to. Any registry error is logged and retried on the next tick:
-a Redis outage never stops serving and never fails health checks, it only makes this
-replica's registry entries go stale until Redis is back. On shutdown `deregister`
-removes this replica's record at once.
+adapters); its first tick also loads the fleet's hottest adapters into free GPU slots
+(`PublisherConfig.prefetch`), and every `reap_every` ticks it reaps replicas whose lease
+lapsed (crashed ones), so no operator has to. Any registry error is logged and retried
+on the next tick: a Redis outage never stops serving and never fails health checks, it
+only makes this replica's registry entries go stale until Redis is back. On shutdown
+`deregister` removes this replica's record at once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class PublisherConfig:
     warm_claim_s: how long a claim on a warm copy keeps other replicas from loading one
         (it ends earlier when this replica reports the copy, or its lease lapses); a load
         that takes longer may let one more replica load a copy.
+    prefetch: on its first tick, after pins and warm targets, load the fleet's adapters
+        with the most requests in flight per copy into free GPU slots (all but one of
+        them, at least one), so a replica the autoscaler adds takes load at once instead
+        of when traffic happens to find it.
     """
 
     replica_id: str
@@ -47,6 +52,7 @@ class PublisherConfig:
     lease_ttl_s: float = 5.0
     reap_every: int = 10
     warm_claim_s: float = 10.0
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         if self.reap_every < 1:
@@ -68,6 +74,15 @@ class WarmTarget(Protocol):
     @property
     def replicas(self) -> int: ...
     def binds(self, replica_pool: str) -> bool: ...
+
+
+class HotAdapter(Protocol):
+    """`cluster.records.HotAdapter`: an adapter in demand across the fleet."""
+
+    @property
+    def ref(self) -> AdapterRef: ...
+    @property
+    def per_copy(self) -> float: ...
 
 
 class DesiredState(Protocol):
@@ -102,6 +117,7 @@ class Registry(Protocol):
     async def claim_warm(
         self, replica_id: str, epoch: int, names: list[str], claim_s: float
     ) -> list[str]: ...
+    async def hot_adapters(self, replica_id: str, limit: int) -> list[HotAdapter]: ...
     async def reap(self) -> tuple[int, int]: ...
     async def deregister_replica(self, replica_id: str, epoch: int) -> bool: ...
 
@@ -180,6 +196,7 @@ class RegistryPublisher:
     in_flight: InFlight = field(default_factory=InFlight)
     adapter_share: float | None = None
     active_reported: bool = False
+    prefetched: bool = False
 
     async def run(self) -> None:
         while True:
@@ -225,6 +242,7 @@ class RegistryPublisher:
         await self.publish(self.engine.stats())
         await self.report_active()
         await self.follow_desired()
+        await self._prefetch_once()
         await self._reap_now_and_then()
 
     async def _reap_now_and_then(self) -> None:
@@ -267,6 +285,29 @@ class RegistryPublisher:
         copies = await self.registry.report_active(self.config.replica_id, self.epoch, counts)
         self.active_reported = bool(counts)
         self.adapter_share = adapter_share(counts, copies)
+
+    async def _prefetch_once(self) -> None:
+        """The first tick's head start (PublisherConfig.prefetch): one round trip for the
+        hottest adapters this replica does not serve, loaded into free GPU slots (each an
+        ordinary LRU resident), then published so routers see the copies at once."""
+        if self.prefetched or not self.config.prefetch:
+            return
+        free = self.engine.stats().free_slots
+        room = free - 1 if free > 1 else free
+        hot = await self.registry.hot_adapters(self.config.replica_id, room) if room else []
+        self.prefetched = True  # once per start, whatever the loads do
+        failures: list[str] = []
+        loaded = []
+        for h in hot:
+            self.refs[h.ref.key] = h.ref
+            step = self.engine.load_adapter(h.ref, to_gpu=True)
+            if await attempt(failures, f"prefetch {h.ref.name!r}", step):
+                loaded.append(f"{h.ref.name} ({h.per_copy:.1f} in flight per copy)")
+        for failure in failures:
+            log.info("replica %s: %s", self.config.replica_id, failure)
+        if loaded:
+            log.info("replica %s prefetched %s", self.config.replica_id, ", ".join(loaded))
+            await self.publish(self.engine.stats())
 
     async def follow_desired(self) -> None:
         state = await self.registry.desired_state()

@@ -8,7 +8,7 @@ checks inside one script all see the same instant.
 
 The shared Lua helpers live in `helpers`; the adapter, tenant and key scripts in
 `catalog`; the replica, residency, pin, warm and listing scripts in `fleet`; the
-adapter-demand ones (activity, warm claims) in `demand`.
+adapter-demand ones (activity, warm claims, hot adapters) in `demand`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Registry scripts for adapter demand: what replicas' requests use now (the autoscaling
-share) and claims on warm-target copies (see `cluster.scripts`)."""
+share, and the hot adapters a new replica loads first) and claims on warm-target copies
+(see `cluster.scripts`)."""
 
 from __future__ import annotations
 
@@ -80,5 +81,41 @@ for i = 5, #ARGV do
   end
 end
 return ret('ok', granted)
+""",
+    # ARGV: ns, id, limit. The active adapters id neither serves nor holds in a GPU slot,
+    # most requests in flight per copy first (copies: live replicas where the adapter is
+    # active or GPU-resident; ties by name), at most limit of them: what a new replica
+    # loads before traffic finds it. Each row: name, version, content_hash, path, rank,
+    # base_model, requests in flight, copies. Draining adapters are left out. Reads every
+    # active adapter's entries: a new replica runs it once, not every tick.
+    "hot_adapters": r"""
+local id, limit = ARGV[2], tonumber(ARGV[3])
+local rows = {}
+for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
+  local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
+    'base_model', 'state')
+  if v[1] and v[6] ~= 'draining' then
+    local on, copies, in_flight = {}, 0, 0
+    for _, e in ipairs(live_entries(k('active', name))) do
+      on[e[1]] = true
+      in_flight = in_flight + tonumber(e[2])
+    end
+    for _, loc in ipairs(locations(name, v[1])) do
+      if loc[2] == 'gpu' then on[loc[1]] = true end
+    end
+    for _ in pairs(on) do copies = copies + 1 end
+    if in_flight > 0 and not on[id] then
+      rows[#rows + 1] = {name, v[1], v[2], v[3], v[4], v[5] or '', in_flight, copies}
+    end
+  end
+end
+table.sort(rows, function(a, b)
+  local x, y = a[7] / math.max(1, a[8]), b[7] / math.max(1, b[8])
+  if x ~= y then return x > y end
+  return a[1] < b[1]
+end)
+local out = {}
+for i = 1, math.min(limit, #rows) do out[i] = rows[i] end
+return ret('ok', out)
 """,
 }

@@ -156,3 +156,39 @@ def test_a_lapsed_replica_cannot_claim(reg: Registry):
     wait_lapsed(reg, "fast")
     with pytest.raises(StaleEpoch, match="lapsed"):
         reg.claim_warm("fast", fast, ["a"], 5.0)
+
+
+def test_hot_adapters_rank_demand_per_copy(reg: Registry, adapters):
+    reg.register_adapter("c", str(adapters["small"]))
+    e = replicas(reg, 4)
+    reg.report_active("r0", e[0], {"a": 6, "b": 2, "c": 1})
+    reg.report_active("r1", e[1], {"a": 2})
+    reg.report_resident("r2", e[2], ("b", 1), "gpu")  # an idle GPU copy still serves b
+    # a: 8 on 2 copies = 4; b: 2 on 2 copies (r0 active, r2 GPU) = 1; c: 1 on 1 = 1
+    hot = reg.hot_adapters("r3", 5)
+    assert [(h.ref.name, h.in_flight, h.copies, h.per_copy) for h in hot] == [
+        ("a", 8, 2, 4.0),
+        ("b", 2, 2, 1.0),
+        ("c", 1, 1, 1.0),
+    ]
+    assert hot[0].ref == reg.get_adapter("a").ref
+    assert [h.ref.name for h in reg.hot_adapters("r3", 1)] == ["a"]
+    assert reg.hot_adapters("r3", 0) == []
+    # what a replica serves or holds in a GPU slot is not offered to it
+    assert [h.ref.name for h in reg.hot_adapters("r1", 5)] == ["b", "c"]
+    assert [h.ref.name for h in reg.hot_adapters("r2", 5)] == ["a", "c"]
+    assert reg.unregister_adapter("a") == "removed"  # a draining or removed adapter: none
+    reg.report_active("r0", e[0], {"b": 2, "c": 1})
+    assert reg.unregister_adapter("c") == "removed"
+    assert [h.ref.name for h in reg.hot_adapters("r3", 5)] == ["b"]
+
+
+def test_hot_adapters_skip_lapsed_replicas_and_idle_adapters(reg: Registry):
+    fast = reg.register_replica("fast", "mixed", "d", 2, 0.2)
+    (e,) = replicas(reg, 1)
+    reg.report_active("fast", fast, {"a": 9})
+    reg.report_active("r0", e, {"b": 1})
+    assert [h.ref.name for h in reg.hot_adapters("new", 5)] == ["a", "b"]
+    wait_lapsed(reg, "fast")
+    reg.report_active("r0", e, {})
+    assert reg.hot_adapters("new", 5) == []

@@ -71,11 +71,18 @@ def register(url, demo, names=("demo-poet", "demo-chef")) -> dict[str, AdapterRe
         reg.close()
 
 
-def publisher(url, refs, replica="rep1", reap_every=10) -> tuple[StubEngine, RegistryPublisher]:
+def publisher(
+    url, refs, replica="rep1", reap_every=10, prefetch=True
+) -> tuple[StubEngine, RegistryPublisher]:
     """A publisher for replica over a fresh StubEngine, knowing refs."""
     engine = StubEngine()
     config = PublisherConfig(
-        replica, "LoraReplica", tick_s=0.05, lease_ttl_s=1.0, reap_every=reap_every
+        replica,
+        "LoraReplica",
+        tick_s=0.05,
+        lease_ttl_s=1.0,
+        reap_every=reap_every,
+        prefetch=prefetch,
     )
     pub = RegistryPublisher(config, AsyncRegistry(url, retry=FAST), engine, {})
     for ref in refs.values():

@@ -146,7 +146,8 @@ def test_adapter_demand_grows_the_fleet_and_idle_shrinks_it(scaling):
         w.start()
     try:
         wait_for(lambda: running_replicas() == 2, 90, "scaling up to 2 replicas")
-        # the added replica takes adapters (an idle one would leave the first thrashing)
+        # the added replica takes adapters (an idle one would leave the first thrashing):
+        # its first registry tick loads the adapter with the most requests per copy
         wait_for(
             lambda: sum(v > 0 for v in scaling.gauge("active_adapters").values()) == 2,
             30,

@@ -1,6 +1,7 @@
 """Publishers of several replicas against one real redis-server: the autoscaling adapter
-share (an adapter active on 2 replicas counts half on each) and warm targets met by
-claims (publishers ticking at once never load past a target).
+share (an adapter active on 2 replicas counts half on each), warm targets met by claims
+(publishers ticking at once never load past a target), and a new replica's head start
+(its first tick loads the adapter with the most requests in flight per copy).
 
 Engines are `publishers.StubEngine`s; each test sets the requests in flight directly."""
 
@@ -24,7 +25,8 @@ def demo(tmp_path_factory):
 
 
 def fleet(url, refs, n: int):
-    return [publisher(url, refs, replica=f"rep{i}") for i in range(n)]
+    """Publishers of n replicas already serving (no first-tick head start)."""
+    return [publisher(url, refs, replica=f"rep{i}", prefetch=False) for i in range(n)]
 
 
 def test_an_adapter_active_on_two_replicas_counts_half_on_each(redis_url, demo):
@@ -107,3 +109,29 @@ def test_publishers_ticking_at_once_never_load_past_a_warm_target(redis_url, dem
 
     asyncio.run(go())
     reg.close()
+
+
+def test_a_new_replica_loads_the_hottest_adapter_on_its_first_tick(redis_url, demo):
+    refs = register(redis_url, demo, names=("demo-poet", "demo-chef", "demo-coder"))
+    (_, p0), (_, p1) = fleet(redis_url, refs, 2)
+    for _ in range(6):
+        p0.in_flight.start("demo-poet")  # 6 in flight on 1 copy
+    for _ in range(4):
+        p0.in_flight.start("demo-chef")
+        p1.in_flight.start("demo-chef")  # 8 on 2 copies
+    p1.in_flight.start("demo-coder")
+
+    async def go():
+        await asyncio.gather(p0.tick(), p1.tick())
+        engine, new = publisher(redis_url, refs, replica="new")
+        await new.tick()
+        # 2 slots: one for the hottest per copy, one left free for whatever comes next
+        assert engine.calls == [("load", "demo-poet", True)]
+        assert locations(redis_url, "demo-poet") == [("new", "gpu")]  # routable at once
+        await new.tick()
+        assert engine.calls == [("load", "demo-poet", True)]  # a head start, once
+        off_engine, off = publisher(redis_url, refs, replica="off", prefetch=False)
+        await off.tick()
+        assert off_engine.calls == []
+
+    asyncio.run(go())
