@@ -8,13 +8,19 @@ healthy, so the fleet stays small exactly when it thrashes. This policy takes th
 largest of three demands:
 
     load     = ongoing requests / target_ongoing_requests
-    adapters = sum over replicas of active adapters / (max_loras * target_slot_use)
+    adapters = distinct active adapters / (max_loras * target_slot_use)
     kv       = replicas * mean kv_usage / kv_target      (only while requests wait)
 
-"active adapters" of a replica: distinct adapters among its running and waiting
-requests, so an adapter spread to two replicas counts twice (it fills two slots).
-The sum does not shrink when replicas are added: the affinity router keeps each
-adapter on the replicas that hold it, so the adapter demand is stable once met.
+"distinct active adapters": adapters that running and queued requests use, counted once
+however many replicas they run on. Each replica reports its share (`adapter_share`: for
+every adapter its requests use, 1 / the number of live replicas where that adapter is
+active, from the registry every publisher tick), and the shares sum to that count. A plain
+sum of each replica's distinct adapters would count an adapter spread to k replicas k
+times; the router spreads hot adapters further as the fleet grows, so that sum grows with
+the fleet at a fixed workload and a load near the boundary feeds itself (more replicas ->
+more copies -> more demand -> more replicas). The copies the router adds for load need
+slots too, but they come with requests, which the load demand already counts. A replica
+that reports no share (an older version, or no registry) counts its distinct adapters.
 
 Serve wraps the returned figure with min/max_replicas, the up/downscale delays and
 the scaling factors (`ray.serve.autoscaling_policy._apply_autoscaling_config`). This
@@ -31,7 +37,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lora_core.errors import InvalidRequest
-from replica.autoscaling_metrics import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, METRICS, WAITING
+from replica.autoscaling_metrics import (
+    ACTIVE_ADAPTERS,
+    ADAPTER_SHARE,
+    KV_USAGE,
+    MAX_LORAS,
+    METRICS,
+    WAITING,
+)
 
 # The policy runs inside Serve's controller, whose handlers hang on the "ray.serve" logger:
 # a child of it lands in the controller's log (logs/serve/controller_*.log).
@@ -54,7 +67,8 @@ class FleetSignals:
 
     replicas: running replicas that reported metrics.
     ongoing: running + queued requests of the deployment (Serve's own count).
-    active_adapters: sum over replicas of distinct adapters their requests need.
+    active_adapters: distinct adapters the fleet's requests need (sum of the replicas'
+        shares, see the module docstring).
     slots: sum over replicas of GPU adapter slots (max_loras).
     kv_usage: mean fraction of KV blocks in use.
     waiting: requests waiting in replica engines (not yet in a batch).
@@ -99,7 +113,8 @@ def decide(
 
 def fleet_signals(ctx: ScalingContext) -> FleetSignals:
     """FleetSignals from Serve's context: custom metrics are per replica, averaged by
-    Serve over look_back_period_s; replicas that have not reported yet are skipped."""
+    Serve over look_back_period_s; replicas that have not reported yet are skipped, and a
+    replica's adapter share falls back to its active adapters when it reports none."""
     metrics = ctx.aggregated_metrics or {}
     per = {name: dict(metrics.get(name) or {}) for name in METRICS}
     reported = set(per[MAX_LORAS])
@@ -108,10 +123,12 @@ def fleet_signals(ctx: ScalingContext) -> FleetSignals:
     def total(name: str) -> float:
         return float(sum(v for r, v in per[name].items() if r in reported))
 
+    share, active = per[ADAPTER_SHARE], per[ACTIVE_ADAPTERS]
+    adapters = sum(share.get(r, active.get(r, 0.0)) for r in reported)
     return FleetSignals(
         replicas=n,
         ongoing=float(ctx.total_num_requests),
-        active_adapters=total(ACTIVE_ADAPTERS),
+        active_adapters=float(adapters),
         slots=total(MAX_LORAS),
         kv_usage=total(KV_USAGE) / n if n else 0.0,
         waiting=total(WAITING),

@@ -46,6 +46,15 @@ Replicas, leases and residency
     {ns}:resident:{name}          hash   replica id -> "tier|version|epoch|pool|ref_key"
     {ns}:replica:{id}:adapters    set    adapter names the replica reported (for cleanup)
 
+Adapter demand (written by replicas every registry tick, read by replicas)
+    {ns}:active:{name}            hash   replica id -> "in-flight requests|epoch": replicas
+                                         whose requests use name now (live ones count)
+    {ns}:replica:{id}:active      set    adapter names the replica reported active
+    {ns}:active_names             set    names with any entry in active:{name}
+    {ns}:warm_claims:{name}       hash   replica id -> "expires (unix ms)|epoch": a
+                                         replica loading one of name's warm copies; PX
+                                         TTL of the latest claim (`claim_warm`)
+
 Desired state
     {ns}:pins                     hash   adapter name -> pool ("all" | "prefill" | "decode")
     {ns}:warm                     hash   adapter name -> "replicas|pool"
@@ -152,6 +161,19 @@ class Keys:
 
     def replica_adapters(self, replica_id: str) -> str:
         return f"{self.ns}:replica:{replica_id}:adapters"
+
+    def active(self, name: str) -> str:
+        return f"{self.ns}:active:{name}"
+
+    def replica_active(self, replica_id: str) -> str:
+        return f"{self.ns}:replica:{replica_id}:active"
+
+    @property
+    def active_names(self) -> str:
+        return f"{self.ns}:active_names"
+
+    def warm_claims(self, name: str) -> str:
+        return f"{self.ns}:warm_claims:{name}"
 
     @property
     def pins(self) -> str:

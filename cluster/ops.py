@@ -20,6 +20,7 @@ from cluster.records import (
     AdapterRecord,
     ApiKeyInfo,
     DesiredState,
+    HotAdapter,
     Location,
     RegistryStatus,
     ReplicaInfo,
@@ -377,3 +378,26 @@ def status(rest: list[Any]) -> RegistryStatus:
 
 def locations(rest: list[Any]) -> tuple[Location, ...]:
     return _locations(rest[0])
+
+
+def counts(names: list[str], rest: list[Any]) -> dict[str, int]:
+    """names zipped with the counts a script returned for them, in order."""
+    return dict(zip(names, (int(c) for c in _list(rest[0])), strict=True))
+
+
+def hot(rest: list[Any]) -> list[HotAdapter]:
+    """hot_adapters rows, in the script's order (most in flight per copy first)."""
+    return [
+        HotAdapter(
+            ref=AdapterRef(
+                name=n, version=int(v), content_hash=h, path=p, rank=int(r), base_model=b
+            ),
+            in_flight=int(flight),
+            copies=int(copies),
+        )
+        for n, v, h, p, r, b, flight, copies in _list(rest[0])
+    ]
+
+
+def names(rest: list[Any]) -> list[str]:
+    return sorted(_list(rest[0]))

@@ -174,6 +174,21 @@ class ServedBase:
 
 
 @dataclass(frozen=True, slots=True)
+class HotAdapter:
+    """An adapter in demand across the fleet (`hot_adapters`): ref, its requests in flight
+    on live replicas, and copies (live replicas where it is active or GPU-resident)."""
+
+    ref: AdapterRef
+    in_flight: int
+    copies: int
+
+    @property
+    def per_copy(self) -> float:
+        """Requests in flight per copy (the ranking key)."""
+        return self.in_flight / max(1, self.copies)
+
+
+@dataclass(frozen=True, slots=True)
 class WarmTarget:
     """Desired number of GPU-resident copies of an adapter in pool."""
 

@@ -5,7 +5,7 @@ AsyncRegistry supply `_run` (one Redis round trip per method, sync or asyncio)."
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
 from cluster import ops
@@ -15,6 +15,7 @@ from cluster.records import (
     REPLICA_POOLS,
     TIERS,
     DesiredState,
+    HotAdapter,
     Location,
     RegistryStatus,
     ReplicaInfo,
@@ -100,6 +101,45 @@ class FleetApi:
         args = (replica_id, epoch, name, version, ref_key)
         plan = ops.fenced_write("remove_resident", args, replica_id, epoch, name)
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: plan.parse(raw)[0] == 1))
+
+    def report_active(
+        self, replica_id: str, epoch: int, in_flight: Mapping[str, int]
+    ) -> Reply[dict[str, int]]:
+        """Record the adapters replica's requests use now (name -> requests in flight;
+        names left out are no longer active there) and return, for each of them, on how
+        many live replicas it is active now, this one included (>= 1). One round trip
+        for all names; StaleEpoch unless (replica_id, epoch) holds the lease."""
+        names = sorted(in_flight)
+        for name in names:
+            check_name("adapter", name)
+        args = (replica_id, epoch, *(x for n in names for x in (n, int(in_flight[n]))))
+        plan = ops.fenced_write("report_active", args, replica_id, epoch, "")
+        return self._run(
+            ops.Plan(plan.script, plan.args, lambda raw: ops.counts(names, plan.parse(raw)))
+        )
+
+    def claim_warm(
+        self, replica_id: str, epoch: int, names: Sequence[str], claim_s: float
+    ) -> Reply[list[str]]:
+        """Which of names (warm targets replica does not hold in a GPU slot) replica should
+        load now: a name is granted, with a claim lasting claim_s, while its live GPU
+        copies in the target's pools plus other replicas' live claims are below the
+        target. Atomic, so replicas claiming at once never exceed a target; a claim ends
+        when replica reports the copy, after claim_s, or when its lease lapses. An
+        unexpired claim of replica's own is granted again (a retried load), not
+        extended. One round trip for all names; StaleEpoch unless replica holds the lease."""
+        args = (replica_id, epoch, _ttl_ms(claim_s), *sorted(names))
+        plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.names(plan.parse(raw))))
+
+    def hot_adapters(self, replica_id: str, limit: int) -> Reply[list[HotAdapter]]:
+        """Up to limit adapters in demand that replica neither serves nor holds in a GPU
+        slot, the most requests in flight per copy first (ties by name): what a new
+        replica loads before traffic finds it. Reads every active adapter's entries, so
+        call it once per replica start, not every tick. One round trip."""
+        if limit < 0:
+            raise ValueError(f"limit={limit}; allowed: >= 0")
+        return self._run(ops.script("hot_adapters", (replica_id, limit), ops.hot, ""))
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

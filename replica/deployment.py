@@ -7,7 +7,8 @@
 - `record_routing_stats` feeds the LoRA-affinity request router (and the
   `ray_lorafleet_*` gauges of `replica.serve_metrics`).
 - `record_autoscaling_stats` feeds `cluster.autoscaling.LoraAutoscalingPolicy` (adapter
-  slot demand, KV use, queued requests) when the deployment autoscales.
+  slot demand as this replica's share of the fleet's active adapters, KV use, queued
+  requests) when the deployment autoscales; `InFlight` counts requests per adapter for it.
 - A background `RegistryPublisher` holds the registry lease and publishes residency.
 - Shutdown: Serve stops routing here and waits for in-flight requests
   (graceful_shutdown_timeout_s); `__del__` then deregisters and stops the engine.
@@ -26,7 +27,7 @@ from ray import serve
 
 from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
-from replica.autoscaling_metrics import autoscaling_metrics
+from replica.autoscaling_metrics import InFlight, autoscaling_metrics
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
 from replica.serve_metrics import ReplicaGauges, RequestCounters
@@ -88,6 +89,7 @@ class LoraReplica:
         self.settings = settings
         self.refs: dict[str, AdapterRef] = {}
         self.newest: dict[str, int] = {}
+        self.in_flight = InFlight()
         self.publisher: RegistryPublisher | None = None
         self._task: asyncio.Task | None = None
         self.engine = None
@@ -110,7 +112,9 @@ class LoraReplica:
             tick_s=settings.registry_tick_s,
             lease_ttl_s=settings.lease_ttl_s,
         )
-        self.publisher = RegistryPublisher(config, registry, self.engine, self.refs)
+        self.publisher = RegistryPublisher(
+            config, registry, self.engine, self.refs, in_flight=self.in_flight
+        )
         self.publisher.newest_version = self.newest
         self._task = asyncio.get_running_loop().create_task(self.publisher.run())
 
@@ -123,6 +127,8 @@ class LoraReplica:
         ids = list(call.prompt_token_ids)
         model = adapter.name if adapter is not None else self.base_name
         last, reason = None, "error"
+        if adapter is not None:
+            self.in_flight.start(adapter.name)
         try:
             async for out in self.engine.generate(call.request_id, ids, params, adapter):
                 last = out
@@ -132,6 +138,8 @@ class LoraReplica:
             reason = "abort"
             raise
         finally:
+            if adapter is not None:
+                self.in_flight.done(adapter.name)
             self.counters.record(model, reason, last)
 
     async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> str:
@@ -161,7 +169,8 @@ class LoraReplica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """The custom metrics `cluster.autoscaling` reads (Serve averages them over
         look_back_period_s and hands them to the policy on the controller)."""
-        return autoscaling_metrics(self.engine.stats())
+        share = self.publisher.adapter_share if self.publisher is not None else None
+        return autoscaling_metrics(self.engine.stats(), share)
 
     async def check_health(self) -> None:
         """Local only: the engine must answer; the registry's state is not consulted."""

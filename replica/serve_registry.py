@@ -1,13 +1,16 @@
 """A replica's side of the registry: lease, residency publishing, pin/warm following.
 
 Runs as one background task per replica. Every tick it renews the lease (registering
-again, with a new epoch, when the lease was lost), publishes the difference between
-what the engine holds and what it last published, and applies desired-state changes
-(pins, warm targets, draining adapters); every `reap_every` ticks it also reaps
-replicas whose lease lapsed (crashed ones), so no operator has to. Any registry error
-is logged and retried on the next tick: a Redis outage never stops serving and never
-fails health checks, it only makes this replica's registry entries go stale until
-Redis is back. On shutdown `deregister` removes this replica's record at once.
+again, with a new epoch, when the lease was lost), publishes the difference between what
+the engine holds and what it last published, reports the adapters its requests use (and
+reads back on how many replicas each is active: the autoscaling `adapter_share`), and
+applies desired-state changes (pins, warm targets through atomic claims, draining
+adapters); its first tick also loads the fleet's hottest adapters into free GPU slots
+(`PublisherConfig.prefetch`), and every `reap_every` ticks it reaps replicas whose lease
+lapsed (crashed ones), so no operator has to. Any registry error is logged and retried
+on the next tick: a Redis outage never stops serving and never fails health checks, it
+only makes this replica's registry entries go stale until Redis is back. On shutdown
+`deregister` removes this replica's record at once.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from lora_core.errors import AdapterNotFound, LoraFleetError, RegistryUnavailable, StaleEpoch
 from lora_core.identity import AdapterRef
+from replica.autoscaling_metrics import InFlight, adapter_share
 from replica.outputs import EngineStats
 
 log = logging.getLogger("lorafleet.replica")
@@ -32,6 +36,13 @@ class PublisherConfig:
     lease_ttl_s: lease lifetime (several ticks, so one slow tick does not drop it).
     reap_every: ticks between reaps of lapsed replicas (>= 1; every live replica reaps,
         so a crashed one leaves the registry within about lease_ttl_s + reap_every ticks).
+    warm_claim_s: how long a claim on a warm copy keeps other replicas from loading one
+        (it ends earlier when this replica reports the copy, or its lease lapses); a load
+        that takes longer may let one more replica load a copy.
+    prefetch: on its first tick, after pins and warm targets, load the fleet's adapters
+        with the most requests in flight per copy into free GPU slots (all but one of
+        them, at least one), so a replica the autoscaler adds takes load at once instead
+        of when traffic happens to find it.
     """
 
     replica_id: str
@@ -40,10 +51,14 @@ class PublisherConfig:
     tick_s: float = 1.0
     lease_ttl_s: float = 5.0
     reap_every: int = 10
+    warm_claim_s: float = 10.0
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         if self.reap_every < 1:
             raise ValueError(f"reap_every={self.reap_every}; allowed: >= 1 (ticks)")
+        if not 0.01 <= self.warm_claim_s <= 3600:
+            raise ValueError(f"warm_claim_s={self.warm_claim_s}; allowed: 0.01 .. 3600 seconds")
 
 
 def residency(stats: EngineStats) -> dict[str, str]:
@@ -59,6 +74,15 @@ class WarmTarget(Protocol):
     @property
     def replicas(self) -> int: ...
     def binds(self, replica_pool: str) -> bool: ...
+
+
+class HotAdapter(Protocol):
+    """`cluster.records.HotAdapter`: an adapter in demand across the fleet."""
+
+    @property
+    def ref(self) -> AdapterRef: ...
+    @property
+    def per_copy(self) -> float: ...
 
 
 class DesiredState(Protocol):
@@ -87,7 +111,13 @@ class Registry(Protocol):
     ) -> None: ...
     async def remove_resident(self, replica_id: str, epoch: int, adapter: str) -> bool: ...
     async def desired_state(self) -> DesiredState: ...
-    async def locations(self, name: str) -> Any: ...
+    async def report_active(
+        self, replica_id: str, epoch: int, in_flight: dict[str, int]
+    ) -> dict[str, int]: ...
+    async def claim_warm(
+        self, replica_id: str, epoch: int, names: list[str], claim_s: float
+    ) -> list[str]: ...
+    async def hot_adapters(self, replica_id: str, limit: int) -> list[HotAdapter]: ...
     async def reap(self) -> tuple[int, int]: ...
     async def deregister_replica(self, replica_id: str, epoch: int) -> bool: ...
 
@@ -145,6 +175,9 @@ class RegistryPublisher:
     engine: the replica's AsyncEngine.
     refs: AdapterRef by key for every adapter the replica has seen (filled by the
         deployment as requests arrive; the engine's stats carry keys only).
+    in_flight: the replica's requests in flight per adapter (kept by the deployment).
+    adapter_share: this replica's `autoscaling_metrics.adapter_share` as of the last
+        tick; None while the registry could not say (the metric then falls back).
     """
 
     config: PublisherConfig
@@ -160,6 +193,10 @@ class RegistryPublisher:
     newest_version: dict[str, int] = field(default_factory=dict)
     logged: OncePerVersion = field(default_factory=OncePerVersion)
     ticks: int = 0
+    in_flight: InFlight = field(default_factory=InFlight)
+    adapter_share: float | None = None
+    active_reported: bool = False
+    prefetched: bool = False
 
     async def run(self) -> None:
         while True:
@@ -170,8 +207,10 @@ class RegistryPublisher:
                 raise
             except StaleEpoch:
                 self.epoch = None  # fenced off: register again as a new incarnation
+                self.adapter_share = None
             except Exception as e:
                 self._set_registry_health(False, e)
+                self.adapter_share = None
             await asyncio.sleep(self.config.tick_s)
 
     def _set_registry_health(self, ok: bool, err: Exception | None = None) -> None:
@@ -199,8 +238,11 @@ class RegistryPublisher:
                 self.desired_version = -1
             self.last_epoch = self.epoch
             self.published = {}
+            self.active_reported = False  # a registration clears what was reported
         await self.publish(self.engine.stats())
+        await self.report_active()
         await self.follow_desired()
+        await self._prefetch_once()
         await self._reap_now_and_then()
 
     async def _reap_now_and_then(self) -> None:
@@ -232,6 +274,40 @@ class RegistryPublisher:
                 # by key: the name alone would also drop a newer version held here
                 await reg.remove_resident(rid, self.epoch, ref.key)
             del self.published[key]
+
+    async def report_active(self) -> None:
+        """Report the adapters this replica's requests use and set adapter_share from how
+        many live replicas each is active on (one round trip; none while idle twice)."""
+        counts = self.in_flight.counts()
+        if not counts and not self.active_reported:
+            self.adapter_share = 0.0
+            return
+        copies = await self.registry.report_active(self.config.replica_id, self.epoch, counts)
+        self.active_reported = bool(counts)
+        self.adapter_share = adapter_share(counts, copies)
+
+    async def _prefetch_once(self) -> None:
+        """The first tick's head start (PublisherConfig.prefetch): one round trip for the
+        hottest adapters this replica does not serve, loaded into free GPU slots (each an
+        ordinary LRU resident), then published so routers see the copies at once."""
+        if self.prefetched or not self.config.prefetch:
+            return
+        free = self.engine.stats().free_slots
+        room = free - 1 if free > 1 else free
+        hot = await self.registry.hot_adapters(self.config.replica_id, room) if room else []
+        self.prefetched = True  # once per start, whatever the loads do
+        failures: list[str] = []
+        loaded = []
+        for h in hot:
+            self.refs[h.ref.key] = h.ref
+            step = self.engine.load_adapter(h.ref, to_gpu=True)
+            if await attempt(failures, f"prefetch {h.ref.name!r}", step):
+                loaded.append(f"{h.ref.name} ({h.per_copy:.1f} in flight per copy)")
+        for failure in failures:
+            log.info("replica %s: %s", self.config.replica_id, failure)
+        if loaded:
+            log.info("replica %s prefetched %s", self.config.replica_id, ", ".join(loaded))
+            await self.publish(self.engine.stats())
 
     async def follow_desired(self) -> None:
         state = await self.registry.desired_state()
@@ -293,18 +369,26 @@ class RegistryPublisher:
 
     async def _apply_warm(self, state: DesiredState, failures: list[str]) -> None:
         held = residency(self.engine.stats())
-        for name, target in sorted(state.warm_for(self.config.pool).items()):
-            ref = state.refs.get(name)
-            if ref is None or held.get(ref.key) == "gpu":
-                continue
-            await attempt(failures, f"warm {name!r}", self._warm(ref, target))
-
-    async def _warm(self, ref: AdapterRef, target: WarmTarget) -> None:
-        # Only copies in the target's pools count: a decode target is not met by prefill copies.
-        locations = await self.registry.locations(ref.name)
-        copies = sum(1 for loc in locations if loc.tier == "gpu" and target.binds(loc.pool))
-        if copies < target.replicas:
-            await self.engine.load_adapter(ref, to_gpu=True)
+        wanted = {
+            name: state.refs[name]
+            for name in state.warm_for(self.config.pool)
+            if name in state.refs and held.get(state.refs[name].key) != "gpu"
+        }
+        if not wanted:
+            return
+        # One claim for every target not held here: the registry counts live GPU copies in
+        # each target's pools plus other replicas' claims atomically, so replicas that
+        # tick together never load past a target (each checking copies, then loading,
+        # could all see "one short" at once).
+        granted = await self.registry.claim_warm(
+            self.config.replica_id, self.epoch, sorted(wanted), self.config.warm_claim_s
+        )
+        loaded = False
+        for name in granted:
+            step = self.engine.load_adapter(wanted[name], to_gpu=True)
+            loaded |= await attempt(failures, f"warm {name!r}", step)
+        if loaded:
+            await self.publish(self.engine.stats())  # reported copies end their claims now
 
     def _comebacks(self, state: DesiredState) -> set[str]:
         """Draining adapters held here again after their unload: a request resolved just

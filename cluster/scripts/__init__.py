@@ -7,14 +7,15 @@ a typed error. Redis runs a script with time frozen at its start, so the lease
 checks inside one script all see the same instant.
 
 The shared Lua helpers live in `helpers`; the adapter, tenant and key scripts in
-`catalog`; the replica, residency, pin, warm and listing scripts in `fleet`.
+`catalog`; the replica, residency, pin, warm and listing scripts in `fleet`; the
+adapter-demand ones (activity, warm claims, hot adapters) in `demand`.
 """
 
 from __future__ import annotations
 
-from cluster.scripts import catalog, fleet
+from cluster.scripts import catalog, demand, fleet
 from cluster.scripts.helpers import HELPERS
 
 SCRIPTS: dict[str, str] = {
-    name: HELPERS + body for name, body in (catalog.BODIES | fleet.BODIES).items()
+    name: HELPERS + body for name, body in (catalog.BODIES | fleet.BODIES | demand.BODIES).items()
 }

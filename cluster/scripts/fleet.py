@@ -17,6 +17,7 @@ for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
   redis.call('HDEL', k('resident', name), id)
 end
 redis.call('DEL', k('replica', id, 'adapters'))
+drop_activity(id)
 return ret('ok', e)
 """,
     # ARGV: ns, id, epoch, ttl_ms
@@ -69,6 +70,8 @@ local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 redis.call('HSET', k('resident', name), id,
   ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. pool .. '|' .. ARGV[7])
 redis.call('SADD', k('replica', id, 'adapters'), name)
+-- a warm claim ends with the copy it was taken for (`claim_warm`)
+if ARGV[6] == 'gpu' then redis.call('HDEL', k('warm_claims', name), id) end
 return ret('ok')
 """,
     # ARGV: ns, id, epoch, name, version ('' = any), ref_key ('' = any content)

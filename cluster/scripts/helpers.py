@@ -33,6 +33,31 @@ local function locations(name, version)
   end
   return out
 end
+-- Live entries of a per-replica hash whose values end in '|epoch' (activity, warm claims):
+-- {replica id, value without the epoch} for each replica whose lease holds that epoch.
+local function live_entries(key)
+  local out = {}
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return out end
+  local lease_keys = {}
+  for i = 1, #flat, 2 do lease_keys[#lease_keys + 1] = ns .. ':lease:' .. flat[i] end
+  local leases = redis.call('MGET', unpack(lease_keys))
+  for i = 1, #flat, 2 do
+    local value, ep = string.match(flat[i + 1], '^(.*)|([^|]*)$')
+    if ep and leases[(i + 1) / 2] == ep then out[#out + 1] = {flat[i], value} end
+  end
+  return out
+end
+-- Drop what replica id reported as active (a new incarnation, a deregistered or reaped one).
+local function drop_activity(id)
+  for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'active'))) do
+    redis.call('HDEL', k('active', name), id)
+    if redis.call('EXISTS', k('active', name)) == 0 then
+      redis.call('SREM', k('active_names'), name)
+    end
+  end
+  redis.call('DEL', k('replica', id, 'active'))
+end
 -- nil when (id, epoch) holds the lease; 'stale' when a newer registration exists;
 -- 'lapsed' when the lease expired (or Redis lost it) and the replica must re-register.
 local function fence(id, epoch)
@@ -58,12 +83,19 @@ local function finalize(name)
   for _, id in ipairs(redis.call('HKEYS', k('resident', name))) do
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end
-  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name))
+  redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name),
+    k('active', name), k('warm_claims', name))
+  redis.call('SREM', k('active_names'), name)
   redis.call('SREM', k('adapters'), name)
   redis.call('SREM', k('draining'), name)
   redis.call('HDEL', k('pins'), name)
   redis.call('HDEL', k('warm'), name)
   bump(name, 'removed')
+end
+-- Whether a pin / warm target of target_pool binds a replica of replica_pool (the Lua twin
+-- of records.pin_applies: "all" binds every replica, mixed replicas take every pool).
+local function binds(target_pool, replica_pool)
+  return target_pool == 'all' or replica_pool == target_pool or replica_pool == 'mixed'
 end
 local function allowed(rec, tenant)
   return rec.public == '1' or rec.owner == tenant
@@ -75,6 +107,7 @@ local function forget(id)
   for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'adapters'))) do
     redis.call('HDEL', k('resident', name), id)
   end
+  drop_activity(id)
   redis.call('DEL', k('replica', id), k('replica', id, 'adapters'))
   redis.call('SREM', k('replicas'), id)
 end

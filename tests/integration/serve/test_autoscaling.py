@@ -17,7 +17,7 @@ import ray
 from ray import serve
 
 from cluster.autoscaling import LoraAutoscalingPolicy
-from replica.autoscaling_metrics import ACTIVE_ADAPTERS, KV_USAGE, MAX_LORAS, WAITING
+from replica.autoscaling_metrics import ACTIVE_ADAPTERS, ADAPTER_SHARE, KV_USAGE, MAX_LORAS, WAITING
 from tests.integration.serve.cluster_fixture import APP, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -68,6 +68,7 @@ def test_inside_serves_wrapper_adapter_demand_scales_up_where_queue_length_would
     )
     busy = {
         ACTIVE_ADAPTERS: {"r0": 2.0},
+        ADAPTER_SHARE: {"r0": 2.0},
         MAX_LORAS: {"r0": 1.0},
         KV_USAGE: {"r0": 0.1},
         WAITING: {"r0": 1.0},
@@ -145,7 +146,8 @@ def test_adapter_demand_grows_the_fleet_and_idle_shrinks_it(scaling):
         w.start()
     try:
         wait_for(lambda: running_replicas() == 2, 90, "scaling up to 2 replicas")
-        # the added replica takes adapters (an idle one would leave the first thrashing)
+        # the added replica takes adapters (an idle one would leave the first thrashing):
+        # its first registry tick loads the adapter with the most requests per copy
         wait_for(
             lambda: sum(v > 0 for v in scaling.gauge("active_adapters").values()) == 2,
             30,

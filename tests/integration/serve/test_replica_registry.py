@@ -1,9 +1,8 @@
 """RegistryPublisher against a real redis-server: lease, residency, desired state, outages,
 deregistration and reaping.
 
-The engine is a stand-in exposing only what the publisher reads (stats) and calls
-(load/pin/unpin/unload), so each test sets residency exactly. Like the real slot pool
-it has 2 GPU slots and refuses a pin that would leave none evictable.
+The engine is a stand-in (`publishers.StubEngine`) with 2 GPU slots, so each test
+sets residency exactly.
 """
 
 import asyncio
@@ -11,89 +10,18 @@ import logging
 
 import pytest
 
-from cluster.client import RetryPolicy
-from cluster.registry import AsyncRegistry, Registry
+from cluster.registry import Registry
 from deploy.demo import ensure_demo
-from lora_core.errors import AdapterNotFound, PinRefused
-from replica.outputs import EngineStats
-from replica.serve_registry import PublisherConfig, RegistryPublisher
+from lora_core.errors import AdapterNotFound
+from tests.integration.serve.publishers import locations, setup
 from tests.redis_fixture import start_redis
 
 pytestmark = pytest.mark.integration
-FAST = RetryPolicy(retries=0, connect_timeout_s=0.2, socket_timeout_s=0.5)
-SLOTS = 2
-
-
-class StubEngine:
-    def __init__(self):
-        self.gpu: list[str] = []
-        self.cpu: list[str] = []
-        self.pinned: list[str] = []
-        self.calls: list[tuple] = []
-
-    def stats(self) -> EngineStats:
-        free = max(0, SLOTS - len(self.gpu))
-        return EngineStats(tuple(self.gpu), tuple(self.cpu), (), free, SLOTS, 0, 0, 0.0, 0, 0, 0)
-
-    async def load_adapter(self, ref, to_gpu=False):
-        self.calls.append(("load", ref.name, to_gpu))
-        if to_gpu and ref.key not in self.gpu:
-            self.gpu.append(ref.key)
-
-    def pin(self, ref):
-        if len(self.pinned) + 1 >= SLOTS:
-            self.calls.append(("pin refused", ref.name))
-            raise PinRefused(f"pinning {ref.key!r} would pin every one of the {SLOTS} slots")
-        self.calls.append(("pin", ref.name))
-        self.pinned.append(ref.name)
-
-    def unpin(self, name):
-        self.calls.append(("unpin", name))
-        if name in self.pinned:
-            self.pinned.remove(name)
-
-    async def unload_adapter(self, name):
-        self.calls.append(("unload", name))
-        held = [k for k in self.gpu + self.cpu if k.startswith(f"{name}@")]
-        if not held:
-            raise AdapterNotFound(name)
-        self.gpu = [k for k in self.gpu if k not in held]
-        self.cpu = [k for k in self.cpu if k not in held]
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     return ensure_demo(tmp_path_factory.mktemp("demo"))
-
-
-def setup(url, demo, names=("demo-poet", "demo-chef"), replica="rep1", reap_every=10):
-    """A publisher for replica over a StubEngine; names (demo adapters, or others that
-    reuse demo-poet's files) are registered and known to it."""
-    reg = Registry(url)
-    refs = {
-        n: reg.register_adapter(
-            n, str(demo.adapters.get(n, demo.adapters["demo-poet"])), public=True
-        ).ref
-        for n in names
-    }
-    reg.close()
-    engine = StubEngine()
-    areg = AsyncRegistry(url, retry=FAST)
-    config = PublisherConfig(
-        replica, "LoraReplica", tick_s=0.05, lease_ttl_s=1.0, reap_every=reap_every
-    )
-    pub = RegistryPublisher(config, areg, engine, {})
-    for ref in refs.values():
-        pub.refs[ref.key] = ref
-    return engine, pub, refs
-
-
-def locations(url, name):
-    reg = Registry(url)
-    try:
-        return [(loc.replica, loc.tier) for loc in reg.locations(name)]
-    finally:
-        reg.close()
 
 
 def test_registers_and_publishes_residency_changes(redis_url, demo):

@@ -1,7 +1,8 @@
 """How the registry publisher applies a desired state (pure: fake registry and engine).
 
 Order (unpins, pins, warm targets, draining), one refusal not stopping the rest,
-"not applied" until every step succeeded, and each failure logged once per version.
+"not applied" until every step succeeded, each failure logged once per version, warm
+copies loaded only as the registry grants claims on them.
 The same flows against a real Redis are in tests/integration/serve/test_replica_registry.py.
 """
 
@@ -12,7 +13,7 @@ import logging
 
 import pytest
 
-from cluster.records import DesiredState, Location, WarmTarget
+from cluster.records import DesiredState, WarmTarget
 from lora_core.errors import AdapterNotFound, PinRefused, RegistryUnavailable
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
@@ -24,17 +25,22 @@ def ref(name: str) -> AdapterRef:
 
 
 class FakeRegistry:
-    def __init__(self, state: DesiredState, locations_error: Exception | None = None):
+    """Grants every warm claim but those in full (or raises claim_error)."""
+
+    def __init__(self, state: DesiredState, claim_error: Exception | None = None):
         self.state = state
-        self.locations_error = locations_error
+        self.claim_error = claim_error
+        self.full: set[str] = set()
+        self.claims: list[list[str]] = []
 
     async def desired_state(self) -> DesiredState:
         return self.state
 
-    async def locations(self, name: str) -> tuple[Location, ...]:
-        if self.locations_error is not None:
-            raise self.locations_error
-        return ()
+    async def claim_warm(self, replica_id, epoch, names, claim_s) -> list[str]:
+        if self.claim_error is not None:
+            raise self.claim_error
+        self.claims.append(list(names))
+        return [n for n in names if n not in self.full]
 
 
 class FakeEngine:
@@ -168,16 +174,31 @@ def test_a_replaced_pinned_adapter_pins_its_new_version():
     assert pub.pinned == {"a": v2.key} and pub.desired_version == 2
 
 
-def test_warm_counts_only_copies_in_the_targets_pools():
-    class Located(FakeRegistry):
-        async def locations(self, name: str) -> tuple[Location, ...]:
-            return (Location("p1", "gpu", "prefill"),)
+def test_warm_targets_load_only_the_copies_the_registry_grants():
+    """One claim for every target not held here; only granted names are loaded (the
+    registry counts copies and other replicas' claims, tests/integration/cluster/
+    test_registry_demand.py), and a target met everywhere costs no claim at all."""
 
-    for pool, loads in (("prefill", 0), ("decode", 1)):
-        desired = DesiredState(1, {}, {"w": WarmTarget(1, pool)}, frozenset(), {"w": ref("w")})
-        engine = FakeEngine(refuse=set(), held=set())
-        asyncio.run(publisher(Located(desired), engine).follow_desired())
-        assert engine.calls == [("load", "w")] * loads, pool
+    class Holding(FakeEngine):
+        gpu: tuple[str, ...] = ()
+
+        def stats(self) -> EngineStats:
+            keys = tuple(ref(n).key for n in self.gpu)
+            return EngineStats(keys, keys, (), 3 - len(keys), 3, 0, 0, 0.0, 0, 0, 0)
+
+    reg = FakeRegistry(state(1, warm=("w1", "w2", "w3")))
+    reg.full = {"w2"}
+    engine = Holding(refuse=set(), held=set())
+    pub = publisher(reg, engine)
+    asyncio.run(pub.follow_desired())
+    assert reg.claims == [["w1", "w2", "w3"]]
+    assert engine.calls == [("load", "w1"), ("load", "w3")]
+    engine.gpu = ("w1", "w3")
+    asyncio.run(pub.follow_desired())  # same version: the targets are checked again
+    assert reg.claims[-1] == ["w2"] and engine.calls[2:] == []
+    engine.gpu = ("w1", "w2", "w3")
+    asyncio.run(pub.follow_desired())
+    assert len(reg.claims) == 2  # every target held here: no round trip
 
 
 def test_each_failure_logged_once_per_version(caplog):
@@ -197,7 +218,7 @@ def test_each_failure_logged_once_per_version(caplog):
 
 def test_a_registry_outage_fails_the_tick_instead_of_counting_as_a_refusal():
     outage = RegistryUnavailable("cannot reach Redis at redis://x")
-    reg = FakeRegistry(state(2, warm=("w",)), locations_error=outage)
+    reg = FakeRegistry(state(2, warm=("w",)), claim_error=outage)
     pub = publisher(reg, FakeEngine(refuse=set(), held=set()))
     with pytest.raises(RegistryUnavailable):
         asyncio.run(pub.follow_desired())
@@ -234,6 +255,12 @@ def test_once_per_version():
 def test_reap_every_validated(reap_every: int):
     with pytest.raises(ValueError, match=f"reap_every={reap_every}; allowed: >= 1"):
         PublisherConfig("r1", "d", reap_every=reap_every)
+
+
+@pytest.mark.parametrize("claim_s", [0.0, 0.001, 4000.0])
+def test_warm_claim_s_validated(claim_s: float):
+    with pytest.raises(ValueError, match=f"warm_claim_s={claim_s}; allowed: 0.01 .. 3600"):
+        PublisherConfig("r1", "d", warm_claim_s=claim_s)
 
 
 @pytest.mark.parametrize("still_draining", [False, True])

@@ -1,0 +1,121 @@
+"""Registry scripts for adapter demand: what replicas' requests use now (the autoscaling
+share, and the hot adapters a new replica loads first) and claims on warm-target copies
+(see `cluster.scripts`)."""
+
+from __future__ import annotations
+
+BODIES: dict[str, str] = {
+    # ARGV: ns, id, epoch, name, in-flight requests, name, in-flight requests, ...
+    # Replaces what id reported active before (names not given are no longer active there)
+    # and returns, per given name in order, on how many live replicas it is active now
+    # (this one included): the publisher's adapter share is the sum of 1 / that count.
+    "report_active": r"""
+local id, epoch = ARGV[2], ARGV[3]
+local f = fence(id, epoch)
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local given = {}
+for i = 4, #ARGV, 2 do given[ARGV[i]] = true end
+for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'active'))) do
+  if not given[name] then
+    redis.call('HDEL', k('active', name), id)
+    redis.call('SREM', k('replica', id, 'active'), name)
+    if redis.call('EXISTS', k('active', name)) == 0 then
+      redis.call('SREM', k('active_names'), name)
+    end
+  end
+end
+local copies = {}
+for i = 4, #ARGV, 2 do
+  local name = ARGV[i]
+  redis.call('HSET', k('active', name), id, ARGV[i + 1] .. '|' .. epoch)
+  redis.call('SADD', k('replica', id, 'active'), name)
+  redis.call('SADD', k('active_names'), name)
+  copies[#copies + 1] = #live_entries(k('active', name))
+end
+return ret('ok', copies)
+""",
+    # ARGV: ns, id, epoch, claim_ms, name... (warm targets id does not hold in a GPU slot).
+    # Grants id a claim on a name's next warm copy when live GPU copies in the target's
+    # pools plus other replicas' unexpired claims are below the target; a claim ends when
+    # it expires, when its replica's lease does, or when that replica reports the copy
+    # (report_resident). One script, so concurrent replicas never claim past the target.
+    # An unexpired claim of id's own is granted again (its load is retried), not extended.
+    # Returns the names granted.
+    "claim_warm": r"""
+local id, epoch = ARGV[2], ARGV[3]
+local f = fence(id, epoch)
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local pool = redis.call('HGET', k('replica', id), 'pool') or ''
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local claim_ms = tonumber(ARGV[4])
+local granted = {}
+for i = 5, #ARGV do
+  local name = ARGV[i]
+  local raw = redis.call('HGET', k('warm'), name)
+  local version = redis.call('HGET', k('adapter', name), 'version')
+  local want, target_pool
+  if raw then want, target_pool = string.match(raw, '^(%d+)|(.*)$') end
+  if version and want and binds(target_pool, pool) then
+    local gpu, n = {}, 0
+    for _, loc in ipairs(locations(name, version)) do
+      if loc[2] == 'gpu' and binds(target_pool, loc[3]) then
+        gpu[loc[1]] = true
+        n = n + 1
+      end
+    end
+    local mine = false
+    for _, c in ipairs(live_entries(k('warm_claims', name))) do
+      if tonumber(c[2]) > now and not gpu[c[1]] then
+        if c[1] == id then mine = true else n = n + 1 end
+      end
+    end
+    if not gpu[id] and (mine or n < tonumber(want)) then
+      if not mine then
+        local key = k('warm_claims', name)
+        redis.call('HSET', key, id, (now + claim_ms) .. '|' .. epoch)
+        if redis.call('PTTL', key) < claim_ms then redis.call('PEXPIRE', key, claim_ms) end
+      end
+      granted[#granted + 1] = name
+    end
+  end
+end
+return ret('ok', granted)
+""",
+    # ARGV: ns, id, limit. The active adapters id neither serves nor holds in a GPU slot,
+    # most requests in flight per copy first (copies: live replicas where the adapter is
+    # active or GPU-resident; ties by name), at most limit of them: what a new replica
+    # loads before traffic finds it. Each row: name, version, content_hash, path, rank,
+    # base_model, requests in flight, copies. Draining adapters are left out. Reads every
+    # active adapter's entries: a new replica runs it once, not every tick.
+    "hot_adapters": r"""
+local id, limit = ARGV[2], tonumber(ARGV[3])
+local rows = {}
+for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
+  local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
+    'base_model', 'state')
+  if v[1] and v[6] ~= 'draining' then
+    local on, copies, in_flight = {}, 0, 0
+    for _, e in ipairs(live_entries(k('active', name))) do
+      on[e[1]] = true
+      in_flight = in_flight + tonumber(e[2])
+    end
+    for _, loc in ipairs(locations(name, v[1])) do
+      if loc[2] == 'gpu' then on[loc[1]] = true end
+    end
+    for _ in pairs(on) do copies = copies + 1 end
+    if in_flight > 0 and not on[id] then
+      rows[#rows + 1] = {name, v[1], v[2], v[3], v[4], v[5] or '', in_flight, copies}
+    end
+  end
+end
+table.sort(rows, function(a, b)
+  local x, y = a[7] / math.max(1, a[8]), b[7] / math.max(1, b[8])
+  if x ~= y then return x > y end
+  return a[1] < b[1]
+end)
+local out = {}
+for i = 1, math.min(limit, #rows) do out[i] = rows[i] end
+return ret('ok', out)
+""",
+}

@@ -1,0 +1,84 @@
+"""A new replica's head start (pure: fake registry and engine): how many free GPU slots
+its first tick fills with the fleet's hottest adapters, once. The ranking itself runs in
+Redis (tests/integration/cluster/test_registry_demand.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from lora_core.errors import CapacityExceeded
+from lora_core.identity import AdapterRef
+from replica.outputs import EngineStats
+from replica.serve_registry import PublisherConfig, RegistryPublisher
+
+
+def ref(name: str) -> AdapterRef:
+    return AdapterRef(name, 1, "ab" * 32, f"/adapters/{name}", 8, "base")
+
+
+@dataclass(frozen=True)
+class Hot:
+    ref: AdapterRef
+    per_copy: float
+
+
+class FakeRegistry:
+    def __init__(self, names: list[str]):
+        self.hot = [Hot(ref(n), 5.0) for n in names]
+        self.limits: list[int] = []
+
+    async def hot_adapters(self, replica_id: str, limit: int) -> list[Hot]:
+        self.limits.append(limit)
+        return self.hot[:limit]
+
+
+class FakeEngine:
+    def __init__(self, free: int, refuse: frozenset[str] = frozenset()):
+        self.free, self.refuse = free, refuse
+        self.loads: list[str] = []
+
+    def stats(self) -> EngineStats:
+        return EngineStats((), (), (), self.free, 4, 0, 0, 0.0, 0, 0, 0)
+
+    async def load_adapter(self, ref: AdapterRef, to_gpu: bool = False) -> None:
+        if ref.name in self.refuse:
+            raise CapacityExceeded(f"{ref.name}: every GPU slot is busy with running requests")
+        self.loads.append(ref.name)
+
+
+def publisher(reg: FakeRegistry, engine: FakeEngine, prefetch: bool = True) -> RegistryPublisher:
+    return RegistryPublisher(PublisherConfig("new", "d", prefetch=prefetch), reg, engine, {})
+
+
+@pytest.mark.parametrize(
+    ("free", "limit", "loads"),
+    [
+        (0, None, []),  # no free slot: no round trip
+        (1, 1, ["a"]),  # the only slot: a head start beats an idle slot
+        (2, 1, ["a"]),  # otherwise one slot stays free for whatever comes next
+        (4, 3, ["a", "b", "c"]),
+    ],
+)
+def test_fills_all_but_one_free_slot_once(free: int, limit: int | None, loads: list[str]):
+    reg, engine = FakeRegistry(["a", "b", "c", "d"]), FakeEngine(free)
+    pub = publisher(reg, engine)
+    for _ in range(3):
+        asyncio.run(pub._prefetch_once())
+    assert reg.limits == ([] if limit is None else [limit])
+    assert engine.loads == loads
+    assert all(ref(n).key in pub.refs for n in loads)  # published like any copy
+
+
+def test_a_refused_load_does_not_stop_the_others():
+    reg, engine = FakeRegistry(["a", "b", "c"]), FakeEngine(4, refuse=frozenset({"a"}))
+    asyncio.run(publisher(reg, engine)._prefetch_once())
+    assert engine.loads == ["b", "c"]
+
+
+def test_off_means_no_round_trip():
+    reg, engine = FakeRegistry(["a"]), FakeEngine(4)
+    asyncio.run(publisher(reg, engine, prefetch=False)._prefetch_once())
+    assert (reg.limits, engine.loads) == ([], [])
