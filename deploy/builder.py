@@ -147,6 +147,9 @@ class ClusterArgs(BaseModel):
     routing_stats_period_s: float = Field(1.0, gt=0.0)
     registry_tick_s: float = Field(1.0, gt=0.0)
     lease_ttl_s: float = Field(5.0, gt=0.0)
+    metrics_max_models: int = Field(100, ge=0)
+    """Adapters each replica's request counters name before counting the rest under
+    model="(other)" (bounds the metrics' label cardinality)."""
 
     @model_validator(mode="after")
     def _check(self) -> ClusterArgs:
@@ -272,6 +275,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         namespace=cfg.namespace,
         registry_tick_s=cfg.registry_tick_s,
         lease_ttl_s=cfg.lease_ttl_s,
+        metrics_max_models=cfg.metrics_max_models,
         served_model_name=base_name,
     )
     router = RequestRouterConfig(

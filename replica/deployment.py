@@ -30,7 +30,7 @@ from lora_core.identity import AdapterRef
 from replica.autoscaling_metrics import InFlight, autoscaling_metrics
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
-from replica.serve_metrics import ReplicaGauges, RequestCounters
+from replica.serve_metrics import DEFAULT_MAX_MODELS, ReplicaGauges, RequestCounters
 from replica.serve_protocol import GenerateCall, check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
@@ -48,6 +48,8 @@ class ReplicaSettings:
     served_model_name: the base model's id in requests and metrics ("" = the model
         directory's name).
     registry_tick_s / lease_ttl_s: heartbeat period and lease lifetime.
+    metrics_max_models: adapters the request counters name before they count the rest
+        under model="(other)" (`replica.serve_metrics.ModelLabels`).
     """
 
     engine: EngineConfig
@@ -57,6 +59,7 @@ class ReplicaSettings:
     served_model_name: str = ""
     registry_tick_s: float = 1.0
     lease_ttl_s: float = 5.0
+    metrics_max_models: int = DEFAULT_MAX_MODELS
 
     def __post_init__(self) -> None:
         if self.registry_tick_s <= 0 or self.lease_ttl_s <= self.registry_tick_s:
@@ -97,7 +100,7 @@ class LoraReplica:
         self.engine = AsyncEngine(settings.engine)
         self.base_name = settings.served_model_name or self.engine.model_name
         self.gauges = ReplicaGauges()
-        self.counters = RequestCounters()
+        self.counters = RequestCounters(self.base_name, settings.metrics_max_models)
         if settings.redis_url:
             self._start_publisher(settings)
 
@@ -173,8 +176,10 @@ class LoraReplica:
         return autoscaling_metrics(self.engine.stats(), share)
 
     async def check_health(self) -> None:
-        """Local only: the engine must answer; the registry's state is not consulted."""
+        """Local only: the engine must answer and have all its parts (tensor-parallel
+        workers); the registry's state is not consulted."""
         self.engine.stats()
+        self.engine.engine.check_health()
         if self._task is not None and self._task.done() and not self._task.cancelled():
             raise RuntimeError(f"registry publisher stopped: {self._task.exception()!r}")
 

@@ -119,6 +119,13 @@ class LLMEngine:
         if self.parts.close is not None:
             self.parts.close()
 
+    def check_health(self) -> None:
+        """Raise RuntimeError when a part the engine cannot step without is gone (a
+        tensor-parallel worker process)."""
+        driver = getattr(self.runner, "driver", None)
+        if driver is not None:
+            driver.check_alive()
+
     def has_unfinished(self) -> bool:
         return bool(self._seqs) or bool(self._pending)
 

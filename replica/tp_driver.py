@@ -83,6 +83,16 @@ class TPDriver:
             self.group.broadcast(ranks)
             self.group.broadcast(flat)
 
+    def check_alive(self) -> None:
+        """Raise RuntimeError naming a worker that exited while the driver runs (its
+        rank's collectives would fail every step from now on)."""
+        for rank, p in enumerate(self.procs, start=1):
+            if not self.closed and p.poll() is not None:
+                raise RuntimeError(
+                    f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with "
+                    f"status {p.returncode}"
+                )
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the workers; idempotent."""
         with self.lock:

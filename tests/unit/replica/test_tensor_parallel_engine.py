@@ -42,10 +42,23 @@ def test_tp2_engine_equals_tp1(llama_dir, refs):
     try:
         got = run_requests(engine, _requests(refs))
         assert engine.stats().adapter_loads > 2  # slots were rewritten on both ranks
+        engine.check_health()
     finally:
         engine.close()
     assert got == want
     assert [p.returncode for p in procs] == [0]
+
+
+def test_a_dead_worker_fails_the_health_check(llama_dir):
+    engine = small_engine(llama_dir, tensor_parallel_size=2)
+    try:
+        worker = engine.runner.driver.procs[0]
+        worker.kill()
+        worker.wait()
+        with pytest.raises(RuntimeError, match="worker rank 1 .* exited"):
+            engine.check_health()
+    finally:
+        engine.close()
 
 
 def test_tensor_parallel_size_validated(llama_dir):
