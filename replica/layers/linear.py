@@ -16,11 +16,17 @@ wrapper can add its delta in between.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from replica.parallel import SINGLE, TPGroup
+
+# A checkpoint tensor, or a safetensors slice of one (indexable like a tensor; its
+# get_shape() is the tensor's shape): what a weight loader reads its shard from.
+Sliceable = Any
 
 
 class Linear(nn.Module):
@@ -80,43 +86,54 @@ class Linear(nn.Module):
         return sum(self.output_sizes[:shard])
 
     def weight_loader(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None
+        self, param: nn.Parameter, loaded: Sliceable, shard: int | None = None
     ) -> None:
-        """Copy the rank's part of `loaded` into `param`.
+        """Copy the rank's part of `loaded` into `param`, reading nothing else of it.
 
         loaded: the checkpoint's whole weight [N, H] / bias [N], or slice `shard` of a
-        fused one ([N_s, H] / [N_s]), unsharded.
+        fused one ([N_s, H] / [N_s]), unsharded: a tensor, or a safetensors slice
+        (`safe_open(...).get_slice(name)`), so a rank reads only its rows or columns
+        from the file. Values are cast to param's dtype as they are copied.
         """
+        shape = _shape(loaded)
         if shard is None:
-            want = (sum(self.full_sizes), self.full_in)[: loaded.dim()]
-            if tuple(loaded.shape) != want:
-                raise ValueError(f"shape {tuple(loaded.shape)} does not fit {want}")
+            want = (sum(self.full_sizes), self.full_in)[: len(shape)]
+            if shape != want:
+                raise ValueError(f"shape {shape} does not fit {want}")
             if self.row_parallel:
-                param.data.copy_(self._narrow_in(loaded))
+                param.data.copy_(self._input_part(loaded, len(shape)))
                 return
             start = 0
             for s, size in enumerate(self.full_sizes):
-                self._load_slice(param, loaded.narrow(0, start, size), s)
+                self._copy_rows(param, loaded, s, start)
                 start += size
             return
-        self._load_slice(param, loaded, shard)
-
-    def _load_slice(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
-        want = (self.full_sizes[shard], self.full_in)[: loaded.dim()]
-        if tuple(loaded.shape) != want:
-            raise ValueError(f"slice {shard}: shape {tuple(loaded.shape)} does not fit {want}")
+        want = (self.full_sizes[shard], self.full_in)[: len(shape)]
+        if shape != want:
+            raise ValueError(f"slice {shard}: shape {shape} does not fit {want}")
         if self.row_parallel:
-            loaded = self._narrow_in(loaded)
+            target = param.data.narrow(0, self.slice_offset(shard), self.output_sizes[shard])
+            target.copy_(self._input_part(loaded, len(shape)))
         else:
-            local = self.output_sizes[shard]
-            loaded = loaded.narrow(0, self.tp.rank * local, local)
-        param.data.narrow(0, self.slice_offset(shard), self.output_sizes[shard]).copy_(loaded)
+            self._copy_rows(param, loaded, shard, 0)
 
-    def _narrow_in(self, loaded: torch.Tensor) -> torch.Tensor:
-        """A row-parallel weight's input columns of this rank (a bias is replicated)."""
-        if loaded.dim() == 1:
-            return loaded
-        return loaded.narrow(1, self.tp.rank * self.in_features, self.in_features)
+    def _copy_rows(self, param: nn.Parameter, loaded: Sliceable, shard: int, start: int) -> None:
+        """Column-parallel: this rank's rows of slice `shard`, which starts at row `start`
+        of loaded, into their place in param."""
+        local = self.output_sizes[shard]
+        lo = start + self.tp.rank * local
+        param.data.narrow(0, self.slice_offset(shard), local).copy_(loaded[lo : lo + local])
+
+    def _input_part(self, loaded: Sliceable, ndim: int) -> torch.Tensor:
+        """Row-parallel: a weight's input columns of this rank (a bias is replicated)."""
+        if ndim == 1:
+            return loaded[:]
+        lo = self.tp.rank * self.in_features
+        return loaded[:, lo : lo + self.in_features]
+
+
+def _shape(loaded: Sliceable) -> tuple[int, ...]:
+    return tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else tuple(loaded.get_shape())
 
 
 class ColumnParallelLinear(Linear):

@@ -101,14 +101,14 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
                         raise ModelLoadFailed(f"{file.name}: unexpected tensor {name!r}")
                     param = params[target]
                     module = model.get_submodule(target.rsplit(".", 1)[0])
-                    tensor = f.get_tensor(name).to(param.dtype)
-                    if isinstance(module, Linear):
-                        module.weight_loader(param, tensor, shard)
-                    elif param.shape != tensor.shape:
-                        raise ModelLoadFailed(
-                            f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}"
-                        )
+                    if isinstance(module, Linear):  # reads only this rank's shard
+                        module.weight_loader(param, f.get_slice(name), shard)
                     else:
+                        tensor = f.get_tensor(name)
+                        if param.shape != tensor.shape:
+                            raise ModelLoadFailed(
+                                f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}"
+                            )
                         param.data.copy_(tensor)
                     loaded.add(target)
         except (OSError, RuntimeError, ValueError, AttributeError, SafetensorError) as e:
