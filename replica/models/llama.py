@@ -101,9 +101,10 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """The decoder plus the LM head; one class serves all three architectures.
 
-    tp: the TP group this copy is rank `tp.rank` of. The lm_head is replicated: only the
-    driver (rank 0) computes logits, from hidden states every rank holds whole, so
-    sharding it would add a gather per step to save memory only (vocab x hidden per rank).
+    tp: the TP group this copy is rank `tp.rank` of. Only the driver (rank 0) computes
+    logits, from hidden states every rank holds whole, so rank 0 holds the whole lm_head
+    and the other ranks none (with untied embeddings that saves vocab x hidden on each of
+    them; sharding it would add a gather per step to save the same on rank 0 only).
     """
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
@@ -111,15 +112,19 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.tp = tp
         self.model = DecoderModel(cfg, tp)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.lm_head.weight.requires_grad_(False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head: nn.Linear | None = None
+        if tp.rank == 0:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head.weight.requires_grad_(False)
+            if cfg.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
         """-> hidden states [T, H]."""
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [n, H] -> float32 logits [n, V]."""
+        """hidden: [n, H] -> float32 logits [n, V] (rank 0 only)."""
+        if self.lm_head is None:
+            raise RuntimeError(f"tensor-parallel rank {self.tp.rank} computes no logits")
         return self.lm_head(hidden).float()

@@ -88,13 +88,14 @@ def _target(model: CausalLM, name: str) -> tuple[str, int | None]:
 def load_weights(model: CausalLM, model_dir: Path) -> None:
     """Copy every checkpoint tensor into `model`; every parameter must be covered."""
     params = dict(model.named_parameters(remove_duplicate=True))
-    tied = model.config.tie_word_embeddings
+    # tied: the embedding is the head; no head: a TP worker rank computes no logits
+    skip_head = model.config.tie_word_embeddings or model.lm_head is None
     loaded: set[str] = set()
     for file in _weight_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    if "rotary_emb" in name or (name == "lm_head.weight" and tied):
+                    if "rotary_emb" in name or (name == "lm_head.weight" and skip_head):
                         continue
                     target, shard = _target(model, name)
                     if target not in params:
