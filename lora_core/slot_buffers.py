@@ -13,8 +13,9 @@ matching the base layers it wraps (BaseShape.shard_sizes):
         [tp_rank * N_s/tp, ...) of every slice (x is whole on every rank);
     row-parallel groups (o, down): A [L, R, H/tp] columns [tp_rank * H/tp, ...) (x is
         split along H), B [L, N, R] whole.
-So slot memory per device shrinks by about tp. The writer takes whole CPU adapter
-weights and narrows them to the rank's shard.
+So slot memory per device shrinks by about tp. `write` takes whole CPU adapter weights
+and narrows them to the rank's shard (`shard_slice`); `write_shard` takes weights already
+narrowed to it (what a tensor-parallel worker receives from the driver).
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ import torch
 from lora_core.base_shape import GROUPS, ROW_PARALLEL_GROUPS, BaseShape
 from lora_core.errors import AdapterIncompatible
 from lora_core.weights import AdapterWeights, SliceWeights
+
+
+def shard_slice(sw: SliceWeights, group: str, tp_rank: int, tp_size: int) -> SliceWeights:
+    """Rank tp_rank's shard of one whole slice (views, no copy).
+
+    sw: a [r, H], b [N, r] -> row-parallel groups (o, down): a [r, H/tp] columns
+    [tp_rank * H/tp, ...), b whole; column-parallel groups: a whole, b [N/tp, r] rows
+    [tp_rank * N/tp, ...). Example (tp 2, down, H 16): rank 1 keeps a[:, 8:16].
+    """
+    if tp_size == 1:
+        return sw
+    if group in ROW_PARALLEL_GROUPS:
+        h = sw.a.shape[1] // tp_size
+        return SliceWeights(sw.a.narrow(1, tp_rank * h, h), sw.b)
+    n = sw.b.shape[0] // tp_size
+    return SliceWeights(sw.a, sw.b.narrow(0, tp_rank * n, n))
 
 
 class SlotBuffers:
@@ -103,6 +120,16 @@ class SlotBuffers:
 
     def write(self, slot: int, weights: AdapterWeights) -> None:
         """Copy an adapter into `slot` (zero-padding rank, zeroing untargeted slices)."""
+        self._write(slot, weights, sharded=False)
+        if self.on_change is not None:
+            self.on_change(slot, weights)
+
+    def write_shard(self, slot: int, weights: AdapterWeights) -> None:
+        """write(), from weights already narrowed to this rank's shard (`shard_slice`):
+        a tensor-parallel worker's copy of the driver's write. Calls no on_change."""
+        self._write(slot, weights, sharded=True)
+
+    def _write(self, slot: int, weights: AdapterWeights, sharded: bool) -> None:
         self._check_slot(slot)
         if weights.rank > self.max_rank:
             raise AdapterIncompatible(
@@ -116,18 +143,21 @@ class SlotBuffers:
             )
         for layer in range(self.base.num_layers):
             for group in GROUPS:
-                self.write_slices(slot, layer, group, weights.slices(layer, group))
+                self.write_slices(slot, layer, group, weights.slices(layer, group), sharded)
         self.slot_ranks[slot] = weights.rank
-        if self.on_change is not None:
-            self.on_change(slot, weights)
 
     def write_slices(
-        self, slot: int, layer: int, group: str, slices: tuple[SliceWeights | None, ...]
+        self,
+        slot: int,
+        layer: int,
+        group: str,
+        slices: tuple[SliceWeights | None, ...],
+        sharded: bool = False,
     ) -> None:
-        """Set one layer-group of `slot` from whole (unsharded) slices; None slices become
-        zero. Only this rank's shard of each slice is copied."""
-        h, outs = self.base.group_sizes(group)
-        row = group in ROW_PARALLEL_GROUPS
+        """Set one layer-group of `slot` from whole slices (sharded: from this rank's
+        shard of each, see `shard_slice`); None slices become zero. Only this rank's
+        shard of a whole slice is copied."""
+        h, outs = self.group_sizes(group) if sharded else self.base.group_sizes(group)
         for a_buf, b_buf, sw, n in zip(
             self._a[layer][group], self._b[layer][group], slices, outs, strict=True
         ):
@@ -141,13 +171,10 @@ class SlotBuffers:
                     f"A {list(sw.a.shape)} / B {list(sw.b.shape)} do not fit the slots",
                     f"A [r, {h}], B [{n}, r]",
                 )
-            a, b = sw.a, sw.b
-            if row:
-                a = a.narrow(1, self.tp_rank * a_buf.shape[2], a_buf.shape[2])
-            else:
-                b = b.narrow(0, self.tp_rank * b_buf.shape[1], b_buf.shape[1])
-            a_buf[slot, : sw.rank].copy_(a, non_blocking=True)
-            b_buf[slot, :, : sw.rank].copy_(b, non_blocking=True)
+            if not sharded:
+                sw = shard_slice(sw, group, self.tp_rank, self.tp_size)
+            a_buf[slot, : sw.rank].copy_(sw.a, non_blocking=True)
+            b_buf[slot, :, : sw.rank].copy_(sw.b, non_blocking=True)
 
     def clear(self, slot: int) -> None:
         """Zero `slot` entirely (its tokens then get a zero delta)."""

@@ -131,12 +131,27 @@ class AsyncEngine:
                 self.engine.abort(request_id)
 
     def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
-        if adapter is not None:
+        if adapter is None:
+            with self._engine_locked():
+                self.engine.add_request(request_id, prompt_token_ids, params)
+            return
+        # The request wants its adapter from before the load until the scheduler takes
+        # the count over at queueing: a registration in between (another request's, a
+        # warm-up) must not drop the copy just loaded, for a reload under the engine lock.
+        self.engine.adapters.want(adapter)
+        queued = False
+        try:
             # Disk -> CPU (validate, hash, unpack) without the engine lock, so a cold
             # adapter's load overlaps with running steps; the manager is thread-safe.
             self.engine.adapters.fetch(adapter)
-        with self._engine_locked():
-            self.engine.add_request(request_id, prompt_token_ids, params, adapter)
+            with self._engine_locked():
+                self.engine.add_request(
+                    request_id, prompt_token_ids, params, adapter, want_held=True
+                )
+                queued = True
+        finally:
+            if not queued:  # refused or failed before queueing: the want is still ours
+                self.engine.adapters.unwant(adapter)
 
     async def abort(self, request_id: str) -> bool:
         with self._engine_locked():

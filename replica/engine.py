@@ -68,8 +68,14 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterRef | None = None,
+        want_held: bool = False,
     ) -> None:
-        """Queue a request. Raises before queueing if the request or its adapter is refused."""
+        """Queue a request. Raises before queueing if the request or its adapter is refused.
+
+        want_held: the caller called adapters.want(adapter) for this request (so the CPU
+        cache kept the adapter while the caller loaded it); the queued request takes
+        that want over. When this raises, the want stays the caller's to unwant.
+        """
         if request_id in self._seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         self._check_prompt(prompt_token_ids, params)
@@ -85,7 +91,7 @@ class LLMEngine:
             rng=SeedStream(params.seed) if params.seed is not None else None,
         )
         self._seqs[request_id] = seq
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, want_held)
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:

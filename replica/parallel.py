@@ -78,6 +78,15 @@ class TPGroup:
             self._pg.broadcast(t, src).wait()
         return t
 
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        """Send t to rank dst (which calls recv with a tensor of t's shape and dtype)."""
+        self._pg.send([t], dst, 0).wait()
+
+    def recv(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Fill t with what rank src sends, in place; returns t."""
+        self._pg.recv([t], src, 0).wait()
+        return t
+
     def shard(self, n: int, what: str) -> int:
         """n // size, refusing an n the group cannot split evenly."""
         if n % self.size:

@@ -192,9 +192,14 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, want_held: bool = False) -> None:
+        """Queue seq. want_held: the caller already counted seq's want on `demand` (the
+        async front does, from before it loads the adapter, so the CPU cache spares it
+        in between); the queue takes that count over instead of raising another."""
+        if want_held and (self.demand is None or not self._needs_slot(seq)):
+            raise ValueError("want_held: allowed only for an adapter request with a demand")
         self.waiting.append(seq)
-        if self.demand is not None and self._needs_slot(seq):
+        if self.demand is not None and self._needs_slot(seq) and not want_held:
             self.demand.want(seq.adapter)
 
     def has_work(self) -> bool:

@@ -4,7 +4,8 @@ The engine (scheduler, sampling, detokenizing, adapter manager) runs only here. 
 driver starts one worker process per further rank (`replica.tp_worker`), and then:
 - each step, before its own forward, broadcasts the step's inputs (`DriverRunner`);
 - each adapter slot write / clear on its buffers is replayed on the workers' buffers
-  (the SlotBuffers `on_change` hook), whatever thread the adapter manager runs it on.
+  (the SlotBuffers `on_change` hook), whatever thread the adapter manager runs it on;
+  a write sends each worker only its shard of the adapter (one send per worker).
 One lock orders those commands, so every rank sees the same sequence of collectives.
 `close` stops the workers (STOP, then a wait, then a kill); it also runs at interpreter
 exit, and a worker whose driver process died exits by itself (tp_worker's watchdog).
@@ -34,7 +35,7 @@ from replica.engine_setup import TORCH_DTYPES, ModelShard
 from replica.model_runner import ModelRunner, StepBatch
 from replica.models.loader import read_config, resolve_model_dir
 from replica.parallel import TPGroup, free_port
-from replica.tp_protocol import CLEAR, STOP, WRITE, header, pack_adapter, pack_step
+from replica.tp_protocol import CLEAR, STOP, WRITE, header, pack_shard, pack_step, slice_ranks
 from replica.tp_worker import connect_and_build
 
 log = logging.getLogger("lorafleet.tp_driver")
@@ -76,12 +77,16 @@ class TPDriver:
             if weights is None:
                 self.group.broadcast(header(CLEAR, slot, device=self.device))
                 return
-            ranks, flat = pack_adapter(weights, base, self.device, self.dtype)
-            self.group.broadcast(
-                header(WRITE, slot, flat.numel(), weights.rank, device=self.device)
-            )
-            self.group.broadcast(ranks)
-            self.group.broadcast(flat)
+            size = self.group.size
+            # Packed before the header: a bad adapter raises with no command half sent.
+            shards = [
+                pack_shard(weights, base, r, size, self.device, self.dtype) for r in range(1, size)
+            ]
+            numel = shards[0].numel()
+            self.group.broadcast(header(WRITE, slot, numel, weights.rank, device=self.device))
+            self.group.broadcast(slice_ranks(weights, base, self.device))
+            for r, flat in enumerate(shards, start=1):
+                self.group.send(flat, r)
 
     def check_alive(self) -> None:
         """Raise RuntimeError naming a worker that exited while the driver runs (its

@@ -1,12 +1,13 @@
 """What the tensor-parallel driver (rank 0) sends its workers: tensors only, no pickles.
 
 Every command is one broadcast of a fixed int64 header [HEADER_LEN], then the payload
-tensors the header sizes:
+tensors the header sizes (broadcast, except WRITE's values: one send to each worker):
 
     kind   header[1:]                                    payload
     STEP   T, D, W, P, Wp, lora_count                    int64 [4T + D*W + D + 3P + P*Wp]
     WRITE  slot, numel, rank                             int64 [num_slices] slice ranks,
-                                                         float [numel] A and B values
+                                                         float [numel] A and B values of
+                                                         the receiving rank's shard
     CLEAR  slot                                          -
     STOP   -                                             -
 
@@ -17,8 +18,12 @@ up to its context_len). Example: one decode token (table [3], 5 tokens of KV) an
 3-token prefill chunk (table [1, 2]): T=4, D=1, W=1, P=1, Wp=2.
 
 WRITE payload: for each layer, group and slice of `base_shape.GROUPS` in order, the
-slice's rank (0 = untargeted); then A [r, H] and B [N, r] of each targeted slice,
-flattened and concatenated, whole (each rank keeps its shard: SlotBuffers.write_slices).
+slice's rank (0 = untargeted); then rank t's shard (`slot_buffers.shard_slice`) of A
+[r, H] and B [N, r] of each targeted slice, flattened and concatenated, sent to rank t
+alone. Every rank's shard has the same numel (the model's sizes divide by tp), so the
+values a worker receives are the whole adapter's / tp, roughly: column-parallel groups
+keep A whole. Example (tp 2, one qkv slice of rank 4, H 8, N 8): each worker receives
+A [4, 8] and its half of B [4, 4], 48 values instead of 64.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from lora_core.base_shape import GROUPS, BaseShape
+from lora_core.slot_buffers import shard_slice
 from lora_core.weights import AdapterWeights, SliceWeights
 from replica.layers.attention import AttentionMetadata, PrefillChunk
 from replica.model_runner import StepBatch
@@ -106,46 +112,65 @@ def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
 def _slice_keys(base: BaseShape):
     for layer in range(base.num_layers):
         for group, modules in GROUPS.items():
-            for s, module in enumerate(modules):
-                yield layer, group, s, module
+            for s in range(len(modules)):
+                yield layer, group, s
 
 
-def pack_adapter(
-    weights: AdapterWeights, base: BaseShape, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slice ranks int64 [num_slices], values [numel] in dtype, the slots') on device."""
-    ranks, values = [], []
-    for layer, group, s, _ in _slice_keys(base):
+def slice_ranks(weights: AdapterWeights, base: BaseShape, device: torch.device) -> torch.Tensor:
+    """int64 [num_slices] on device: each slice's rank in `_slice_keys` order (0: none)."""
+    ranks = []
+    for layer, group, s in _slice_keys(base):
         sw = weights.slices(layer, group)[s]
         ranks.append(0 if sw is None else sw.rank)
+    return torch.tensor(ranks, dtype=torch.long, device=device)
+
+
+def pack_shard(
+    weights: AdapterWeights,
+    base: BaseShape,
+    tp_rank: int,
+    tp_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Rank tp_rank's shard of every targeted slice's A and B, flat: [numel] in dtype
+    (the slots') on device. numel is the same for every tp_rank."""
+    values = []
+    for layer, group, s in _slice_keys(base):
+        sw = weights.slices(layer, group)[s]
         if sw is not None:
-            values += [sw.a.reshape(-1), sw.b.reshape(-1)]
+            part = shard_slice(sw, group, tp_rank, tp_size)
+            values += [part.a.reshape(-1), part.b.reshape(-1)]
     flat = torch.cat(values) if values else torch.zeros(0)
-    return torch.tensor(ranks, dtype=torch.long, device=device), flat.to(device, dtype)
+    return flat.to(device, dtype)
 
 
 def num_slices(base: BaseShape) -> int:
     return base.num_layers * sum(len(m) for m in GROUPS.values())
 
 
-def unpack_adapter(
-    ranks: torch.Tensor, flat: torch.Tensor, base: BaseShape, rank: int
+def unpack_shard(
+    ranks: torch.Tensor, flat: torch.Tensor, base: BaseShape, rank: int, tp_size: int
 ) -> AdapterWeights:
-    """AdapterWeights of adapter rank `rank` (views of flat; content_hash empty) from
-    pack_adapter's tensors."""
+    """The shard AdapterWeights (views of flat; content_hash empty) of adapter rank
+    `rank` from slice_ranks' and pack_shard's tensors: what `SlotBuffers.write_shard`
+    of a rank of a tp_size group takes."""
     layers: list[dict[str, list[SliceWeights | None]]] = [
         {g: [] for g in GROUPS} for _ in range(base.num_layers)
     ]
     offset = 0
-    for (layer, group, _, module), r in zip(_slice_keys(base), ranks.tolist(), strict=True):
+    for (layer, group, s), r in zip(_slice_keys(base), ranks.tolist(), strict=True):
         if r == 0:
             layers[layer][group].append(None)
             continue
-        h, n = base.module_shape(module)
+        h, outs = base.shard_sizes(group, tp_size)
+        n = outs[s]
         a = flat[offset : offset + r * h].view(r, h)
         offset += r * h
         b = flat[offset : offset + n * r].view(n, r)
         offset += n * r
         layers[layer][group].append(SliceWeights(a, b))
+    if offset != flat.numel():
+        raise ValueError(f"{flat.numel()} values received; the slice ranks need {offset}")
     packed = tuple({g: tuple(v) for g, v in layer.items()} for layer in layers)
     return AdapterWeights("", rank, packed)

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from lora_core.slot_buffers import SlotBuffers
 from replica.config import EngineConfig
 from replica.engine_setup import ModelShard, build_shard
 from replica.parallel import TPGroup
@@ -32,7 +33,7 @@ from replica.tp_protocol import (
     WRITE,
     num_slices,
     step_payload_len,
-    unpack_adapter,
+    unpack_shard,
     unpack_step,
 )
 
@@ -71,8 +72,6 @@ def connect_and_build(
 
 def serve(group: TPGroup, shard: ModelShard, device: torch.device) -> None:
     """Follow the driver's commands until STOP."""
-    base = shard.runner.model.config.base_shape
-    dtype = shard.buffers.dtype
     head = torch.zeros(HEADER_LEN, dtype=torch.long, device=device)
     while True:
         h = group.broadcast(head).tolist()
@@ -80,17 +79,25 @@ def serve(group: TPGroup, shard: ModelShard, device: torch.device) -> None:
         if kind == STEP:
             payload = torch.empty(step_payload_len(h), dtype=torch.long, device=device)
             shard.runner.forward(unpack_step(h, group.broadcast(payload)))
-        elif kind == WRITE:
-            slot, numel, rank = h[1:4]
-            ranks = group.broadcast(torch.empty(num_slices(base), dtype=torch.long, device=device))
-            flat = group.broadcast(torch.empty(numel, dtype=dtype, device=device))
-            shard.buffers.write(slot, unpack_adapter(ranks, flat, base, rank))
-        elif kind == CLEAR:
-            shard.buffers.clear(h[1])
+        elif kind in (WRITE, CLEAR):
+            apply_slot_command(group, shard.buffers, h)
         elif kind == STOP:
             return
         else:
             raise RuntimeError(f"unknown command {kind} from the driver")
+
+
+def apply_slot_command(group: TPGroup, buffers: SlotBuffers, h: list[int]) -> None:
+    """Receive the rest of a WRITE (slice ranks, then this rank's shard of the values)
+    or a CLEAR whose header h came, and apply it to this rank's buffers."""
+    if h[0] == CLEAR:
+        buffers.clear(h[1])
+        return
+    slot, numel, rank = h[1:4]
+    ranks = torch.empty(num_slices(buffers.base), dtype=torch.long, device=buffers.device)
+    group.broadcast(ranks)
+    flat = group.recv(torch.empty(numel, dtype=buffers.dtype, device=buffers.device))
+    buffers.write_shard(slot, unpack_shard(ranks, flat, buffers.base, rank, group.size))
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -1,6 +1,7 @@
 """Tensor parallelism on CUDA (NCCL, one GPU per rank): the tp=2 engine's float32 greedy
 tokens equal the tp=1 CUDA engine's, mixed adapters and base in one run with fewer slots
-than adapters (slot writes broadcast over NCCL); bf16 stays close. Needs 2 GPUs."""
+than adapters (slot writes: each worker gets its shard over NCCL send/recv); bf16 stays
+close. Needs 2 GPUs."""
 
 from __future__ import annotations
 

@@ -116,8 +116,8 @@ def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_di
         release.wait(10)
         return register(ref)
 
-    def recording_add(*args):
-        add_request(*args)
+    def recording_add(*args, **kwargs):
+        add_request(*args, **kwargs)
         landed.set()
 
     def recording_abort(rid):
@@ -147,6 +147,7 @@ def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_di
     try:
         asyncio.run(main())
         assert aborts == [("x", True)]
+        assert core.adapters.stats().wanted == ()  # the load's want went out with the abort
     finally:
         engine.shutdown()
 

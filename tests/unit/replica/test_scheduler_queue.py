@@ -218,3 +218,21 @@ def test_matches_the_old_full_scan_step_by_step(seed):
             for q in list(s.waiting) + list(s.running):
                 s.finish(q, "abort")
     assert not old.has_work() and not new.adapters.wanted and not new.adapters.users
+
+
+def test_a_held_want_is_taken_over_not_doubled():
+    """add(seq, want_held=True): the caller's want becomes the queue's (one count, lowered
+    once at admission); refused for a base request or a scheduler without a demand."""
+    a = REFS[0]
+    slots = Slots(1)
+    s = Scheduler(BlockManager(16, 4, False), slots, 4, 64, demand=slots)
+    slots.want(a)
+    s.add(_seq(0, [1, 2, 3], a), want_held=True)
+    assert slots.wanted == Counter({a.key: 1})
+    _step(s)
+    assert not slots.wanted and slots.users == {a.key: 1}
+    with pytest.raises(ValueError, match="want_held: allowed only"):
+        s.add(_seq(1, [1, 2], None), want_held=True)
+    bare = Scheduler(BlockManager(16, 4, False), slots, 4, 64)
+    with pytest.raises(ValueError, match="want_held: allowed only"):
+        bare.add(_seq(2, [1, 2], a), want_held=True)
