@@ -66,7 +66,7 @@ def test_fills_all_but_one_free_slot_once(free: int, limit: int | None, loads: l
     reg, engine = FakeRegistry(["a", "b", "c", "d"]), FakeEngine(free)
     pub = publisher(reg, engine)
     for _ in range(3):
-        asyncio.run(pub._prefetch_once())
+        asyncio.run(pub.desired.prefetch_once(1))
     assert reg.limits == ([] if limit is None else [limit])
     assert engine.loads == loads
     assert all(ref(n).key in pub.refs for n in loads)  # published like any copy
@@ -74,11 +74,11 @@ def test_fills_all_but_one_free_slot_once(free: int, limit: int | None, loads: l
 
 def test_a_refused_load_does_not_stop_the_others():
     reg, engine = FakeRegistry(["a", "b", "c"]), FakeEngine(4, refuse=frozenset({"a"}))
-    asyncio.run(publisher(reg, engine)._prefetch_once())
+    asyncio.run(publisher(reg, engine).desired.prefetch_once(1))
     assert engine.loads == ["b", "c"]
 
 
 def test_off_means_no_round_trip():
     reg, engine = FakeRegistry(["a"]), FakeEngine(4)
-    asyncio.run(publisher(reg, engine, prefetch=False)._prefetch_once())
+    asyncio.run(publisher(reg, engine, prefetch=False).desired.prefetch_once(1))
     assert (reg.limits, engine.loads) == ([], [])
