@@ -132,14 +132,22 @@ class FleetApi:
         plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.names(plan.parse(raw))))
 
-    def hot_adapters(self, replica_id: str, limit: int) -> Reply[list[HotAdapter]]:
+    def hot_adapters(
+        self, replica_id: str, epoch: int, limit: int, claim_s: float
+    ) -> Reply[list[HotAdapter]]:
         """Up to limit adapters in demand that replica neither serves nor holds in a GPU
         slot, the most requests in flight per copy first (ties by name): what a new
-        replica loads before traffic finds it. Reads every active adapter's entries, so
-        call it once per replica start, not every tick. One round trip."""
+        replica loads before traffic finds it. Each one returned is claimed by replica
+        for claim_s (ended early when replica reports the copy, or its lease lapses), and
+        other replicas' claims count as copies, so replicas starting at once spread over
+        the hot adapters. Reads every active adapter's entries, so call it once per
+        replica start, not every tick. One round trip; StaleEpoch unless replica holds
+        the lease."""
         if limit < 0:
             raise ValueError(f"limit={limit}; allowed: >= 0")
-        return self._run(ops.script("hot_adapters", (replica_id, limit), ops.hot, ""))
+        args = (replica_id, epoch, limit, _ttl_ms(claim_s))
+        plan = ops.fenced_write("hot_adapters", args, replica_id, epoch, "")
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.hot(plan.parse(raw))))
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

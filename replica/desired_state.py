@@ -68,7 +68,9 @@ class DesiredRegistry(Protocol):
     async def claim_warm(
         self, replica_id: str, epoch: int, names: list[str], claim_s: float
     ) -> list[str]: ...
-    async def hot_adapters(self, replica_id: str, limit: int) -> list[HotAdapter]: ...
+    async def hot_adapters(
+        self, replica_id: str, epoch: int, limit: int, claim_s: float
+    ) -> list[HotAdapter]: ...
 
 
 class Engine(Protocol):
@@ -121,7 +123,8 @@ class DesiredFollower:
     """Applies the registry's desired state to one replica's engine.
 
     replica_id, pool: the replica's (see `serve_registry.PublisherConfig`).
-    warm_claim_s: how long a claim on a warm copy lasts (`PublisherConfig.warm_claim_s`).
+    warm_claim_s: how long a claim on a warm or prefetched copy lasts
+        (`PublisherConfig.warm_claim_s`).
     prefetch: whether the first prefetch_once loads the fleet's hottest adapters.
     refs: AdapterRef by key, shared with the publisher (every ref the follower learns
         goes there, so the publisher can report the copies it loads).
@@ -188,7 +191,10 @@ class DesiredFollower:
             return
         free = self.engine.stats().free_slots
         room = free - 1 if free > 1 else free
-        hot = await self.registry.hot_adapters(self.replica_id, room) if room else []
+        hot = []
+        if room:
+            # the registry claims what it returns, so replicas starting together spread
+            hot = await self.registry.hot_adapters(self.replica_id, epoch, room, self.warm_claim_s)
         self.prefetched = True  # once per start, whatever the loads do
         failures: list[str] = []
         loaded = []

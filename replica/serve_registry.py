@@ -38,7 +38,8 @@ class PublisherConfig:
         so a crashed one leaves the registry within about lease_ttl_s + reap_every ticks).
     warm_claim_s: how long a claim on a warm copy keeps other replicas from loading one
         (it ends earlier when this replica reports the copy, or its lease lapses); a load
-        that takes longer may let one more replica load a copy.
+        that takes longer may let one more replica load a copy. Prefetch claims last as
+        long (while one lasts, other starting replicas count it as a copy).
     prefetch: on its first tick, after pins and warm targets, load the fleet's adapters
         with the most requests in flight per copy into free GPU slots (all but one of
         them, at least one), so a replica the autoscaler adds takes load at once instead

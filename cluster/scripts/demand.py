@@ -1,6 +1,6 @@
 """Registry scripts for adapter demand: what replicas' requests use now (the autoscaling
-share, and the hot adapters a new replica loads first) and claims on warm-target copies
-(see `cluster.scripts`)."""
+share, and the hot adapters a new replica loads first, under prefetch claims) and claims
+on warm-target copies (see `cluster.scripts`)."""
 
 from __future__ import annotations
 
@@ -82,14 +82,23 @@ for i = 5, #ARGV do
 end
 return ret('ok', granted)
 """,
-    # ARGV: ns, id, limit. The active adapters id neither serves nor holds in a GPU slot,
-    # most requests in flight per copy first (copies: live replicas where the adapter is
-    # active or GPU-resident; ties by name), at most limit of them: what a new replica
-    # loads before traffic finds it. Each row: name, version, content_hash, path, rank,
-    # base_model, requests in flight, copies. Draining adapters are left out. Reads every
-    # active adapter's entries: a new replica runs it once, not every tick.
+    # ARGV: ns, id, epoch, limit, claim_ms. The active adapters id neither serves nor holds
+    # in a GPU slot, most requests in flight per copy first (copies: live replicas where
+    # the adapter is active or GPU-resident, or that hold an unexpired prefetch claim on
+    # it; ties by name), at most limit of them: what a new replica loads before traffic
+    # finds it. Each one returned gets a prefetch claim by id lasting claim_ms, so
+    # replicas starting together spread over the hot adapters instead of all loading the
+    # top ones (one script: each sees the claims of those ranked before it). Each row:
+    # name, version, content_hash, path, rank, base_model, requests in flight, copies.
+    # Draining adapters are left out. Reads every active adapter's entries: a new replica
+    # runs it once, not every tick.
     "hot_adapters": r"""
-local id, limit = ARGV[2], tonumber(ARGV[3])
+local id, epoch = ARGV[2], ARGV[3]
+local f = fence(id, epoch)
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local limit, claim_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rows = {}
 for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
   local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
@@ -103,6 +112,10 @@ for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
     for _, loc in ipairs(locations(name, v[1])) do
       if loc[2] == 'gpu' then on[loc[1]] = true end
     end
+    -- id's own claim (a retried call) is no copy: it would hide the adapter from id
+    for _, c in ipairs(live_entries(k('prefetch_claims', name))) do
+      if c[1] ~= id and tonumber(c[2]) > now then on[c[1]] = true end
+    end
     for _ in pairs(on) do copies = copies + 1 end
     if in_flight > 0 and not on[id] then
       rows[#rows + 1] = {name, v[1], v[2], v[3], v[4], v[5] or '', in_flight, copies}
@@ -115,7 +128,12 @@ table.sort(rows, function(a, b)
   return a[1] < b[1]
 end)
 local out = {}
-for i = 1, math.min(limit, #rows) do out[i] = rows[i] end
+for i = 1, math.min(limit, #rows) do
+  out[i] = rows[i]
+  local key = k('prefetch_claims', rows[i][1])
+  redis.call('HSET', key, id, (now + claim_ms) .. '|' .. epoch)
+  if redis.call('PTTL', key) < claim_ms then redis.call('PEXPIRE', key, claim_ms) end
+end
 return ret('ok', out)
 """,
 }

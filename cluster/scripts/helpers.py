@@ -84,7 +84,7 @@ local function finalize(name)
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end
   redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name),
-    k('active', name), k('warm_claims', name))
+    k('active', name), k('warm_claims', name), k('prefetch_claims', name))
   redis.call('SREM', k('active_names'), name)
   redis.call('SREM', k('adapters'), name)
   redis.call('SREM', k('draining'), name)

@@ -1,5 +1,6 @@
 """Adapter demand on a real redis-server: replicas' active adapters (the autoscaling
-share's copy counts) and claims on warm copies, including many replicas claiming at once."""
+share's copy counts), claims on warm copies and the hot adapters new replicas prefetch
+under claims, including many replicas claiming at once."""
 
 from __future__ import annotations
 
@@ -158,6 +159,16 @@ def test_a_lapsed_replica_cannot_claim(reg: Registry):
         reg.claim_warm("fast", fast, ["a"], 5.0)
 
 
+def hot(reg: Registry, replica: str, epoch: int, limit: int = 5) -> list[str]:
+    """hot_adapters' names for replica, then its claims dropped (so they do not count as
+    copies for the next caller: the ranking tests look at one caller at a time)."""
+    names = [h.ref.name for h in reg.hot_adapters(replica, epoch, limit, 30.0)]
+    claims = reg.client.keys("t:prefetch_claims:*")
+    if claims:
+        reg.client.delete(*claims)
+    return names
+
+
 def test_hot_adapters_rank_demand_per_copy(reg: Registry, adapters):
     reg.register_adapter("c", str(adapters["small"]))
     e = replicas(reg, 4)
@@ -165,30 +176,80 @@ def test_hot_adapters_rank_demand_per_copy(reg: Registry, adapters):
     reg.report_active("r1", e[1], {"a": 2})
     reg.report_resident("r2", e[2], ("b", 1), "gpu")  # an idle GPU copy still serves b
     # a: 8 on 2 copies = 4; b: 2 on 2 copies (r0 active, r2 GPU) = 1; c: 1 on 1 = 1
-    hot = reg.hot_adapters("r3", 5)
-    assert [(h.ref.name, h.in_flight, h.copies, h.per_copy) for h in hot] == [
+    rows = reg.hot_adapters("r3", e[3], 5, 30.0)
+    assert [(h.ref.name, h.in_flight, h.copies, h.per_copy) for h in rows] == [
         ("a", 8, 2, 4.0),
         ("b", 2, 2, 1.0),
         ("c", 1, 1, 1.0),
     ]
-    assert hot[0].ref == reg.get_adapter("a").ref
-    assert [h.ref.name for h in reg.hot_adapters("r3", 1)] == ["a"]
-    assert reg.hot_adapters("r3", 0) == []
+    assert rows[0].ref == reg.get_adapter("a").ref
+    # what it returned, r3 claimed; asked again (a retry), its own claims are no copies
+    assert set(reg.client.hgetall("t:prefetch_claims:a")) == {"r3"}
+    assert hot(reg, "r3", e[3]) == ["a", "b", "c"]
+    assert hot(reg, "r3", e[3], 1) == ["a"]
+    assert hot(reg, "r3", e[3], 0) == []
     # what a replica serves or holds in a GPU slot is not offered to it
-    assert [h.ref.name for h in reg.hot_adapters("r1", 5)] == ["b", "c"]
-    assert [h.ref.name for h in reg.hot_adapters("r2", 5)] == ["a", "c"]
+    assert hot(reg, "r1", e[1]) == ["b", "c"]
+    assert hot(reg, "r2", e[2]) == ["a", "c"]
     assert reg.unregister_adapter("a") == "removed"  # a draining or removed adapter: none
     reg.report_active("r0", e[0], {"b": 2, "c": 1})
     assert reg.unregister_adapter("c") == "removed"
-    assert [h.ref.name for h in reg.hot_adapters("r3", 5)] == ["b"]
+    assert hot(reg, "r3", e[3]) == ["b"]
 
 
 def test_hot_adapters_skip_lapsed_replicas_and_idle_adapters(reg: Registry):
     fast = reg.register_replica("fast", "mixed", "d", 2, 0.2)
-    (e,) = replicas(reg, 1)
+    e = replicas(reg, 2)
     reg.report_active("fast", fast, {"a": 9})
-    reg.report_active("r0", e, {"b": 1})
-    assert [h.ref.name for h in reg.hot_adapters("new", 5)] == ["a", "b"]
+    reg.report_active("r0", e[0], {"b": 1})
+    assert hot(reg, "r1", e[1]) == ["a", "b"]
     wait_lapsed(reg, "fast")
-    reg.report_active("r0", e, {})
-    assert reg.hot_adapters("new", 5) == []
+    reg.report_active("r0", e[0], {})
+    assert hot(reg, "r1", e[1]) == []
+    with pytest.raises(StaleEpoch, match="lapsed"):
+        reg.hot_adapters("fast", fast, 5, 30.0)
+
+
+def test_replicas_starting_at_once_spread_over_the_hot_adapters(reg: Registry, redis_url, adapters):
+    """Each caller counts the others' prefetch claims as copies, in one script, so
+    concurrent starters fill the fleet by demand per copy instead of all loading the top
+    adapter: a (12 in flight on 1 copy), b (7 on 1), c (5 on 1) and 6 starters taking
+    one each, always the most per copy -> a 3 more copies (12 / 4 = 3), b 2 more
+    (7 / 3), c 1 more (5 / 2)."""
+    reg.register_adapter("c", str(adapters["small"]))
+    e = replicas(reg, 3)
+    for i, (name, n) in enumerate({"a": 12, "b": 7, "c": 5}.items()):
+        reg.report_active(f"r{i}", e[i], {name: n})
+    starters = [reg.register_replica(f"new{i}", "mixed", "d", 2, 30.0) for i in range(6)]
+
+    def start(i: int) -> list[str]:
+        r = Registry(redis_url, namespace="t")
+        try:
+            return [h.ref.name for h in r.hot_adapters(f"new{i}", starters[i], 1, 10.0)]
+        finally:
+            r.close()
+
+    with ThreadPoolExecutor(len(starters)) as pool:
+        picks = [name for names in pool.map(start, range(len(starters))) for name in names]
+    assert sorted(picks) == ["a", "a", "a", "b", "b", "c"]
+    # a claim ends with the copy it announced (the copy counts from then on instead)
+    holder = next(i for i in range(6) if reg.client.hexists("t:prefetch_claims:c", f"new{i}"))
+    reg.report_resident(f"new{holder}", starters[holder], ("c", 1), "gpu")
+    assert reg.client.hexists("t:prefetch_claims:c", f"new{holder}") == 0
+
+
+def test_prefetch_claims_expire_and_lapse(reg: Registry):
+    (e,) = replicas(reg, 1)
+    reg.report_active("r0", e, {"a": 4, "b": 3})
+    fast = reg.register_replica("fast", "mixed", "d", 2, 0.2)
+    slow = reg.register_replica("slow", "mixed", "d", 2, 30.0)
+    late = reg.register_replica("late", "mixed", "d", 2, 30.0)
+    # a: 4 per copy, b: 3; fast claims a, so for slow a is 4 / 2 = 2 < 3
+    assert [h.ref.name for h in reg.hot_adapters("fast", fast, 1, 30.0)] == ["a"]
+    assert [h.ref.name for h in reg.hot_adapters("slow", slow, 1, 0.05)] == ["b"]
+    wait_lapsed(reg, "fast")  # crashed before its load: its claim no longer counts
+    time.sleep(0.06)  # slow's claim expired
+    assert [(h.ref.name, h.copies) for h in reg.hot_adapters("late", late, 2, 30.0)] == [
+        ("a", 1),
+        ("b", 1),
+    ]

@@ -30,7 +30,9 @@ class FakeRegistry:
         self.hot = [Hot(ref(n), 5.0) for n in names]
         self.limits: list[int] = []
 
-    async def hot_adapters(self, replica_id: str, limit: int) -> list[Hot]:
+    async def hot_adapters(
+        self, replica_id: str, epoch: int, limit: int, claim_s: float
+    ) -> list[Hot]:
         self.limits.append(limit)
         return self.hot[:limit]
 
