@@ -47,8 +47,9 @@ Replicas, leases and residency
     {ns}:replica:{id}:adapters    set    adapter names the replica reported (for cleanup)
 
 Adapter demand (written by replicas every registry tick, read by replicas)
-    {ns}:active:{name}            hash   replica id -> "in-flight requests|epoch": replicas
-                                         whose requests use name now (live ones count)
+    {ns}:active:{name}            hash   replica id -> "in-flight requests|pool|deployment|
+                                         epoch": replicas whose requests use name now
+                                         (live ones count)
     {ns}:replica:{id}:active      set    adapter names the replica reported active
     {ns}:active_names             set    names with any entry in active:{name}
     {ns}:warm_claims:{name}       hash   replica id -> "expires (unix ms)|epoch": a

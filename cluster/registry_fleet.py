@@ -107,8 +107,10 @@ class FleetApi:
     ) -> Reply[dict[str, int]]:
         """Record the adapters replica's requests use now (name -> requests in flight;
         names left out are no longer active there) and return, for each of them, on how
-        many live replicas it is active now, this one included (>= 1). One round trip
-        for all names; StaleEpoch unless (replica_id, epoch) holds the lease."""
+        many live replicas of replica's deployment it is active now, this one included
+        (>= 1): the autoscaler sums adapter shares per deployment, so replicas of another
+        deployment (another pool) do not count. One round trip for all names;
+        StaleEpoch unless (replica_id, epoch) holds the lease."""
         names = sorted(in_flight)
         for name in names:
             check_name("adapter", name)
@@ -137,7 +139,9 @@ class FleetApi:
     ) -> Reply[list[HotAdapter]]:
         """Up to limit adapters in demand that replica neither serves nor holds in a GPU
         slot, the most requests in flight per copy first (ties by name): what a new
-        replica loads before traffic finds it. Each one returned is claimed by replica
+        replica loads before traffic finds it. Requests and copies count only on
+        replicas whose pool overlaps replica's (equal, or either mixed), so a prefill
+        replica ranks by prefill demand and copies. Each one returned is claimed by replica
         for claim_s (ended early when replica reports the copy, or its lease lapses), and
         other replicas' claims count as copies, so replicas starting at once spread over
         the hot adapters. Reads every active adapter's entries, so call it once per

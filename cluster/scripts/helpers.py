@@ -97,6 +97,20 @@ end
 local function binds(target_pool, replica_pool)
   return target_pool == 'all' or replica_pool == target_pool or replica_pool == 'mixed'
 end
+-- Whether replicas of pools a and b serve a common phase: equal pools, or either one
+-- mixed (it runs both). binds made symmetric: a prefill replica counts prefill and mixed
+-- replicas' demand and copies when it ranks what to prefetch, a mixed one counts all.
+local function overlaps(a, b)
+  return a == b or a == 'mixed' or b == 'mixed'
+end
+-- An active:{name} entry's value (live_entries strips the epoch): requests in flight,
+-- pool and deployment of the replica that reported it. A bare count (written by a
+-- replica of an older version, mid rolling upgrade) reads as mixed, in no deployment.
+local function split_active(v)
+  local n, pool, deployment = string.match(v, '^(%d+)|([^|]*)|(.*)$')
+  if not n then return tonumber(v) or 0, 'mixed', nil end
+  return tonumber(n), pool, deployment
+end
 local function allowed(rec, tenant)
   return rec.public == '1' or rec.owner == tenant
     or redis.call('SISMEMBER', k('grants', rec.name), tenant) == 1

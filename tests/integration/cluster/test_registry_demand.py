@@ -41,7 +41,10 @@ def test_active_copies_count_live_replicas_using_an_adapter(reg: Registry):
     assert reg.report_active("r2", e[2], {}) == {}
     # r0's next report no longer names b: b is active nowhere, a still on r0 and r1
     assert reg.report_active("r0", e[0], {"a": 1}) == {"a": 2}
-    assert reg.client.hgetall("t:active:a") == {"r0": f"1|{e[0]}", "r1": f"5|{e[1]}"}
+    assert reg.client.hgetall("t:active:a") == {
+        "r0": f"1|mixed|d|{e[0]}",
+        "r1": f"5|mixed|d|{e[1]}",
+    }
     assert reg.client.exists("t:active:b") == 0
     assert reg.client.smembers("t:active_names") == {"a"}
     assert reg.report_active("r2", e[2], {"a": 1, "b": 2}) == {"a": 3, "b": 1}
@@ -67,6 +70,18 @@ def test_activity_of_a_replica_ends_with_its_lease_or_its_record(reg: Registry):
     with pytest.raises(StaleEpoch):
         reg.report_active("r1", e[1], {"a": 1})
     assert reg.report_active("r1", again, {"a": 1}) == {"a": 1}
+
+
+def test_active_copies_count_only_the_reporting_replicas_deployment(reg: Registry):
+    """The autoscaler sums shares per deployment: an adapter active on one replica of a
+    prefill deployment and one of a decode deployment is a whole adapter in each."""
+    pre = reg.register_replica("pre", "prefill", "prefill-d", 2, 30.0)
+    dec = reg.register_replica("dec", "decode", "decode-d", 2, 30.0)
+    dec2 = reg.register_replica("dec2", "decode", "decode-d", 2, 30.0)
+    assert reg.report_active("pre", pre, {"a": 1}) == {"a": 1}
+    assert reg.report_active("dec", dec, {"a": 1}) == {"a": 1}
+    assert reg.report_active("dec2", dec2, {"a": 1}) == {"a": 2}
+    assert reg.report_active("pre", pre, {"a": 1}) == {"a": 1}
 
 
 def test_unregistering_an_adapter_drops_its_activity(reg: Registry):
@@ -252,4 +267,61 @@ def test_prefetch_claims_expire_and_lapse(reg: Registry):
     assert [(h.ref.name, h.copies) for h in reg.hot_adapters("late", late, 2, 30.0)] == [
         ("a", 1),
         ("b", 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pool", "expected"),
+    [
+        # prefill: a 6 on pre-a (+ mixed c 1); b's decode demand is not its to serve
+        ("prefill", [("a", 6, 1), ("c", 1, 1)]),
+        # decode: b 4 on dec-b; a's GPU copy on pre-a is no decode copy, but its
+        # demand is not decode demand either: a is not offered at all
+        ("decode", [("b", 4, 1), ("c", 1, 1)]),
+        # mixed runs both phases: every replica's demand and copies count
+        ("mixed", [("a", 6, 2), ("b", 4, 2), ("c", 1, 1)]),
+    ],
+)
+def test_hot_adapters_count_demand_and_copies_in_overlapping_pools(
+    reg: Registry, adapters, pool: str, expected: list[tuple[str, int, int]]
+):
+    reg.register_adapter("c", str(adapters["small"]))
+    pre = reg.register_replica("pre-a", "prefill", "p", 2, 30.0)
+    dec = reg.register_replica("dec-b", "decode", "d", 2, 30.0)
+    dec_copy = reg.register_replica("dec-a", "decode", "d", 2, 30.0)
+    pre_copy = reg.register_replica("pre-b", "prefill", "p", 2, 30.0)
+    mix = reg.register_replica("mix-c", "mixed", "m", 2, 30.0)
+    new = reg.register_replica("new", pool, "x", 2, 30.0)
+    reg.report_active("pre-a", pre, {"a": 6})
+    reg.report_active("dec-b", dec, {"b": 4})
+    reg.report_active("mix-c", mix, {"c": 1})
+    reg.report_resident("dec-a", dec_copy, ("a", 1), "gpu")  # idle decode copy of a
+    reg.report_resident("pre-b", pre_copy, ("b", 1), "gpu")  # idle prefill copy of b
+    rows = reg.hot_adapters("new", new, 5, 30.0)
+    assert [(h.ref.name, h.in_flight, h.copies) for h in rows] == expected
+
+
+def test_prefetch_claims_in_another_pool_are_no_copies(reg: Registry):
+    (e,) = replicas(reg, 1)
+    reg.report_active("r0", e, {"a": 4, "b": 3})
+    dec = reg.register_replica("dec", "decode", "d", 2, 30.0)
+    pre = reg.register_replica("pre", "prefill", "d", 2, 30.0)
+    pre2 = reg.register_replica("pre2", "prefill", "d", 2, 30.0)
+    assert [h.ref.name for h in reg.hot_adapters("dec", dec, 1, 30.0)] == ["a"]
+    # dec's claim on a is a decode copy: to a prefill starter a is still 4 per copy
+    assert [h.ref.name for h in reg.hot_adapters("pre", pre, 1, 30.0)] == ["a"]
+    # pre's claim is a prefill copy: for pre2 a is 4 / 2 (r0 mixed, pre), b 3 / 1
+    assert [h.ref.name for h in reg.hot_adapters("pre2", pre2, 1, 30.0)] == ["b"]
+
+
+def test_activity_written_by_an_older_replica_reads_as_mixed(reg: Registry):
+    """Mid rolling upgrade an old replica's report is a bare count: it still counts as
+    demand and a copy everywhere, and as a copy in no deployment's share."""
+    old, cur, new = replicas(reg, 3)
+    reg.client.hset("t:active:a", "r0", f"3|{old}")
+    reg.client.sadd("t:active_names", "a")
+    reg.client.sadd("t:replica:r0:active", "a")
+    assert reg.report_active("r1", cur, {"a": 1}) == {"a": 1}
+    assert [(h.ref.name, h.in_flight, h.copies) for h in reg.hot_adapters("r2", new, 5, 1.0)] == [
+        ("a", 4, 2)
     ]
