@@ -200,6 +200,11 @@ class DesiredFollower:
         loaded = []
         for h in hot:
             self.refs[h.ref.key] = h.ref
+            # the registry's current version: requests still naming an older one are
+            # refused here from now on (check_version), as after a desired-state read
+            self.newest_version[h.ref.name] = max(
+                h.ref.version, self.newest_version.get(h.ref.name, 0)
+            )
             step = self.engine.load_adapter(h.ref, to_gpu=True)
             if await attempt(failures, f"prefetch {h.ref.name!r}", step):
                 loaded.append(f"{h.ref.name} ({h.per_copy:.1f} in flight per copy)")

@@ -325,3 +325,16 @@ def test_activity_written_by_an_older_replica_reads_as_mixed(reg: Registry):
     assert [(h.ref.name, h.in_flight, h.copies) for h in reg.hot_adapters("r2", new, 5, 1.0)] == [
         ("a", 4, 2)
     ]
+
+
+def test_hot_adapters_offer_the_current_version_and_count_only_its_copies(reg: Registry, adapters):
+    """Mid replace: r0 still holds version 1 in a GPU slot (idle), r1 runs requests by
+    name. A starter is offered version 2, and the old copy is no copy of it."""
+    e = replicas(reg, 3)
+    reg.report_resident("r0", e[0], reg.get_adapter("a").ref, "gpu")
+    v2 = reg.register_adapter("a", str(adapters["b"]), replace=True).ref
+    reg.report_active("r1", e[1], {"a": 4})
+    rows = reg.hot_adapters("r2", e[2], 5, 1.0)
+    assert [(h.ref, h.in_flight, h.copies) for h in rows] == [(v2, 4, 1)]
+    # the replica holding only the old version may load the new one too
+    assert [h.ref for h in reg.hot_adapters("r0", e[0], 5, 1.0)] == [v2]

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from lora_core.errors import CapacityExceeded
+from lora_core.errors import AdapterVersionUnavailable, CapacityExceeded
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
+from replica.serve_protocol import check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
 
@@ -84,3 +85,17 @@ def test_off_means_no_round_trip():
     reg, engine = FakeRegistry(["a"]), FakeEngine(4)
     asyncio.run(publisher(reg, engine, prefetch=False).desired.prefetch_once(1))
     assert (reg.limits, engine.loads) == ([], [])
+
+
+def test_a_prefetched_version_is_the_newest_this_replica_knows():
+    """A request resolved before a replace names the old version: once prefetch loaded
+    the registry's current one, check_version refuses the old (re-resolve) instead of
+    loading stale weights beside it."""
+    reg, engine = FakeRegistry(["a"]), FakeEngine(4)
+    reg.hot = [Hot(AdapterRef("a", 3, "cd" * 32, "/adapters/a-v3", 8, "base"), 5.0)]
+    pub = publisher(reg, engine)
+    pub.newest_version["b"] = 7
+    asyncio.run(pub.desired.prefetch_once(1))
+    assert pub.newest_version == {"a": 3, "b": 7}
+    with pytest.raises(AdapterVersionUnavailable, match="version 1 was replaced by version 3"):
+        check_version(ref("a"), pub.newest_version)
