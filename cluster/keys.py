@@ -47,13 +47,17 @@ Replicas, leases and residency
     {ns}:replica:{id}:adapters    set    adapter names the replica reported (for cleanup)
 
 Adapter demand (written by replicas every registry tick, read by replicas)
-    {ns}:active:{name}            hash   replica id -> "in-flight requests|epoch": replicas
-                                         whose requests use name now (live ones count)
+    {ns}:active:{name}            hash   replica id -> "in-flight requests|pool|deployment|
+                                         epoch": replicas whose requests use name now
+                                         (live ones count)
     {ns}:replica:{id}:active      set    adapter names the replica reported active
     {ns}:active_names             set    names with any entry in active:{name}
     {ns}:warm_claims:{name}       hash   replica id -> "expires (unix ms)|epoch": a
                                          replica loading one of name's warm copies; PX
                                          TTL of the latest claim (`claim_warm`)
+    {ns}:prefetch_claims:{name}   hash   replica id -> "expires (unix ms)|epoch": a new
+                                         replica loading name as a head start; counted
+                                         as a copy when others rank (`hot_adapters`)
 
 Desired state
     {ns}:pins                     hash   adapter name -> pool ("all" | "prefill" | "decode")
@@ -174,6 +178,9 @@ class Keys:
 
     def warm_claims(self, name: str) -> str:
         return f"{self.ns}:warm_claims:{name}"
+
+    def prefetch_claims(self, name: str) -> str:
+        return f"{self.ns}:prefetch_claims:{name}"
 
     @property
     def pins(self) -> str:

@@ -176,7 +176,8 @@ class ServedBase:
 @dataclass(frozen=True, slots=True)
 class HotAdapter:
     """An adapter in demand across the fleet (`hot_adapters`): ref, its requests in flight
-    on live replicas, and copies (live replicas where it is active or GPU-resident)."""
+    on live replicas, and copies (live replicas where it is active or GPU-resident, or
+    that claimed it to prefetch), both counted in the asking replica's pools."""
 
     ref: AdapterRef
     in_flight: int

@@ -107,8 +107,10 @@ class FleetApi:
     ) -> Reply[dict[str, int]]:
         """Record the adapters replica's requests use now (name -> requests in flight;
         names left out are no longer active there) and return, for each of them, on how
-        many live replicas it is active now, this one included (>= 1). One round trip
-        for all names; StaleEpoch unless (replica_id, epoch) holds the lease."""
+        many live replicas of replica's deployment it is active now, this one included
+        (>= 1): the autoscaler sums adapter shares per deployment, so replicas of another
+        deployment (another pool) do not count. One round trip for all names;
+        StaleEpoch unless (replica_id, epoch) holds the lease."""
         names = sorted(in_flight)
         for name in names:
             check_name("adapter", name)
@@ -132,14 +134,24 @@ class FleetApi:
         plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
         return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.names(plan.parse(raw))))
 
-    def hot_adapters(self, replica_id: str, limit: int) -> Reply[list[HotAdapter]]:
+    def hot_adapters(
+        self, replica_id: str, epoch: int, limit: int, claim_s: float
+    ) -> Reply[list[HotAdapter]]:
         """Up to limit adapters in demand that replica neither serves nor holds in a GPU
         slot, the most requests in flight per copy first (ties by name): what a new
-        replica loads before traffic finds it. Reads every active adapter's entries, so
-        call it once per replica start, not every tick. One round trip."""
+        replica loads before traffic finds it. Requests and copies count only on
+        replicas whose pool overlaps replica's (equal, or either mixed), so a prefill
+        replica ranks by prefill demand and copies. Each one returned is claimed by replica
+        for claim_s (ended early when replica reports the copy, or its lease lapses), and
+        other replicas' claims count as copies, so replicas starting at once spread over
+        the hot adapters. Reads every active adapter's entries, so call it once per
+        replica start, not every tick. One round trip; StaleEpoch unless replica holds
+        the lease."""
         if limit < 0:
             raise ValueError(f"limit={limit}; allowed: >= 0")
-        return self._run(ops.script("hot_adapters", (replica_id, limit), ops.hot, ""))
+        args = (replica_id, epoch, limit, _ttl_ms(claim_s))
+        plan = ops.fenced_write("hot_adapters", args, replica_id, epoch, "")
+        return self._run(ops.Plan(plan.script, plan.args, lambda raw: ops.hot(plan.parse(raw))))
 
     def locations(self, name: str) -> Reply[tuple[Location, ...]]:
         """Live replicas holding name's current version: sorted (replica, tier, pool)."""

@@ -6,9 +6,10 @@ and Ray-free, so `cluster` can import the names: the contract lives with its pro
 
 ACTIVE_ADAPTERS: distinct adapters among the replica's running and waiting requests.
 ADAPTER_SHARE: this replica's share of the fleet's distinct active adapters: the sum,
-    over the adapters its requests use, of 1 / the number of live replicas where that
-    adapter is active (`adapter_share`; the counts come from the registry every
-    publisher tick). Summed over the fleet it is the number of distinct active adapters,
+    over the adapters its requests use, of 1 / the number of live replicas of its
+    deployment where that adapter is active (`adapter_share`; the counts come from the
+    registry every publisher tick). Summed over the deployment's replicas (what the
+    policy sees) it is the number of distinct active adapters,
     however far the router spread them. A replica without counts (no registry, or
     unreachable) reports ACTIVE_ADAPTERS here, which errs toward more replicas.
 MAX_LORAS: GPU adapter slots. KV_USAGE: fraction of KV blocks in use.

@@ -116,9 +116,13 @@ class LoraReplica:
             lease_ttl_s=settings.lease_ttl_s,
         )
         self.publisher = RegistryPublisher(
-            config, registry, self.engine, self.refs, in_flight=self.in_flight
+            config,
+            registry,
+            self.engine,
+            self.refs,
+            in_flight=self.in_flight,
+            newest_version=self.newest,
         )
-        self.publisher.newest_version = self.newest
         self._task = asyncio.get_running_loop().create_task(self.publisher.run())
 
     async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:

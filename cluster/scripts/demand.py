@@ -1,18 +1,22 @@
 """Registry scripts for adapter demand: what replicas' requests use now (the autoscaling
-share, and the hot adapters a new replica loads first) and claims on warm-target copies
-(see `cluster.scripts`)."""
+share, and the hot adapters a new replica loads first, under prefetch claims) and claims
+on warm-target copies (see `cluster.scripts`)."""
 
 from __future__ import annotations
 
 BODIES: dict[str, str] = {
     # ARGV: ns, id, epoch, name, in-flight requests, name, in-flight requests, ...
     # Replaces what id reported active before (names not given are no longer active there)
-    # and returns, per given name in order, on how many live replicas it is active now
-    # (this one included): the publisher's adapter share is the sum of 1 / that count.
+    # and returns, per given name in order, on how many live replicas of id's deployment
+    # it is active now (this one included): the publisher's adapter share is the sum of
+    # 1 / that count, and the autoscaler sums shares per deployment, so a copy in another
+    # deployment (another pool) must not count.
     "report_active": r"""
 local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local me = redis.call('HMGET', k('replica', id), 'pool', 'deployment')
+local tag = '|' .. (me[1] or '') .. '|' .. (me[2] or '') .. '|' .. epoch
 local given = {}
 for i = 4, #ARGV, 2 do given[ARGV[i]] = true end
 for _, name in ipairs(redis.call('SMEMBERS', k('replica', id, 'active'))) do
@@ -27,10 +31,15 @@ end
 local copies = {}
 for i = 4, #ARGV, 2 do
   local name = ARGV[i]
-  redis.call('HSET', k('active', name), id, ARGV[i + 1] .. '|' .. epoch)
+  redis.call('HSET', k('active', name), id, ARGV[i + 1] .. tag)
   redis.call('SADD', k('replica', id, 'active'), name)
   redis.call('SADD', k('active_names'), name)
-  copies[#copies + 1] = #live_entries(k('active', name))
+  local n = 0
+  for _, e in ipairs(live_entries(k('active', name))) do
+    local _, _, deployment = split_active(e[2])
+    if deployment == me[2] then n = n + 1 end
+  end
+  copies[#copies + 1] = n
 end
 return ret('ok', copies)
 """,
@@ -82,14 +91,32 @@ for i = 5, #ARGV do
 end
 return ret('ok', granted)
 """,
-    # ARGV: ns, id, limit. The active adapters id neither serves nor holds in a GPU slot,
-    # most requests in flight per copy first (copies: live replicas where the adapter is
-    # active or GPU-resident; ties by name), at most limit of them: what a new replica
-    # loads before traffic finds it. Each row: name, version, content_hash, path, rank,
-    # base_model, requests in flight, copies. Draining adapters are left out. Reads every
-    # active adapter's entries: a new replica runs it once, not every tick.
+    # ARGV: ns, id, epoch, limit, claim_ms. The active adapters id neither serves nor holds
+    # in a GPU slot, most requests in flight per copy first (copies: live replicas where
+    # the adapter is active or GPU-resident, or that hold an unexpired prefetch claim on
+    # it; ties by name; requests and copies only on replicas whose pool overlaps id's,
+    # so a prefill replica ranks by prefill demand and copies), at most limit of them: what a new replica loads before traffic
+    # finds it. Each one returned gets a prefetch claim by id lasting claim_ms, so
+    # replicas starting together spread over the hot adapters instead of all loading the
+    # top ones (one script: each sees the claims of those ranked before it). Each row:
+    # name, version, content_hash, path, rank, base_model, requests in flight, copies.
+    # Draining adapters are left out. Reads every active adapter's entries: a new replica
+    # runs it once, not every tick.
     "hot_adapters": r"""
-local id, limit = ARGV[2], tonumber(ARGV[3])
+local id, epoch = ARGV[2], ARGV[3]
+local f = fence(id, epoch)
+if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+local limit, claim_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+local pool = redis.call('HGET', k('replica', id), 'pool') or ''
+local pools = {}
+local function near(replica)  -- whether replica's pool overlaps id's (memoized)
+  if pools[replica] == nil then
+    pools[replica] = overlaps(pool, redis.call('HGET', k('replica', replica), 'pool') or '')
+  end
+  return pools[replica]
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rows = {}
 for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
   local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',
@@ -97,11 +124,18 @@ for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
   if v[1] and v[6] ~= 'draining' then
     local on, copies, in_flight = {}, 0, 0
     for _, e in ipairs(live_entries(k('active', name))) do
-      on[e[1]] = true
-      in_flight = in_flight + tonumber(e[2])
+      local n, p = split_active(e[2])
+      if overlaps(pool, p) then
+        on[e[1]] = true
+        in_flight = in_flight + n
+      end
     end
     for _, loc in ipairs(locations(name, v[1])) do
-      if loc[2] == 'gpu' then on[loc[1]] = true end
+      if loc[2] == 'gpu' and overlaps(pool, loc[3]) then on[loc[1]] = true end
+    end
+    -- id's own claim (a retried call) is no copy: it would hide the adapter from id
+    for _, c in ipairs(live_entries(k('prefetch_claims', name))) do
+      if c[1] ~= id and tonumber(c[2]) > now and near(c[1]) then on[c[1]] = true end
     end
     for _ in pairs(on) do copies = copies + 1 end
     if in_flight > 0 and not on[id] then
@@ -115,7 +149,12 @@ table.sort(rows, function(a, b)
   return a[1] < b[1]
 end)
 local out = {}
-for i = 1, math.min(limit, #rows) do out[i] = rows[i] end
+for i = 1, math.min(limit, #rows) do
+  out[i] = rows[i]
+  local key = k('prefetch_claims', rows[i][1])
+  redis.call('HSET', key, id, (now + claim_ms) .. '|' .. epoch)
+  if redis.call('PTTL', key) < claim_ms then redis.call('PEXPIRE', key, claim_ms) end
+end
 return ret('ok', out)
 """,
 }

@@ -71,7 +71,10 @@ redis.call('HSET', k('resident', name), id,
   ARGV[6] .. '|' .. ARGV[5] .. '|' .. ARGV[3] .. '|' .. pool .. '|' .. ARGV[7])
 redis.call('SADD', k('replica', id, 'adapters'), name)
 -- a warm claim ends with the copy it was taken for (`claim_warm`)
-if ARGV[6] == 'gpu' then redis.call('HDEL', k('warm_claims', name), id) end
+if ARGV[6] == 'gpu' then
+  redis.call('HDEL', k('warm_claims', name), id)
+  redis.call('HDEL', k('prefetch_claims', name), id)
+end
 return ret('ok')
 """,
     # ARGV: ns, id, epoch, name, version ('' = any), ref_key ('' = any content)

@@ -84,7 +84,7 @@ local function finalize(name)
     redis.call('SREM', k('replica', id, 'adapters'), name)
   end
   redis.call('DEL', k('adapter', name), k('grants', name), k('resident', name),
-    k('active', name), k('warm_claims', name))
+    k('active', name), k('warm_claims', name), k('prefetch_claims', name))
   redis.call('SREM', k('active_names'), name)
   redis.call('SREM', k('adapters'), name)
   redis.call('SREM', k('draining'), name)
@@ -96,6 +96,20 @@ end
 -- of records.pin_applies: "all" binds every replica, mixed replicas take every pool).
 local function binds(target_pool, replica_pool)
   return target_pool == 'all' or replica_pool == target_pool or replica_pool == 'mixed'
+end
+-- Whether replicas of pools a and b serve a common phase: equal pools, or either one
+-- mixed (it runs both). binds made symmetric: a prefill replica counts prefill and mixed
+-- replicas' demand and copies when it ranks what to prefetch, a mixed one counts all.
+local function overlaps(a, b)
+  return a == b or a == 'mixed' or b == 'mixed'
+end
+-- An active:{name} entry's value (live_entries strips the epoch): requests in flight,
+-- pool and deployment of the replica that reported it. A bare count (written by a
+-- replica of an older version, mid rolling upgrade) reads as mixed, in no deployment.
+local function split_active(v)
+  local n, pool, deployment = string.match(v, '^(%d+)|([^|]*)|(.*)$')
+  if not n then return tonumber(v) or 0, 'mixed', nil end
+  return tonumber(n), pool, deployment
 end
 local function allowed(rec, tenant)
   return rec.public == '1' or rec.owner == tenant

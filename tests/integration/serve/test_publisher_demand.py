@@ -1,7 +1,8 @@
 """Publishers of several replicas against one real redis-server: the autoscaling adapter
 share (an adapter active on 2 replicas counts half on each), warm targets met by claims
 (publishers ticking at once never load past a target), and a new replica's head start
-(its first tick loads the adapter with the most requests in flight per copy).
+(its first tick loads the adapter with the most requests in flight per copy, and
+replicas starting together spread over the hot adapters).
 
 Engines are `publishers.StubEngine`s; each test sets the requests in flight directly."""
 
@@ -135,3 +136,23 @@ def test_a_new_replica_loads_the_hottest_adapter_on_its_first_tick(redis_url, de
         assert off_engine.calls == []
 
     asyncio.run(go())
+
+
+def test_new_replicas_starting_together_prefetch_different_adapters(redis_url, demo):
+    """demo-poet 6 in flight on 1 copy, demo-chef 4 on 1: the first starter's claim on
+    demo-poet makes it 6 / 2 = 3 per copy for the second, which loads demo-chef (4)."""
+    refs = register(redis_url, demo)
+    (_, p0), (_, p1) = fleet(redis_url, refs, 2)
+    for _ in range(6):
+        p0.in_flight.start("demo-poet")
+    for _ in range(4):
+        p1.in_flight.start("demo-chef")
+    starters = [publisher(redis_url, refs, replica=f"new{i}") for i in range(2)]
+
+    async def go():
+        await asyncio.gather(p0.tick(), p1.tick())
+        await asyncio.gather(*(pub.tick() for _, pub in starters))
+
+    asyncio.run(go())
+    loads = sorted(call[1] for engine, _ in starters for call in engine.calls)
+    assert loads == ["demo-chef", "demo-poet"]

@@ -141,7 +141,7 @@ def test_impossible_pin_blocks_neither_unload_nor_warm(redis_url, demo, caplog):
             version = reg.desired_state().version  # bumped by that removal
             for _ in range(3):
                 await pub.tick()
-        assert pub.desired_version < version  # still "not applied": retried every tick
+        assert pub.desired.version < version  # still "not applied": retried every tick
         refusals = [r.getMessage() for r in caplog.records if "demo-poet" in r.getMessage()]
         # once per desired-state version (the one pinned, then the one after the removal)
         assert [m.split(" not applied")[0] for m in refusals] == [
@@ -173,7 +173,7 @@ def test_unpins_before_pins_so_a_legal_pin_set_applies(redis_url, demo):
         await pub.tick()
         assert engine.calls[:2] == [("unpin", "demo-chef"), ("load", "demo-poet", True)]
         assert engine.calls[2] == ("pin", "demo-poet") and engine.pinned == ["demo-poet"]
-        assert pub.desired_version == reg.desired_state().version
+        assert pub.desired.version == reg.desired_state().version
 
     asyncio.run(go())
     reg.close()

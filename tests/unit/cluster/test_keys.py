@@ -14,7 +14,7 @@ def test_every_key_is_under_the_namespace():
         k.tenant_keys("t"), k.tenant_key_created("t"), k.apikey("h"), k.replicas, k.replica("r"), k.epoch("r"),
         k.lease("r"), k.resident("a"), k.replica_adapters("r"), k.pins, k.warm, k.draining,
         k.desired, k.hints, k.active("a"), k.replica_active("r"), k.active_names,
-        k.warm_claims("a"),
+        k.warm_claims("a"), k.prefetch_claims("a"),
     ]  # fmt: skip
     assert all(key.startswith("prod:") for key in built)
     assert len(set(built)) == len(built)

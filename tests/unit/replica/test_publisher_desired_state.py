@@ -16,8 +16,9 @@ import pytest
 from cluster.records import DesiredState, WarmTarget
 from lora_core.errors import AdapterNotFound, PinRefused, RegistryUnavailable
 from lora_core.identity import AdapterRef
+from replica.desired_state import OncePerVersion, attempt
 from replica.outputs import EngineStats
-from replica.serve_registry import OncePerVersion, PublisherConfig, RegistryPublisher, attempt
+from replica.serve_registry import PublisherConfig, RegistryPublisher
 
 
 def ref(name: str) -> AdapterRef:
@@ -87,7 +88,7 @@ def publisher(
     registry: FakeRegistry, engine: FakeEngine, pinned=(), pool: str = "mixed"
 ) -> RegistryPublisher:
     pub = RegistryPublisher(PublisherConfig("r1", "d", pool=pool), registry, engine, {})
-    pub.pinned = {n: ref(n).key for n in pinned}
+    pub.desired.pinned = {n: ref(n).key for n in pinned}
     return pub
 
 
@@ -95,7 +96,7 @@ def test_refused_pin_lets_unpins_warm_and_draining_run_and_retries():
     engine = FakeEngine(refuse={"b"}, held={"old", "gone"})
     reg = FakeRegistry(state(7, pins=("a", "b"), warm=("w",), draining=("gone",)))
     pub = publisher(reg, engine, pinned={"old"})
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     assert engine.calls == [
         ("unpin", "old"),
         ("load", "a"),
@@ -104,18 +105,18 @@ def test_refused_pin_lets_unpins_warm_and_draining_run_and_retries():
         ("load", "w"),
         ("unload", "gone"),
     ]
-    assert set(pub.pinned) == {"a"}
-    assert pub.desired_version == -1  # not applied: the next tick tries b again
+    assert set(pub.desired.pinned) == {"a"}
+    assert pub.desired.version == -1  # not applied: the next tick tries b again
     engine.refuse = set()
-    asyncio.run(pub.follow_desired())
-    assert set(pub.pinned) == {"a", "b"} and pub.desired_version == 7
+    asyncio.run(pub.desired.follow(1))
+    assert set(pub.desired.pinned) == {"a", "b"} and pub.desired.version == 7
 
 
 def test_names_this_replica_does_not_hold_are_nothing_to_unpin_or_unload():
     engine = FakeEngine(refuse=set(), held=set())
     pub = publisher(FakeRegistry(state(3, draining=("never-here",))), engine, pinned={"gone"})
-    asyncio.run(pub.follow_desired())
-    assert (engine.calls, pub.pinned, pub.desired_version) == ([], {}, 3)
+    asyncio.run(pub.desired.follow(1))
+    assert (engine.calls, pub.desired.pinned, pub.desired.version) == ([], {}, 3)
 
 
 @pytest.mark.parametrize(
@@ -137,8 +138,8 @@ def test_pins_and_warm_targets_bind_only_their_pools(pool: str, binding: set[str
     )
     engine = FakeEngine(refuse=set(), held=set())
     pub = publisher(FakeRegistry(desired), engine, pool=pool)
-    asyncio.run(pub.follow_desired())
-    assert set(pub.pinned) == {f"pin-{p}" for p in binding}
+    asyncio.run(pub.desired.follow(1))
+    assert set(pub.desired.pinned) == {f"pin-{p}" for p in binding}
     assert {n for c, n in engine.calls if c == "load"} == {
         f"{kind}-{p}" for kind in ("pin", "warm") for p in binding
     }
@@ -148,21 +149,21 @@ def test_a_pin_that_stops_binding_this_pool_is_released():
     engine = FakeEngine(refuse=set(), held={"a"})
     reg = FakeRegistry(state(1, pins=("a",)))
     pub = publisher(reg, engine, pool="decode")
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     reg.state = DesiredState(2, {"a": "prefill"}, {}, frozenset(), {"a": ref("a")})
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     assert engine.calls == [("load", "a"), ("pin", "a"), ("unpin", "a")]
-    assert pub.pinned == {} and pub.desired_version == 2
+    assert pub.desired.pinned == {} and pub.desired.version == 2
 
 
 def test_a_replaced_pinned_adapter_pins_its_new_version():
     engine = FakeEngine(refuse=set(), held={"a"})
     reg = FakeRegistry(state(1, pins=("a",)))
     pub = publisher(reg, engine)
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     v2 = AdapterRef("a", 2, "cd" * 32, "/adapters/a-v2", 8, "base")
     reg.state = DesiredState(2, {"a": "all"}, {}, frozenset(), {"a": v2})
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     # the old version lets go of its slot before the new one is pinned
     assert engine.calls == [
         ("load", "a"),
@@ -171,7 +172,7 @@ def test_a_replaced_pinned_adapter_pins_its_new_version():
         ("load", "a"),
         ("pin", "a"),
     ]
-    assert pub.pinned == {"a": v2.key} and pub.desired_version == 2
+    assert pub.desired.pinned == {"a": v2.key} and pub.desired.version == 2
 
 
 def test_warm_targets_load_only_the_copies_the_registry_grants():
@@ -190,14 +191,14 @@ def test_warm_targets_load_only_the_copies_the_registry_grants():
     reg.full = {"w2"}
     engine = Holding(refuse=set(), held=set())
     pub = publisher(reg, engine)
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     assert reg.claims == [["w1", "w2", "w3"]]
     assert engine.calls == [("load", "w1"), ("load", "w3")]
     engine.gpu = ("w1", "w3")
-    asyncio.run(pub.follow_desired())  # same version: the targets are checked again
+    asyncio.run(pub.desired.follow(1))  # same version: the targets are checked again
     assert reg.claims[-1] == ["w2"] and engine.calls[2:] == []
     engine.gpu = ("w1", "w2", "w3")
-    asyncio.run(pub.follow_desired())
+    asyncio.run(pub.desired.follow(1))
     assert len(reg.claims) == 2  # every target held here: no round trip
 
 
@@ -208,7 +209,7 @@ def test_each_failure_logged_once_per_version(caplog):
     with caplog.at_level(logging.WARNING, logger="lorafleet.replica"):
         for version in (4, 4, 4, 5, 5):
             reg.state = state(version, pins=("b",))
-            asyncio.run(pub.follow_desired())
+            asyncio.run(pub.desired.follow(1))
     assert [r.getMessage() for r in caplog.records] == [
         f"desired state {v} not applied yet: pin 'b': pinning 'b' would pin every one of "
         "the 2 GPU slots"
@@ -221,7 +222,7 @@ def test_a_registry_outage_fails_the_tick_instead_of_counting_as_a_refusal():
     reg = FakeRegistry(state(2, warm=("w",)), claim_error=outage)
     pub = publisher(reg, FakeEngine(refuse=set(), held=set()))
     with pytest.raises(RegistryUnavailable):
-        asyncio.run(pub.follow_desired())
+        asyncio.run(pub.desired.follow(1))
 
 
 def test_attempt_records_refusals_and_passes_other_errors():
@@ -278,6 +279,6 @@ def test_a_drained_adapter_that_came_back_is_unloaded_again(still_draining: bool
     engine = Holding(refuse=set(), held={"gone"})
     pub = publisher(FakeRegistry(state(5, draining=("gone",))), engine)
     pub.refs[gone.key] = gone
-    pub.desired_version = 5  # its unload was applied before the request came back
-    asyncio.run(pub.follow_desired())
+    pub.desired.version = 5  # its unload was applied before the request came back
+    asyncio.run(pub.desired.follow(1))
     assert engine.calls == ([] if still_draining else [("unload", "gone")])

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from lora_core.errors import CapacityExceeded
+from lora_core.errors import AdapterVersionUnavailable, CapacityExceeded
 from lora_core.identity import AdapterRef
 from replica.outputs import EngineStats
+from replica.serve_protocol import check_version
 from replica.serve_registry import PublisherConfig, RegistryPublisher
 
 
@@ -30,7 +31,9 @@ class FakeRegistry:
         self.hot = [Hot(ref(n), 5.0) for n in names]
         self.limits: list[int] = []
 
-    async def hot_adapters(self, replica_id: str, limit: int) -> list[Hot]:
+    async def hot_adapters(
+        self, replica_id: str, epoch: int, limit: int, claim_s: float
+    ) -> list[Hot]:
         self.limits.append(limit)
         return self.hot[:limit]
 
@@ -66,7 +69,7 @@ def test_fills_all_but_one_free_slot_once(free: int, limit: int | None, loads: l
     reg, engine = FakeRegistry(["a", "b", "c", "d"]), FakeEngine(free)
     pub = publisher(reg, engine)
     for _ in range(3):
-        asyncio.run(pub._prefetch_once())
+        asyncio.run(pub.desired.prefetch_once(1))
     assert reg.limits == ([] if limit is None else [limit])
     assert engine.loads == loads
     assert all(ref(n).key in pub.refs for n in loads)  # published like any copy
@@ -74,11 +77,25 @@ def test_fills_all_but_one_free_slot_once(free: int, limit: int | None, loads: l
 
 def test_a_refused_load_does_not_stop_the_others():
     reg, engine = FakeRegistry(["a", "b", "c"]), FakeEngine(4, refuse=frozenset({"a"}))
-    asyncio.run(publisher(reg, engine)._prefetch_once())
+    asyncio.run(publisher(reg, engine).desired.prefetch_once(1))
     assert engine.loads == ["b", "c"]
 
 
 def test_off_means_no_round_trip():
     reg, engine = FakeRegistry(["a"]), FakeEngine(4)
-    asyncio.run(publisher(reg, engine, prefetch=False)._prefetch_once())
+    asyncio.run(publisher(reg, engine, prefetch=False).desired.prefetch_once(1))
     assert (reg.limits, engine.loads) == ([], [])
+
+
+def test_a_prefetched_version_is_the_newest_this_replica_knows():
+    """A request resolved before a replace names the old version: once prefetch loaded
+    the registry's current one, check_version refuses the old (re-resolve) instead of
+    loading stale weights beside it."""
+    reg, engine = FakeRegistry(["a"]), FakeEngine(4)
+    reg.hot = [Hot(AdapterRef("a", 3, "cd" * 32, "/adapters/a-v3", 8, "base"), 5.0)]
+    pub = publisher(reg, engine)
+    pub.newest_version["b"] = 7
+    asyncio.run(pub.desired.prefetch_once(1))
+    assert pub.newest_version == {"a": 3, "b": 7}
+    with pytest.raises(AdapterVersionUnavailable, match="version 1 was replaced by version 3"):
+        check_version(ref("a"), pub.newest_version)
