@@ -55,8 +55,7 @@ local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
 if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
 local pool = redis.call('HGET', k('replica', id), 'pool') or ''
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local claim_ms = tonumber(ARGV[4])
 local granted = {}
 for i = 5, #ARGV do
@@ -95,8 +94,8 @@ return ret('ok', granted)
     # in a GPU slot, most requests in flight per copy first (copies: live replicas where
     # the adapter is active or GPU-resident, or that hold an unexpired prefetch claim on
     # it; ties by name; requests and copies only on replicas whose pool overlaps id's,
-    # so a prefill replica ranks by prefill demand and copies), at most limit of them: what a new replica loads before traffic
-    # finds it. Each one returned gets a prefetch claim by id lasting claim_ms, so
+    # so a prefill replica ranks by prefill demand and copies), at most limit of them:
+    # what a new replica loads before traffic finds it. Each one returned gets a prefetch claim by id lasting claim_ms, so
     # replicas starting together spread over the hot adapters instead of all loading the
     # top ones (one script: each sees the claims of those ranked before it). Each row:
     # name, version, content_hash, path, rank, base_model, requests in flight, copies.
@@ -115,8 +114,7 @@ local function near(replica)  -- whether replica's pool overlaps id's (memoized)
   end
   return pools[replica]
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local rows = {}
 for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
   local v = redis.call('HMGET', k('adapter', name), 'version', 'content_hash', 'path', 'rank',

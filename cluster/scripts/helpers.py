@@ -66,14 +66,18 @@ local function fence(id, epoch)
   if not cur or redis.call('GET', k('lease', id)) ~= epoch then return 'lapsed' end
   return nil
 end
+-- Redis's clock in ms (frozen for the script's run).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 -- The desired-state version: +1 per change. A missing counter (a new namespace, or a
 -- Redis restarted without persistence, or flushed) starts from the clock in ms, not 0,
 -- so versions after a restart never repeat one a replica applied before it (a replica
 -- skips a version equal to the one it holds: a repeat would hide the new state).
 local function bump(name, change)
   if redis.call('EXISTS', k('desired')) == 0 then
-    local now = redis.call('TIME')
-    redis.call('SET', k('desired'), tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+    redis.call('SET', k('desired'), now_ms())
   end
   local v = redis.call('INCR', k('desired'))
   redis.call('PUBLISH', k('hints'), cjson.encode({version = v, adapter = name, change = change}))
