@@ -76,6 +76,16 @@ class LLMEngine:
         cache kept the adapter while the caller loaded it); the queued request takes
         that want over. When this raises, the want stays the caller's to unwant.
         """
+        if adapter is not None and not want_held:
+            # Want the adapter from before its load, as the async front does: a load by
+            # the manager's loader thread in between must not drop the copy just loaded.
+            self.adapters.want(adapter)
+            try:
+                self.add_request(request_id, prompt_token_ids, params, adapter, want_held=True)
+            except BaseException:
+                self.adapters.unwant(adapter)
+                raise
+            return
         if request_id in self._seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         self._check_prompt(prompt_token_ids, params)

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import shutil
 
-from lora_core.errors import AdapterDraining, AdapterLoadFailed, AdapterNotFound
+import pytest
+
+from lora_core.errors import (
+    AdapterDraining,
+    AdapterLoadFailed,
+    AdapterNotFound,
+    InvalidRequest,
+)
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from tests.unit.replica.engines import small_engine
@@ -92,3 +99,27 @@ def test_admission_abort_and_failures_lower_the_count(llama_dir, llama_adapters,
         "length",
     ]
     assert pool.stats().wanted == () and engine.stats().num_waiting == 0
+
+
+def test_the_sync_path_wants_the_adapter_before_loading_it(llama_dir, refs):
+    """add_request (offline, no async front) raises the want before it registers the
+    adapter, so the manager's loader thread cannot drop the copy in between; a refusal
+    after the load leaves no count."""
+    engine = small_engine(llama_dir, max_loras=1, max_cpu_loras=2)
+    pool, register = engine.adapters.pool, engine.adapters.register
+    seen = []
+
+    def spying(ref):
+        seen.append(pool.wanted(ref.key))
+        return register(ref)
+
+    engine.adapters.register = spying
+    engine.add_request("a", IDS, GREEDY, refs["mlp4"])
+    assert seen == [1] and pool.wanted(refs["mlp4"].key) == 1  # one count, not two
+    too_long = SamplingParams(max_tokens=10**6)
+    with pytest.raises(InvalidRequest, match="maximum context length"):
+        engine.add_request("b", IDS, too_long, refs["qv8"])  # refused after its want
+    assert pool.wanted(refs["qv8"].key) == 0
+    outs: dict[str, list] = {}
+    _drain(engine, outs)
+    assert pool.stats().wanted == ()
