@@ -14,7 +14,7 @@ BODIES: dict[str, str] = {
     "report_active": r"""
 local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
-if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if f then return f end
 local me = redis.call('HMGET', k('replica', id), 'pool', 'deployment')
 local tag = '|' .. (me[1] or '') .. '|' .. (me[2] or '') .. '|' .. epoch
 local given = {}
@@ -53,7 +53,7 @@ return ret('ok', copies)
     "claim_warm": r"""
 local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
-if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if f then return f end
 local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 local now = now_ms()
 local claim_ms = tonumber(ARGV[4])
@@ -104,7 +104,7 @@ return ret('ok', granted)
     "hot_adapters": r"""
 local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
-if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if f then return f end
 local limit, claim_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local pool = redis.call('HGET', k('replica', id), 'pool') or ''
 local pools = {}

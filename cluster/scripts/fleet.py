@@ -23,7 +23,7 @@ return ret('ok', e)
     # ARGV: ns, id, epoch, ttl_ms
     "heartbeat": r"""
 local f = fence(ARGV[2], ARGV[3])
-if f then return ret(f, redis.call('GET', k('epoch', ARGV[2])) or '0') end
+if f then return f end
 redis.call('PEXPIRE', k('lease', ARGV[2]), ARGV[4])
 return ret('ok')
 """,
@@ -48,7 +48,7 @@ return ret('ok')
     "report_resident": r"""
 local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
-if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if f then return f end
 local rec = redis.call('HMGET', k('adapter', name), 'version', 'content_hash')
 if not rec[1] then return ret('not_found') end
 -- A copy of the current version number with other content (weights registered before
@@ -81,7 +81,7 @@ return ret('ok')
     "remove_resident": r"""
 local id, name = ARGV[2], ARGV[4]
 local f = fence(id, ARGV[3])
-if f then return ret(f, redis.call('GET', k('epoch', id)) or '0') end
+if f then return f end
 local cur = redis.call('HGET', k('resident', name), id)
 local removed = 0
 if cur then

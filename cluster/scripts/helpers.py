@@ -58,12 +58,15 @@ local function drop_activity(id)
   end
   redis.call('DEL', k('replica', id, 'active'))
 end
--- nil when (id, epoch) holds the lease; 'stale' when a newer registration exists;
--- 'lapsed' when the lease expired (or Redis lost it) and the replica must re-register.
+-- nil when (id, epoch) holds the lease; else the script's refusal, ret(status, current
+-- epoch): 'stale' when a newer registration exists, 'lapsed' when the lease expired (or
+-- Redis lost it) and the replica must re-register.
 local function fence(id, epoch)
   local cur = redis.call('GET', k('epoch', id))
-  if cur and cur ~= epoch then return 'stale' end
-  if not cur or redis.call('GET', k('lease', id)) ~= epoch then return 'lapsed' end
+  if cur and cur ~= epoch then return ret('stale', cur) end
+  if not cur or redis.call('GET', k('lease', id)) ~= epoch then
+    return ret('lapsed', cur or '0')
+  end
   return nil
 end
 -- Redis's clock in ms (frozen for the script's run).
