@@ -221,7 +221,6 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         queue = list(self.running)
-        scheduled: set[int] = set()
         while queue and budget > 0:
             seq = queue.pop(0)
             n = min(seq.remaining, budget)
@@ -232,7 +231,6 @@ class Scheduler:
                     break
             else:
                 out.scheduled.append((seq, n))
-                scheduled.add(id(seq))
                 budget -= n
         return budget
 
