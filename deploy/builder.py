@@ -134,6 +134,9 @@ class ClusterArgs(BaseModel):
     """GPUs one replica's base model is sharded over (Megatron-style tensor parallelism:
     the replica runs one worker process per further rank). On GPUs num_gpus_per_replica
     must equal it."""
+    tp_step_timeout_s: float = Field(300.0, gt=0.0, allow_inf_nan=False)
+    """With tensor_parallel_size > 1: a worker silent this long in one step fails the
+    step and the replica's health check (Serve then replaces the replica)."""
     max_ongoing_requests: int = Field(32, ge=1)
     max_queued_requests: int = Field(256, ge=-1)
     """Requests waiting for a replica before 503 backpressure (-1 = unbounded)."""
@@ -268,6 +271,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_model_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
         tensor_parallel_size=cfg.tensor_parallel_size,
+        tp_step_timeout_s=cfg.tp_step_timeout_s,
     )
     replica = ReplicaSettings(
         engine=engine,

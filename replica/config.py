@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lora_core.errors import InvalidRequest
@@ -36,6 +37,11 @@ class EngineConfig:
         process must see that many GPUs; on CPU the ranks share the CPU (gloo), for
         tests. The model's attention heads, kv heads and intermediate size must divide
         by it.
+    tp_step_timeout_s: with tensor_parallel_size > 1, how long the driver waits for
+        the workers in one step's or one adapter write's collectives. A worker that
+        does not answer in time (hung, stopped) fails that step's requests and the
+        replica's health check from then on, so Serve replaces the replica instead of
+        it hanging. Workers wait for the driver without a limit (an idle replica).
     """
 
     model: str
@@ -54,6 +60,7 @@ class EngineConfig:
     seed: int = 0
     cuda_graphs: bool = True
     tensor_parallel_size: int = 1
+    tp_step_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -68,6 +75,15 @@ class EngineConfig:
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("max_model_len", self.max_model_len, 0)
         _at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        timeout = self.tp_step_timeout_s
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf
+        ):
+            raise InvalidRequest(
+                f"tp_step_timeout_s={timeout!r}; allowed: a finite number of seconds > 0"
+            )
 
 
 def _at_least(name: str, value: int, low: int) -> None:

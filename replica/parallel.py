@@ -38,6 +38,10 @@ class TPGroup:
         self.size = size
         self._pg = pg
         self._store: dist.Store | None = None  # kept alive as long as the group
+        self.op_timeout: datetime.timedelta | None = None
+        """How long each operation may wait for the other ranks; None: COLLECTIVE_TIMEOUT.
+        The driver sets it once the shards are built (its collectives then fail instead of
+        waiting for a worker that stopped answering); workers keep None."""
 
     @classmethod
     def connect(
@@ -69,23 +73,57 @@ class TPGroup:
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum t over the ranks, in place; returns t."""
         if self.size > 1:
-            self._pg.allreduce(t).wait()
+            opts = dist.AllreduceOptions()
+            self._live().allreduce([t], self._timed(opts)).wait()
         return t
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite t on every rank with rank src's t, in place; returns t."""
         if self.size > 1:
-            self._pg.broadcast(t, src).wait()
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = src, 0
+            self._live().broadcast([t], self._timed(opts)).wait()
         return t
 
     def send(self, t: torch.Tensor, dst: int) -> None:
         """Send t to rank dst (which calls recv with a tensor of t's shape and dtype)."""
-        self._pg.send([t], dst, 0).wait()
+        self._wait(self._live().send([t], dst, 0))
 
     def recv(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Fill t with what rank src sends, in place; returns t."""
-        self._pg.recv([t], src, 0).wait()
+        self._wait(self._live().recv([t], src, 0))
         return t
+
+    def close(self) -> None:
+        """Shut this rank's process group down, then drop its store; idempotent.
+
+        Every rank calls it once it is done with the group: a worker after STOP, the
+        driver once its workers exited (so the store it hosts outlives their use of it).
+        Left to interpreter exit, the group's threads and sockets were torn down in
+        whatever order finalization took, and a rank was now and then aborted on its
+        way out ("terminate called without an active exception")."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None:
+            pg.shutdown()
+
+    def _timed(self, opts):
+        if self.op_timeout is not None:
+            opts.timeout = self.op_timeout
+        return opts
+
+    def _wait(self, work: dist.Work) -> None:
+        if self.op_timeout is None:
+            work.wait()
+        elif not work.wait(self.op_timeout):
+            raise RuntimeError(f"timed out after {self.op_timeout} waiting for a peer rank")
+
+    def _live(self) -> dist.ProcessGroup:
+        if self._pg is None:
+            raise RuntimeError(
+                f"rank {self.rank} of this tensor-parallel group has no process group "
+                f"(size {self.size}, or closed)"
+            )
+        return self._pg
 
     def shard(self, n: int, what: str) -> int:
         """n // size, refusing an n the group cannot split evenly."""

@@ -7,14 +7,19 @@ driver starts one worker process per further rank (`replica.tp_worker`), and the
   (the SlotBuffers `on_change` hook), whatever thread the adapter manager runs it on;
   a write sends each worker only its shard of the adapter (one send per worker).
 One lock orders those commands, so every rank sees the same sequence of collectives.
-`close` stops the workers (STOP, then a wait, then a kill); it also runs at interpreter
-exit, and a worker whose driver process died exits by itself (tp_worker's watchdog).
+A command that fails or times out (a worker silent for tp_step_timeout_s) leaves the
+ranks out of step: the driver marks the group broken, fails the step, and fails the
+replica's health check from then on, so Serve replaces the replica.
+`close` stops the workers (STOP, then a wait, then a kill), then shuts its side of the
+group down; it also runs at interpreter exit, and a worker whose driver process died
+exits by itself (tp_worker's watchdog).
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -23,6 +28,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -39,6 +45,7 @@ from replica.tp_protocol import CLEAR, STOP, WRITE, header, pack_shard, pack_ste
 from replica.tp_worker import connect_and_build
 
 log = logging.getLogger("lorafleet.tp_driver")
+T = TypeVar("T")
 
 # Rendezvous timeout: long enough for a worker process to start and import torch, short
 # enough that a worker that never came up fails the engine's start instead of hanging it.
@@ -62,6 +69,9 @@ class TPDriver:
         self.dtype = dtype
         self.lock = threading.Lock()
         self.closed = False
+        self.broken: str | None = None
+        """Why the group cannot be used any more (a command failed or timed out half way,
+        so the ranks no longer agree on the next collective); None while it can."""
 
     def send_step(self, batch: StepBatch) -> None:
         """Broadcast one step's inputs (call with self.lock held, then run the forward)."""
@@ -74,8 +84,9 @@ class TPDriver:
         with self.lock:
             if self.closed:
                 return
+            self.check_usable()
             if weights is None:
-                self.group.broadcast(header(CLEAR, slot, device=self.device))
+                self.run_command(self.group.broadcast, header(CLEAR, slot, device=self.device))
                 return
             size = self.group.size
             # Packed before the header: a bad adapter raises with no command half sent.
@@ -83,32 +94,61 @@ class TPDriver:
                 pack_shard(weights, base, r, size, self.device, self.dtype) for r in range(1, size)
             ]
             numel = shards[0].numel()
-            self.group.broadcast(header(WRITE, slot, numel, weights.rank, device=self.device))
-            self.group.broadcast(slice_ranks(weights, base, self.device))
-            for r, flat in enumerate(shards, start=1):
-                self.group.send(flat, r)
+            self.run_command(self._send_write, slot, numel, weights, base, shards)
+
+    def _send_write(self, slot, numel, weights, base, shards) -> None:
+        self.group.broadcast(header(WRITE, slot, numel, weights.rank, device=self.device))
+        self.group.broadcast(slice_ranks(weights, base, self.device))
+        for r, flat in enumerate(shards, start=1):
+            self.group.send(flat, r)
+
+    def run_command(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args), a command every rank follows (call with self.lock held). If it
+        raises, the ranks no longer agree on the next collective: the group is marked
+        broken, and every later command and health check fails."""
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self.broken = f"{type(e).__name__}: {e}"
+            log.error("tensor-parallel group broken (replica must be replaced): %s", e)
+            raise
+
+    def check_usable(self) -> None:
+        """Raise RuntimeError when commands can no longer be sent (closed or broken)."""
+        if self.closed:
+            raise RuntimeError("the tensor-parallel workers were stopped (engine closed)")
+        if self.broken is not None:
+            raise RuntimeError(f"the tensor-parallel group is broken: {self.broken}")
 
     def check_alive(self) -> None:
         """Raise RuntimeError naming a worker that exited while the driver runs (its
-        rank's collectives would fail every step from now on)."""
+        rank's collectives would fail every step from now on), or why the group broke
+        (a worker that stopped answering within tp_step_timeout_s)."""
+        if self.closed:
+            return
         for rank, p in enumerate(self.procs, start=1):
-            if not self.closed and p.poll() is not None:
+            if p.poll() is not None:
                 raise RuntimeError(
                     f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with "
                     f"status {p.returncode}"
                 )
+        self.check_usable()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the workers; idempotent."""
+        """Stop the workers (killed at once when the group is broken); idempotent."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
-            try:
-                self.group.broadcast(header(STOP, device=self.device))
-            except RuntimeError as e:  # a worker already gone: kill the rest below
-                log.warning("could not send STOP to the tensor-parallel workers: %s", e)
+            if self.broken is not None:
+                timeout_s = 0.0
+            else:
+                try:
+                    self.group.broadcast(header(STOP, device=self.device))
+                except RuntimeError as e:  # a worker already gone: kill the rest below
+                    log.warning("could not send STOP to the tensor-parallel workers: %s", e)
         _reap(self.procs, timeout_s)
+        self.group.close()
 
 
 class DriverRunner(ModelRunner):
@@ -120,10 +160,12 @@ class DriverRunner(ModelRunner):
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
         with self.driver.lock:
-            if self.driver.closed:
-                raise RuntimeError("the tensor-parallel workers were stopped (engine closed)")
-            self.driver.send_step(batch)
-            return super().forward(batch)
+            self.driver.check_usable()
+            return self.driver.run_command(self._forward, batch)
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        self.driver.send_step(batch)
+        return super().forward(batch)
 
 
 def _spawn(config: EngineConfig, device: torch.device, rank: int, port: int) -> subprocess.Popen:
@@ -180,12 +222,14 @@ def start_tensor_parallel(
         raise
     if shard is None:
         _reap(procs, grace_s=30)  # they exit by themselves after the failed all-reduce
+        group.close()
         if error is not None:
             raise error
         raise ModelLoadFailed(
             f"tensor-parallel start of {config.model}: a worker rank could not build its "
             "shard (its log says why)"
         )
+    group.op_timeout = datetime.timedelta(seconds=config.tp_step_timeout_s)
     driver = TPDriver(group, procs, device, TORCH_DTYPES[config.dtype])
     base = shard.runner.model.config.base_shape
     shard.buffers.on_change = lambda slot, w: driver.slot_changed(base, slot, w)

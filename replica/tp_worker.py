@@ -122,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     group, shard, error = connect_and_build(config, device, args.rank, args.port, args.timeout)
-    if shard is None:
-        if error is not None:
-            log.error("could not build this rank's shard: %s", error)
-        return 1
-    with torch.inference_mode():
-        serve(group, shard, device)
-    return 0
+    try:
+        if shard is None:
+            if error is not None:
+                log.error("could not build this rank's shard: %s", error)
+            return 1
+        with torch.inference_mode():
+            serve(group, shard, device)
+        return 0
+    finally:
+        group.close()
 
 
 if __name__ == "__main__":

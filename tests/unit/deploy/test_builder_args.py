@@ -32,6 +32,8 @@ def test_defaults_match_cluster_yaml():
         ({"bogus": 1}, "bogus"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"tensor_parallel_size": 2, "num_gpus_per_replica": 1}, "num_gpus_per_replica"),
+        ({"tp_step_timeout_s": 0}, "tp_step_timeout_s"),
+        ({"tp_step_timeout_s": "inf"}, "tp_step_timeout_s"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):

@@ -82,6 +82,7 @@ def _scenario(model_dir: str, adapters: list[str], tp: TPGroup) -> dict[str, tor
 def _rank_main(rank: int, port: int, model_dir: str, adapters: list[str], out: str) -> None:
     group = TPGroup.connect(rank, 2, port, "gloo", timeout_s=120)
     save_file(_scenario(model_dir, adapters, group), f"{out}/rank{rank}.safetensors")
+    group.close()
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,11 @@ def _idle_main(rank: int, port: int) -> None:
     if rank == 0:
         time.sleep(2.5)  # an idle driver: longer than the rendezvous timeout
     x = group.broadcast(torch.tensor([float(rank == 0)]))
+    group.close()
+    group.close()  # idempotent
     assert x.item() == 1.0
+    with pytest.raises(RuntimeError, match=f"rank {rank} .* has no process group"):
+        group.broadcast(x)
 
 
 def test_idle_driver_does_not_time_out_workers():

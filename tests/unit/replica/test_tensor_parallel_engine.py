@@ -61,9 +61,39 @@ def test_a_dead_worker_fails_the_health_check(llama_dir):
         engine.close()
 
 
+def test_a_stopped_worker_fails_the_step_and_the_health_check(llama_dir):
+    """A worker that stops answering (SIGSTOP) fails the step within tp_step_timeout_s
+    instead of hanging the replica; the group is broken from then on (health check and
+    later steps fail), and close() kills the worker at once."""
+    engine = small_engine(llama_dir, tensor_parallel_size=2, tp_step_timeout_s=2)
+    worker = engine.runner.driver.procs[0]
+    try:
+        engine.check_health()
+        os.kill(worker.pid, signal.SIGSTOP)
+        engine.add_request("r0", [5, 6, 7], GREEDY)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="[Tt]imed out"):
+            engine.step()
+        assert time.monotonic() - start < 20
+        with pytest.raises(RuntimeError, match="group is broken: .*[Tt]imed out"):
+            engine.check_health()
+        engine.add_request("r1", [8, 9], GREEDY)
+        with pytest.raises(RuntimeError, match="group is broken"):
+            engine.step()
+    finally:
+        start = time.monotonic()
+        engine.close()
+        closed_in = time.monotonic() - start
+    assert closed_in < 5
+    assert worker.returncode == -signal.SIGKILL
+
+
 def test_tensor_parallel_size_validated(llama_dir):
     with pytest.raises(InvalidRequest, match="tensor_parallel_size=0; allowed"):
         EngineConfig(model=str(llama_dir), tensor_parallel_size=0)
+    for timeout in (0, -1.0, float("inf"), float("nan"), "5", True):
+        with pytest.raises(InvalidRequest, match="tp_step_timeout_s=.*; allowed: a finite"):
+            EngineConfig(model=str(llama_dir), tp_step_timeout_s=timeout)
     # refused before any worker starts: the tiny model has 4 heads, 2 kv heads
     with pytest.raises(InvalidRequest, match="num_attention_heads=4 is not divisible by"):
         small_engine(llama_dir, tensor_parallel_size=3)

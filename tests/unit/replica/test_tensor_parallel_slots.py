@@ -101,6 +101,7 @@ def _rank_main(rank: int, port: int, model_dir: str, adapters: dict[str, str], o
         state = _state(buffers)
     else:
         received = _worker_main(buffers, group)
+        group.close()
         state = {**_state(buffers), "received": received}
     save_file(state, f"{out}/rank{rank}.safetensors")
 
