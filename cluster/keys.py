@@ -54,10 +54,12 @@ Adapter demand (written by replicas every registry tick, read by replicas)
     {ns}:active_names             set    names with any entry in active:{name}
     {ns}:warm_claims:{name}       hash   replica id -> "expires (unix ms)|epoch": a
                                          replica loading one of name's warm copies; PX
-                                         TTL of the latest claim (`claim_warm`)
+                                         TTL of the latest claim (`claim_warm`); a copy
+                                         for `hot_adapters`
     {ns}:prefetch_claims:{name}   hash   replica id -> "expires (unix ms)|epoch": a new
                                          replica loading name as a head start; counted
                                          as a copy when others rank (`hot_adapters`)
+                                         and toward warm targets (`claim_warm`)
 
 Desired state
     {ns}:pins                     hash   adapter name -> pool ("all" | "prefill" | "decode")

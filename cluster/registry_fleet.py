@@ -125,10 +125,11 @@ class FleetApi:
     ) -> Reply[list[str]]:
         """Which of names (warm targets replica does not hold in a GPU slot) replica should
         load now: a name is granted, with a claim lasting claim_s, while its live GPU
-        copies in the target's pools plus other replicas' live claims are below the
-        target. Atomic, so replicas claiming at once never exceed a target; a claim ends
-        when replica reports the copy, after claim_s, or when its lease lapses. An
-        unexpired claim of replica's own is granted again (a retried load), not
+        copies in the target's pools plus other replicas' live claims (warm claims, and
+        prefetch claims of replicas in the target's pools) are below the target. Atomic,
+        so replicas claiming at once never exceed a target; a claim ends when replica
+        reports the copy, after claim_s, or when its lease lapses. An unexpired claim of
+        replica's own (warm or prefetch) is granted again (a retried load), not
         extended. One round trip for all names; StaleEpoch unless replica holds the lease."""
         args = (replica_id, epoch, _ttl_ms(claim_s), *sorted(names))
         plan = ops.fenced_write("claim_warm", args, replica_id, epoch, "")
@@ -138,7 +139,8 @@ class FleetApi:
         self, replica_id: str, epoch: int, limit: int, claim_s: float
     ) -> Reply[list[HotAdapter]]:
         """Up to limit adapters in demand that replica neither serves nor holds in a GPU
-        slot, the most requests in flight per copy first (ties by name): what a new
+        slot nor claimed for a warm copy, the most requests in flight per copy first
+        (ties by name; other replicas' live warm claims count as copies): what a new
         replica loads before traffic finds it. Requests and copies count only on
         replicas whose pool overlaps replica's (equal, or either mixed), so a prefill
         replica ranks by prefill demand and copies. Each one returned is claimed by replica

@@ -45,11 +45,12 @@ return ret('ok', copies)
 """,
     # ARGV: ns, id, epoch, claim_ms, name... (warm targets id does not hold in a GPU slot).
     # Grants id a claim on a name's next warm copy when live GPU copies in the target's
-    # pools plus other replicas' unexpired claims are below the target; a claim ends when
-    # it expires, when its replica's lease does, or when that replica reports the copy
-    # (report_resident). One script, so concurrent replicas never claim past the target.
-    # An unexpired claim of id's own is granted again (its load is retried), not extended.
-    # Returns the names granted.
+    # pools plus other replicas' unexpired claims (warm claims, and prefetch claims of
+    # replicas in the target's pools: copies about to be loaded either way) are below the
+    # target; a claim ends when it expires, when its replica's lease does, or when that
+    # replica reports the copy (report_resident). One script, so concurrent replicas never
+    # claim past the target. An unexpired claim of id's own (warm or prefetch) is granted
+    # again (its load is retried), not extended. Returns the names granted.
     "claim_warm": r"""
 local id, epoch = ARGV[2], ARGV[3]
 local f = fence(id, epoch)
@@ -72,11 +73,18 @@ for i = 5, #ARGV do
         n = n + 1
       end
     end
-    local mine = false
+    local mine, claimed = false, {}
     for _, c in ipairs(live_entries(k('warm_claims', name))) do
-      if tonumber(c[2]) > now and not gpu[c[1]] then
-        if c[1] == id then mine = true else n = n + 1 end
+      if tonumber(c[2]) > now and not gpu[c[1]] then claimed[c[1]] = true end
+    end
+    for _, c in ipairs(live_entries(k('prefetch_claims', name))) do
+      if tonumber(c[2]) > now and not gpu[c[1]]
+          and binds(target_pool, redis.call('HGET', k('replica', c[1]), 'pool') or '') then
+        claimed[c[1]] = true
       end
+    end
+    for claimer in pairs(claimed) do
+      if claimer == id then mine = true else n = n + 1 end
     end
     if not gpu[id] and (mine or n < tonumber(want)) then
       if not mine then
@@ -91,9 +99,9 @@ end
 return ret('ok', granted)
 """,
     # ARGV: ns, id, epoch, limit, claim_ms. The active adapters id neither serves nor holds
-    # in a GPU slot, most requests in flight per copy first (copies: live replicas where
-    # the adapter is active or GPU-resident, or that hold an unexpired prefetch claim on
-    # it; ties by name; requests and copies only on replicas whose pool overlaps id's,
+    # in a GPU slot nor claimed for a warm copy, most requests in flight per copy first
+    # (copies: live replicas where the adapter is active or GPU-resident, or that hold an
+    # unexpired prefetch or warm claim on it; ties by name; requests and copies only on replicas whose pool overlaps id's,
     # so a prefill replica ranks by prefill demand and copies), at most limit of them:
     # what a new replica loads before traffic finds it. Each one returned gets a prefetch claim by id lasting claim_ms, so
     # replicas starting together spread over the hot adapters instead of all loading the
@@ -131,9 +139,13 @@ for _, name in ipairs(redis.call('SMEMBERS', k('active_names'))) do
     for _, loc in ipairs(locations(name, v[1])) do
       if loc[2] == 'gpu' and overlaps(pool, loc[3]) then on[loc[1]] = true end
     end
-    -- id's own claim (a retried call) is no copy: it would hide the adapter from id
+    -- id's own prefetch claim (a retried call) is no copy: it would hide the adapter
+    -- from id; its own warm claim is (it loads that copy anyway)
     for _, c in ipairs(live_entries(k('prefetch_claims', name))) do
       if c[1] ~= id and tonumber(c[2]) > now and near(c[1]) then on[c[1]] = true end
+    end
+    for _, c in ipairs(live_entries(k('warm_claims', name))) do
+      if tonumber(c[2]) > now and (c[1] == id or near(c[1])) then on[c[1]] = true end
     end
     for _ in pairs(on) do copies = copies + 1 end
     if in_flight > 0 and not on[id] then

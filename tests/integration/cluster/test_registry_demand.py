@@ -338,3 +338,34 @@ def test_hot_adapters_offer_the_current_version_and_count_only_its_copies(reg: R
     assert [(h.ref, h.in_flight, h.copies) for h in rows] == [(v2, 4, 1)]
     # the replica holding only the old version may load the new one too
     assert [h.ref for h in reg.hot_adapters("r0", e[0], 5, 1.0)] == [v2]
+
+
+def test_warm_and_prefetch_claims_count_as_each_others_copies(reg: Registry):
+    """A copy about to be loaded under either kind of claim counts for the other kind:
+    a warm target is met by a starter's prefetch claim in the target's pool, and a warm
+    claim is a copy in the hot ranking (and not offered again to its claimer)."""
+    e = replicas(reg, 4)
+    reg.report_active("r0", e[0], {"a": 4, "b": 3})
+    assert [h.ref.name for h in reg.hot_adapters("r1", e[1], 1, 30.0)] == ["a"]
+    reg.warm("a", 2)  # r0 serves a but holds no GPU copy: 0 copies + r1's prefetch claim
+    assert reg.claim_warm("r2", e[2], ["a"], 30.0) == ["a"]
+    assert reg.claim_warm("r3", e[3], ["a"], 30.0) == []  # r1 (prefetch) + r2 (warm) = 2
+    # a claimer's own prefetch claim is granted as its warm claim, with no second entry
+    assert reg.claim_warm("r1", e[1], ["a"], 30.0) == ["a"]
+    assert reg.client.hexists("t:warm_claims:a", "r1") == 0
+    # r2's warm claim is a copy of a for a new starter: a 4 / 3 (r0, r1, r2) < b 3 / 1
+    new = reg.register_replica("new", "mixed", "d", 2, 30.0)
+    rows = reg.hot_adapters("new", new, 2, 30.0)
+    assert [(h.ref.name, h.copies) for h in rows] == [("b", 1), ("a", 3)]
+    # and r2 is not offered the copy it already claimed for the warm target
+    assert [h.ref.name for h in reg.hot_adapters("r2", e[2], 5, 30.0)] == ["b"]
+
+
+def test_prefetch_claims_outside_the_warm_targets_pool_do_not_meet_it(reg: Registry):
+    (e,) = replicas(reg, 1)
+    reg.report_active("r0", e, {"a": 4})
+    dec = reg.register_replica("dec", "decode", "d", 2, 30.0)
+    pre = reg.register_replica("pre", "prefill", "d", 2, 30.0)
+    assert [h.ref.name for h in reg.hot_adapters("dec", dec, 1, 30.0)] == ["a"]
+    reg.warm("a", 1, "prefill")
+    assert reg.claim_warm("pre", pre, ["a"], 30.0) == ["a"]  # dec's copy is no prefill copy
