@@ -108,6 +108,13 @@ class LLMEngine:
             raise InvalidRequest("prompt is empty; allowed: at least one token")
         if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
             raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        biased = params.logit_bias[-1][0] if params.logit_bias else -1  # ids come sorted
+        if biased >= self.vocab_size:
+            raise InvalidRequest(
+                f"logit_bias: token id {biased} out of range; allowed: token ids "
+                f"0 <= id < {self.vocab_size}",
+                "logit_bias",
+            )
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -158,7 +165,8 @@ class LLMEngine:
         logits = self.runner.execute(batch)
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
-        sampled = sample(logits, [s.params for s in seqs], [s.rng for s in seqs], self.generator)
+        params, streams = [s.params for s in seqs], [s.rng for s in seqs]
+        sampled = sample(logits, params, streams, self.generator, history=seqs)
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:

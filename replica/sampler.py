@@ -1,19 +1,23 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeded streams.
+"""Token sampling: logit_bias and penalties, greedy, temperature, top-k, top-p,
+per-request seeded streams.
 
 A seeded request draws from its own SeedStream (a counter-based hash of its seed), so it
 gives the same tokens whatever else shares its batch.
-Logprobs are of the sampled token under the model's raw distribution (log_softmax
-of the logits before temperature / top-k / top-p); top logprobs are the most likely
-tokens of that same distribution. Neither is computed unless some row asks.
+Logprobs are of the sampled token under the model's raw distribution (log_softmax of the
+logits before logit_bias, penalties, temperature, top-k and top-p: vLLM's default
+"raw_logprobs"); top logprobs are the most likely tokens of that same distribution.
+Neither is computed unless some row asks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from replica.logits_processors import TokenHistory, process_logits
 from replica.outputs import TopLogprobs
 from replica.sampling_params import SamplingParams
 
@@ -40,20 +44,24 @@ def sample(
     params: list[SamplingParams],
     streams: list[SeedStream | None],
     generator: torch.Generator | None = None,
+    history: Sequence[TokenHistory] | None = None,
 ) -> Sampled:
     """logits: float32 [n, V] -> the sampled token of each row, with logprobs if asked.
-    Rows without a stream draw from generator (torch's default one when None).
+    Rows without a stream draw from generator (torch's default one when None). history:
+    each row's prompt and generated tokens (read only for penalised rows).
 
-    Semantics per non-greedy row: keep the top_k most likely tokens of softmax(logits / t)
-    (0 = all), then the smallest most-likely-first prefix of what is left whose mass
-    reaches top_p, and draw one token from the kept ones in proportion to their
-    probability, by the row's own uniform draws. Rows are drawn in batches of tensor
+    Semantics per row: first logit_bias and the penalties (`process_logits`); a greedy
+    row then takes the argmax, a non-greedy row keeps the top_k most likely tokens of
+    softmax(logits / t) (0 = all), then the smallest most-likely-first prefix of what is
+    left whose mass reaches top_p, and draws one token from the kept ones in proportion
+    to their probability, by the row's own uniform draws. Rows are drawn in batches of tensor
     ops: rows with top_k over their top-k (one `topk`), rows with only top_p by rejection
     against the nucleus (no sort of the vocabulary; a host sync per rejection round),
     the rest straight from their distribution. Rows with a NaN or +inf logit, or none
     finite, are drawn from zeros instead (so they cannot stall the rejection rounds) and
     reported in `non_finite`; -inf logits beside finite ones only mask their tokens.
     """
+    raw, logits = logits, process_logits(logits, params, history)
     picked = logits.argmax(dim=-1)
     # argmax propagates NaN, so the picked logit is NaN, +inf or (no finite logit) -inf
     # exactly when the row is bad; -inf beside finite logits is a legitimate mask
@@ -76,7 +84,7 @@ def sample(
     tokens = [t if t >= 0 else -1 - t for t in coded]
     if not any(p.logprobs for p in params):
         return Sampled(tokens, None, None, non_finite)
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(raw, dim=-1)
     chosen = logp.gather(1, picked[:, None])[:, 0]
     return Sampled(tokens, chosen.tolist(), _top_logprobs(logp, params), non_finite)
 

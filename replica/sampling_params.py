@@ -7,6 +7,8 @@ answers with the same messages.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lora_core.errors import InvalidRequest
@@ -34,6 +36,21 @@ STOP_ALLOWED = (
     f"allowed: a non-empty string or a list of at most {MAX_STOPS} non-empty strings, "
     f"each of at most {MAX_STOP_CHARS} characters"
 )
+MAX_PENALTY = 2.0
+"""|presence_penalty| and |frequency_penalty| at most (OpenAI's range)."""
+MAX_REPETITION_PENALTY = 2.0
+"""repetition_penalty at most. vLLM only asks for > 0; the CTRL paper's 1.2 and HF's
+advice of about 1.0-1.3 sit far below 2, which already halves every positive repeated
+logit, so a larger value is almost surely a typo (20 for 1.2) and is refused."""
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""Tokens one request may bias (OpenAI's limit)."""
+MAX_BIAS = 100.0
+"""|bias| at most (OpenAI's range): -100 forbids a token, +100 all but forces it."""
+LOGIT_BIAS_ALLOWED = (
+    f"allowed: at most {MAX_LOGIT_BIAS_ENTRIES} token ids (integers >= 0, each once) "
+    f"mapped to a bias, a number -{MAX_BIAS:g} <= bias <= {MAX_BIAS:g}"
+)
+_TOKEN_KEY = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,7 @@ class SamplingParams:
     max_tokens: tokens to generate at most (>= 1).
     temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 2, OpenAI's range).
     top_p: nucleus mass kept (0 < p <= 1).
-    top_k: keep the k most likely tokens (0 = off).
+    top_k: keep the k most likely tokens (0 = off; -1, vLLM's "off", is read as 0).
     seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
     stop: strings that end generation (the stop string is not included in the text).
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS).
@@ -51,6 +68,14 @@ class SamplingParams:
     logprobs: return the log-probability of each sampled token.
     top_logprobs: also return the k most likely tokens at each sampled position
         (0 <= k <= MAX_TOP_LOGPROBS; k > 0 needs logprobs).
+    presence_penalty, frequency_penalty: OpenAI's penalties (-2 <= x <= 2), on the tokens
+        generated so far: logit[j] -= presence * (count_j > 0) + frequency * count_j.
+    repetition_penalty: vLLM / HF's (0 < p <= MAX_REPETITION_PENALTY, 1 = off), on every
+        token of the prompt or the output: a positive logit is divided by p, another
+        multiplied by it.
+    logit_bias: ((token id, bias), ...) sorted by id, each id once; logit[id] += bias
+        (-100 <= bias <= 100, at most 300 ids; the engine checks ids against its vocabulary).
+    See replica/logits_processors.py for the order they apply in.
     """
 
     max_tokens: int = 16
@@ -63,6 +88,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 1:
@@ -76,10 +105,13 @@ class SamplingParams:
             )
         if not 0.0 < float(self.top_p) <= 1.0:
             raise InvalidRequest(f"top_p={self.top_p!r}; allowed: 0 < top_p <= 1", "top_p")
-        if not is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise InvalidRequest(
-                f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off)", "top_k"
+                f"top_k={self.top_k!r}; allowed: an integer >= 0 (0 = off), or -1 (off, as "
+                "in vLLM)",
+                "top_k",
             )
+        object.__setattr__(self, "top_k", max(self.top_k, 0))
         if self.seed is not None and not (is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
             raise InvalidRequest(
                 f"seed={self.seed!r}; allowed: null or an integer in {SEED_MIN} .. {SEED_MAX}"
@@ -101,6 +133,8 @@ class SamplingParams:
             )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self._check_top_logprobs()
+        self._check_penalties()
+        object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
 
     def _check_top_logprobs(self) -> None:
         k = self.top_logprobs
@@ -115,6 +149,86 @@ class SamplingParams:
                 "top_logprobs",
             )
 
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (_is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                allowed = f"a number -{MAX_PENALTY:g} <= {name} <= {MAX_PENALTY:g} (0 = off)"
+                raise InvalidRequest(f"{name}={value!r}; allowed: {allowed}", name)
+            object.__setattr__(self, name, float(value))
+        p = self.repetition_penalty
+        if not (_is_number(p) and 0.0 < p <= MAX_REPETITION_PENALTY):
+            allowed = f"a number 0 < repetition_penalty <= {MAX_REPETITION_PENALTY:g} (1 = off)"
+            raise InvalidRequest(
+                f"repetition_penalty={p!r}; allowed: {allowed}", "repetition_penalty"
+            )
+        object.__setattr__(self, "repetition_penalty", float(p))
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a penalty needs the request's token history."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any of logit_bias and the penalties changes this request's logits."""
+        return bool(self.logit_bias) or self.penalised
+
+
+def _is_number(x: object) -> bool:
+    """An int or float that is not a bool (NaN fails every range check after it)."""
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _checked_bias(pairs: object) -> tuple[tuple[int, float], ...]:
+    """logit_bias as given (pairs, or a mapping token id -> bias) -> ((id, bias), ...)
+    sorted by id; refuses what LOGIT_BIAS_ALLOWED does not allow."""
+    if not isinstance(pairs, Mapping | tuple | list):
+        raise InvalidRequest(
+            f"logit_bias: got {type(pairs).__name__}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
+        )
+    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(
+            f"logit_bias: {len(pairs)} token ids; {LOGIT_BIAS_ALLOWED}", "logit_bias"
+        )
+    out: dict[int, float] = {}
+    for pair in pairs.items() if isinstance(pairs, Mapping) else pairs:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise InvalidRequest(
+                f"logit_bias: {pair!r} is no (token id, bias) pair; {LOGIT_BIAS_ALLOWED}",
+                "logit_bias",
+            )
+        token, bias = pair
+        if not is_int(token) or token < 0:
+            raise InvalidRequest(
+                f"logit_bias: token id {token!r}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
+            )
+        if token in out:
+            raise InvalidRequest(
+                f"logit_bias: token id {token} given twice; {LOGIT_BIAS_ALLOWED}", "logit_bias"
+            )
+        if not (_is_number(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
+            raise InvalidRequest(
+                f"logit_bias: bias {bias!r} for token {token}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
+            )
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def logit_bias_of_json(bias: Mapping[str, float]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias object (token ids as decimal strings -> bias) -> pairs for
+    `SamplingParams.logit_bias`. Example: {"50256": -100} -> ((50256, -100),)."""
+    for key in bias:
+        if not _TOKEN_KEY.fullmatch(key):
+            raise InvalidRequest(
+                f"logit_bias: key {key!r} is no token id; allowed: keys that are token ids "
+                'written as decimal integers ("50256")',
+                "logit_bias",
+            )
+    return tuple((int(k), v) for k, v in bias.items())

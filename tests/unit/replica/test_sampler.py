@@ -198,7 +198,7 @@ def test_sampling_never_picks_filtered_tokens():
         ("temperature", -1.0),
         ("top_p", 0.0),
         ("top_p", 1.5),
-        ("top_k", -1),
+        ("top_k", -2),
         ("stop", [""]),
         ("max_tokens", True),
         ("temperature", 2.5),
