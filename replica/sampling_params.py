@@ -221,14 +221,22 @@ def _checked_bias(pairs: object) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
+def bad_token_key(bias: Mapping[str, object]) -> str | None:
+    """What is wrong with the first key of an OpenAI logit_bias object that is no token id
+    written as a decimal integer ("50256"); None when every key is one."""
+    for key in bias:
+        if not _TOKEN_KEY.fullmatch(key):
+            return (
+                f"key {key!r} is no token id; allowed: keys that are token ids written as "
+                'decimal integers ("50256")'
+            )
+    return None
+
+
 def logit_bias_of_json(bias: Mapping[str, float]) -> tuple[tuple[int, float], ...]:
     """OpenAI's logit_bias object (token ids as decimal strings -> bias) -> pairs for
     `SamplingParams.logit_bias`. Example: {"50256": -100} -> ((50256, -100),)."""
-    for key in bias:
-        if not _TOKEN_KEY.fullmatch(key):
-            raise InvalidRequest(
-                f"logit_bias: key {key!r} is no token id; allowed: keys that are token ids "
-                'written as decimal integers ("50256")',
-                "logit_bias",
-            )
+    problem = bad_token_key(bias)
+    if problem is not None:
+        raise InvalidRequest(f"logit_bias: {problem}", "logit_bias")
     return tuple((int(k), v) for k, v in bias.items())

@@ -1,11 +1,12 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, best_of > 1, echo, suffix, logit_bias, presence/frequency penalties, chat's
-response_format and tools) are refused unless they hold their neutral value, with a
-message naming what is allowed. Strings must be Unicode text (no lone surrogates). Types
-are strict: "2" is not an integer and "yes" is not a boolean. Ranges of the sampling
-fields are `SamplingParams`'s, shared with gRPC.
+(n > 1, best_of > 1, echo, suffix, chat's response_format and tools) are refused unless
+they hold their neutral value, with a message naming what is allowed. logit_bias and the
+presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
+extensions (top_k -1 = off, as 0). Strings must be Unicode text (no lone surrogates).
+Types are strict: "2" is not an integer and "yes" is not a boolean. Ranges of the
+sampling fields are `SamplingParams`'s, shared with gRPC and the offline runner.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from pydantic import (
 
 from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from replica.sampling_params import (
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    bad_token_key,
+    logit_bias_of_json,
+)
 from router.body_checks import (
     DEPTH_ALLOWED,
     MAX_DEPTH,
@@ -61,8 +67,17 @@ def _top_count(k: int | None) -> int | None:
 
 TopCount = Annotated[int | None, AfterValidator(_top_count)]
 """How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
-Penalty = Annotated[float, only_neutral(lambda p: p == 0, "0 or null")]
-"""presence_penalty / frequency_penalty (OpenAI: -2..2): only 0, i.e. off."""
+
+
+def _token_keys(bias: dict[str, float]) -> dict[str, float]:
+    problem = bad_token_key(bias)
+    if problem is not None:
+        raise ValueError(problem)
+    return bias
+
+
+LogitBias = Annotated[dict[str, float], AfterValidator(_token_keys)]
+"""OpenAI's logit_bias: token ids as decimal strings -> bias (ranges: SamplingParams)."""
 
 
 class StreamOptions(BaseModel):
@@ -79,6 +94,8 @@ class _Sampling(BaseModel):
     """Adapter name, or the base model's served name."""
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Extension (as in vLLM): keep the k most likely tokens; 0 or -1 = off."""
     seed: int | None = None
     stop: Annotated[str | list[str] | None, BeforeValidator(check_stop)] = None
     user: str | None = None
@@ -88,9 +105,11 @@ class _Sampling(BaseModel):
     """Only one choice per request."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
-    logit_bias: Annotated[dict[str, float], only_neutral(lambda b: not b, "{} or null")] = {}
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    logit_bias: LogitBias = {}
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    """Extension (as in vLLM): penalise every token of the prompt and output; 1 = off."""
 
     @model_validator(mode="before")
     @classmethod
@@ -112,11 +131,16 @@ class _Sampling(BaseModel):
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
             seed=self.seed,
             stop=stop,
             logprobs=logprobs,
             top_logprobs=top,
             ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=logit_bias_of_json(self.logit_bias),
         )
 
     @property
