@@ -36,12 +36,21 @@ def shortest(x: float) -> float:
 
 
 def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
+    """Unset fields mean their default: 0 is max_tokens 16 and top_p 1 (neither takes 0),
+    and off for top_k and the presence / frequency penalties; repetition_penalty is
+    optional, so an explicit 0 is refused as REST refuses it."""
+    repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
     return SamplingParams(
         max_tokens=req.max_tokens or 16,
         temperature=shortest(req.temperature),
         top_p=shortest(req.top_p) or 1.0,
+        top_k=req.top_k,
         seed=req.seed if req.HasField("seed") else None,
         stop=tuple(req.stop),
+        presence_penalty=shortest(req.presence_penalty),
+        frequency_penalty=shortest(req.frequency_penalty),
+        repetition_penalty=repetition,
+        logit_bias={token: shortest(bias) for token, bias in req.logit_bias.items()},
     )
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from lora_core.errors import InvalidRequest
+from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams
 from router.grpc_service import sampling_of, shortest
 from router.proto import lorafleet_pb2 as pb
 
@@ -19,6 +20,31 @@ def test_shortest_reads_float32_back_as_the_decimal_sent(x):
     [
         ({"temperature": 2.01}, "temperature=2.01; allowed: 0 <= temperature <= 2"),
         ({"top_p": 1.1}, "top_p=1.1; allowed: 0 < top_p <= 1"),
+        (
+            {"presence_penalty": 2.1},
+            "presence_penalty=2.1; allowed: a number -2 <= presence_penalty <= 2 (0 = off)",
+        ),
+        (
+            {"frequency_penalty": -2.5},
+            "frequency_penalty=-2.5; allowed: a number -2 <= frequency_penalty <= 2 (0 = off)",
+        ),
+        (
+            {"repetition_penalty": 0.0},
+            "repetition_penalty=0.0; allowed: a number 0 < repetition_penalty <= 2 (1 = off)",
+        ),
+        (
+            {"repetition_penalty": 2.2},
+            "repetition_penalty=2.2; allowed: a number 0 < repetition_penalty <= 2 (1 = off)",
+        ),
+        (
+            {"top_k": -3},
+            "top_k=-3; allowed: an integer >= 0 (0 = off), or -1 (off, as in vLLM)",
+        ),
+        ({"logit_bias": {7: 100.5}}, f"logit_bias: bias 100.5 for token 7; {LOGIT_BIAS_ALLOWED}"),
+        (
+            {"logit_bias": {i: 1.0 for i in range(301)}},
+            f"logit_bias: 301 token ids; {LOGIT_BIAS_ALLOWED}",
+        ),
     ],
 )
 def test_grpc_messages_match_rest(fields, message):
@@ -30,3 +56,27 @@ def test_grpc_messages_match_rest(fields, message):
 def test_sampling_of_keeps_the_values():
     params = sampling_of(pb.GenerateRequest(temperature=0.7, top_p=0.9))
     assert (params.temperature, params.top_p, params.max_tokens) == (0.7, 0.9, 16)
+
+
+def test_penalties_top_k_and_logit_bias_are_mapped():
+    req = pb.GenerateRequest(
+        presence_penalty=-1.3,
+        frequency_penalty=0.7,
+        repetition_penalty=1.2,
+        top_k=40,
+        logit_bias={50256: -100.0, 7: 2.1},
+    )
+    assert sampling_of(req) == SamplingParams(
+        temperature=0.0,
+        presence_penalty=-1.3,
+        frequency_penalty=0.7,
+        repetition_penalty=1.2,
+        top_k=40,
+        logit_bias=((7, 2.1), (50256, -100.0)),
+    )
+
+
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_unset_and_zero_fields_mean_off(top_k):
+    params = sampling_of(pb.GenerateRequest(top_k=top_k))
+    assert params == SamplingParams(temperature=0.0) and not params.processes_logits
