@@ -12,7 +12,7 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline_cli import SAMPLING_FIELDS, InputLine
 from replica.outputs import RequestOutput, TopLogprobs
-from replica.sampling_params import SamplingParams
+from replica.sampling_params import SamplingParams, logit_bias_of_json
 from replica.serve_protocol import check_prompt_ids
 
 
@@ -77,6 +77,8 @@ class OfflineJob:
             fields["stop"] = tuple(fields["stop"])
         if isinstance(fields.get("stop_token_ids"), list):
             fields["stop_token_ids"] = tuple(fields["stop_token_ids"])
+        if "logit_bias" in fields:
+            fields["logit_bias"] = logit_bias_of_json(fields["logit_bias"])
         return SamplingParams(**fields)
 
     def _add(self, rid: str, row: dict) -> SamplingParams:

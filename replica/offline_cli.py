@@ -20,7 +20,13 @@ from pathlib import Path
 
 from lora_core.errors import LoraFleetError
 from replica.config import DTYPES
-from replica.sampling_params import MAX_TOP_LOGPROBS, is_int
+from replica.sampling_params import (
+    MAX_BIAS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
+    is_int,
+)
 
 
 def _is_number(x: object) -> bool:
@@ -35,6 +41,15 @@ def _is_int_list(x: object) -> bool:
     return isinstance(x, list) and all(is_int(t) for t in x)
 
 
+def _is_bias_object(x: object) -> bool:
+    """OpenAI's logit_bias shape (which keys are token ids SamplingParams' rule decides)."""
+    return isinstance(x, dict) and all(_is_number(b) for b in x.values())
+
+
+def _penalty(name: str) -> str:
+    return f"a number -{MAX_PENALTY:g} <= {name} <= {MAX_PENALTY:g} (0 = off)"
+
+
 # The JSON type each field must have (ranges are SamplingParams' and the engine's to check):
 # field -> (check, what is allowed). "id", "metadata" and keys starting with "_" are
 # passed through to the output untouched.
@@ -44,7 +59,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "max_tokens": (is_int, "an integer >= 1"),
     "temperature": (_is_number, "a number 0 <= temperature <= 2"),
     "top_p": (_is_number, "a number 0 < top_p <= 1"),
-    "top_k": (is_int, "an integer >= 0 (0 = off)"),
+    "top_k": (is_int, "an integer >= 0 (0 = off), or -1 (off, as in vLLM)"),
     "seed": (lambda x: x is None or is_int(x), "null or an integer"),
     "stop": (lambda x: isinstance(x, str) or _is_str_list(x), "a string or a list of strings"),
     "stop_token_ids": (_is_int_list, "a list of token ids"),
@@ -53,6 +68,17 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "top_logprobs": (
         is_int,
         f"an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS} (needs logprobs)",
+    ),
+    "presence_penalty": (_is_number, _penalty("presence_penalty")),
+    "frequency_penalty": (_is_number, _penalty("frequency_penalty")),
+    "repetition_penalty": (
+        _is_number,
+        f"a number 0 < repetition_penalty <= {MAX_REPETITION_PENALTY:g} (1 = off)",
+    ),
+    "logit_bias": (
+        _is_bias_object,
+        f"an object of token ids as decimal strings to numbers -{MAX_BIAS:g}..{MAX_BIAS:g} "
+        '({"50256": -100})',
     ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))

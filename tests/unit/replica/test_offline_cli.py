@@ -222,6 +222,17 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": [5] * 100000 + [True]}],
          "line 1: prompt=[5, 5, 5, 5, 5, 5, 5, 5, ...]; allowed: a string or a list of token ids"),
         ([{"text": "a"}], 'line 1: each line must be an object with a "prompt"'),
+        ([{"prompt": "a", "presence_penalty": "1"}],
+         "line 1: presence_penalty='1'; allowed: a number -2 <= presence_penalty <= 2 (0 = off)"),
+        ([OK, {"prompt": "a", "repetition_penalty": 0}],
+         "line 2: repetition_penalty=0; allowed: a number 0 < repetition_penalty <= 2 (1 = off)"),
+        ([{"prompt": "a", "logit_bias": {"x1": 5}}],
+         "line 1: logit_bias: key 'x1' is no token id; allowed: keys that are token ids written"),
+        ([{"prompt": "a", "logit_bias": {"99999": 5}}],
+         "line 1: logit_bias: token id 99999 out of range; allowed: token ids 0 <= id < "),
+        ([{"prompt": "a", "logit_bias": {"5": "1"}}],
+         "line 1: logit_bias={'5': '1'}; allowed: an object of token ids as decimal strings"),
+        ([{"prompt": "a", "top_k": -2}], "line 1: top_k=-2; allowed: an integer >= 0 (0 = off), or -1"),
     ],
 )  # fmt: skip
 def test_bad_line_exits_1_naming_the_line(tmp_path, llama_dir, llama_adapters, rows, message):

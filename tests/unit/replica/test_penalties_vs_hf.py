@@ -7,9 +7,12 @@ and frequency are OpenAI's formulas in a LogitsProcessor written here."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from deploy.cli import main
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from tests.tiny import run_requests
@@ -129,3 +132,27 @@ def test_a_biased_token_outside_the_vocabulary_is_refused(llama_dir):
     )
     assert e.value.param == "logit_bias" and not engine.has_unfinished()
     engine.add_request("ok", [1, 2], SamplingParams(max_tokens=1, logit_bias={vocab - 1: 1.0}))
+
+
+def test_offline_lines_take_the_same_fields(tmp_path, llama_dir, llama_adapters):
+    """`lorafleet generate` reads the fields under REST's names (logit_bias in OpenAI's
+    shape) and answers as HF does."""
+    fields = dict(presence_penalty=1.5, frequency_penalty=-0.5, logit_bias={"5": 3.0, "7": 2.5})
+    rows = [
+        {"prompt": PROMPTS[0], "adapter": "qv8", "max_tokens": MAX_NEW, **fields},
+        {"prompt": PROMPTS[1], "adapter": None, "max_tokens": MAX_NEW, "repetition_penalty": 1.5},
+    ]
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["generate", "--model", str(llama_dir), "--adapter", f"qv8={llama_adapters['qv8']}"]
+    assert main([*args, "--input", str(inp), "--output", str(outp), "--quiet"]) == 0
+    out = [json.loads(line)["token_ids"] for line in outp.read_text().splitlines()]
+    tok = small_engine(llama_dir).tokenizer
+    bias = {5: 3.0, 7: 2.5}
+    ids = [tok(p).input_ids for p in PROMPTS]
+    assert out == [
+        hf_generate(
+            llama_dir, llama_adapters["qv8"], ids[0], logit_bias=bias, presence=1.5, frequency=-0.5
+        ),
+        hf_generate(llama_dir, None, ids[1], repetition_penalty=1.5),
+    ]
