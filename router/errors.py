@@ -110,14 +110,17 @@ def _with_retry(status: ErrorStatus, retry_after_s: float) -> ErrorStatus:
 
 
 def unwrap(exc: BaseException) -> BaseException:
-    """The original error inside Ray's wrappers (RayTaskError chains), else `exc` itself."""
-    seen = 0
-    while seen < 8 and not isinstance(exc, LoraFleetError):
+    """The original error inside Ray's wrappers (RayTaskError chains), else `exc` itself.
+
+    Ray raises a replica's error as a class deriving from both RayTaskError and the
+    error's own type ("RayTaskError(InvalidRequest)"): it passes isinstance checks, but
+    its message is Ray's traceback and its param is lost, so the chain is followed to
+    its end even through wrappers that already look like lorafleet errors."""
+    for _ in range(8):
         cause = getattr(exc, "cause", None)
         if not isinstance(cause, BaseException) or cause is exc:
             break
         exc = cause
-        seen += 1
     return exc
 
 

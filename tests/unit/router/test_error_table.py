@@ -84,3 +84,16 @@ def test_unwrap_digs_out_the_lorafleet_error():
     plain = ValueError("v")
     assert unwrap(plain) is plain
     assert unwrap(_Wrapper(plain)) is plain
+
+
+def test_unwrap_looks_inside_rays_error_that_poses_as_ours():
+    """A replica's InvalidRequest reaches the ingress as "RayTaskError(InvalidRequest)":
+    an InvalidRequest whose message is Ray's traceback and whose param is None."""
+    from ray.exceptions import RayTaskError
+
+    inner = InvalidRequest("logit_bias: token id 999 out of range", "logit_bias")
+    wrapped = RayTaskError("generate", "Traceback (most recent call last): ...", inner)
+    dual = wrapped.as_instanceof_cause()
+    assert isinstance(dual, InvalidRequest) and dual.param is None
+    assert unwrap(dual) is inner
+    assert openai_error_body(unwrap(dual))["error"]["param"] == "logit_bias"
