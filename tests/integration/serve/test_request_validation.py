@@ -110,7 +110,7 @@ def test_strings_that_are_not_unicode_text_are_400(cluster, path, content, param
         ("/v1/completions", b'{"model":"demo-poet","prompt":"a","max_tokens":"x"}'),
         ("/v1/completions", b"{not json"),
         ("/v1/chat/completions", b'{"model":"demo-poet","messages":[]}'),
-        ("/v1/completions", b'{"model":"demo-poet","prompt":"a","logit_bias":{"1":5}}'),
+        ("/v1/completions", b'{"model":"demo-poet","prompt":"a","logit_bias":{"a":5}}'),
     ],
 )
 def test_a_bad_key_is_401_before_the_body_is_judged(cluster, path, content):
@@ -173,15 +173,42 @@ def test_null_fields_mean_their_default(cluster):
 
 
 @pytest.mark.parametrize(
-    "field, value", [("temperature", 5.0), ("top_p", 1.5), ("temperature", 2.01)]
+    "field, value",
+    [
+        ("temperature", 5.0),
+        ("top_p", 1.5),
+        ("temperature", 2.01),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
+        ("repetition_penalty", 0.0),
+        ("top_k", -2),
+        ("logit_bias", {5: 100.5}),
+    ],
 )
 def test_grpc_refuses_what_rest_refuses_with_the_same_message(cluster, field, value):
-    rest = post(cluster, "/v1/completions", completion(**{field: value}))
+    sent = {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+    rest = post(cluster, "/v1/completions", completion(**{field: sent}))
     assert rest.status_code == 400, rest.text
     with pytest.raises(grpc.RpcError) as e:
         grpc_generate(cluster, model="demo-poet", **{field: value})
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details() == rest.json()["error"]["message"]
+    assert rest.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_biased_token_outside_the_vocabulary_is_refused_by_the_replica(cluster, stream):
+    """The vocabulary is the model's: the replica's engine refuses the id, before any
+    output, and both front doors answer it as a user error naming logit_bias."""
+    vocab = 384  # the demo model's (deploy/demo.py)
+    message = f"logit_bias: token id {vocab} out of range; allowed: token ids 0 <= id < {vocab}"
+    body = completion(logit_bias={"3": 1, str(vocab): 1}, stream=stream)
+    r = post(cluster, "/v1/completions", body)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["message"], r.json()["error"]["param"]) == (message, "logit_bias")
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_generate(cluster, model="demo-poet", logit_bias={3: 1.0, vocab: 1.0})
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 def test_a_bad_key_gets_one_message_everywhere(cluster):
