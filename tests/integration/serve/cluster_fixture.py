@@ -184,17 +184,22 @@ def stop_cluster(cluster: Cluster) -> None:
 def offline_greedy_texts(cluster: Cluster, prompt: str, max_tokens: int) -> dict[str, str]:
     """model name -> greedy text of prompt from an in-process offline LLMEngine on the
     cluster's model and adapter directories (the reference for the cluster's answers)."""
+    from replica.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return offline_texts(cluster, prompt, params, [cluster.base, *sorted(cluster.adapters)])
+
+
+def offline_texts(cluster: Cluster, prompt: str, params, names: list[str]) -> dict[str, str]:
+    """`offline_greedy_texts` with any SamplingParams, for the models in names."""
     from replica.config import EngineConfig
     from replica.engine import LLMEngine
     from replica.offline import adapter_ref
-    from replica.sampling_params import SamplingParams
 
     engine = LLMEngine(
         EngineConfig(model=str(cluster.demo.model_dir), device="cpu", max_loras=8, max_cpu_loras=8)
     )
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     ids = engine.tokenizer(prompt).input_ids
-    names = [cluster.base, *sorted(cluster.adapters)]
     for name in names:
         ref = None if name == cluster.base else adapter_ref(name, cluster.adapters[name], 64)
         engine.add_request(name, ids, params, ref)
