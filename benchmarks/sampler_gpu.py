@@ -1,5 +1,6 @@
 """Per-step cost of the engine's sampler on the GPU: the batched sampler against the
-per-row loop it replaced, at a Llama-3 vocabulary (128256) and 32 / 128 rows.
+per-row loop it replaced, at a Llama-3 vocabulary (128256) and 32 / 128 rows; then the
+cost of logit_bias and the penalties on half of 128 rows (against the same rows with none).
 
     python3 benchmarks/sampler_gpu.py [--out benchmarks/results/sampler_h200.json]
 
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from replica.logits_processors import TokenHistory  # noqa: E402
 from replica.sampler import SeedStream, sample  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
 
@@ -53,6 +55,50 @@ def per_row_baseline(logits, params, generators) -> list[int]:
         probs = torch.softmax(row, dim=-1)
         tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     return tokens
+
+
+PENALTY_ROWS = 128
+PROMPT_LEN, OUTPUT_LEN = 1024, 256
+"""Each penalised row's history: a 1k-token prompt and 256 generated tokens."""
+PENALISED = SamplingParams(
+    temperature=0.0,
+    repetition_penalty=1.1,
+    presence_penalty=0.5,
+    frequency_penalty=0.5,
+    logit_bias=tuple((t, 5.0) for t in range(0, 1000, 100)),
+)
+
+
+class History:
+    def __init__(self, tokens: list[int], prompt_len: int):
+        self.tokens, self.prompt_len = tokens, prompt_len
+
+
+def histories(n: int) -> list[TokenHistory]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        History(torch.randint(VOCAB, (PROMPT_LEN + OUTPUT_LEN,), generator=g).tolist(), PROMPT_LEN)
+        for _ in range(n)
+    ]
+
+
+def penalty_case(bw: float) -> dict:
+    """Greedy at PENALTY_ROWS rows: none penalised, then every other row penalised."""
+    n = PENALTY_ROWS
+    logits = torch.randn(n, VOCAB, device="cuda") * 3
+    hist = histories(n)
+    plain = [SamplingParams(temperature=0.0)] * n
+    half = [PENALISED if i % 2 else plain[i] for i in range(n)]
+    none_ms = timed(lambda: sample(logits, plain, [None] * n, None, hist))
+    half_ms = timed(lambda: sample(logits, half, [None] * n, None, hist))
+    floor_ms = n * VOCAB * 4 / bw * 1e3
+    print(
+        f"\n{n} rows greedy, penalties + logit_bias on half (history {PROMPT_LEN} + "
+        f"{OUTPUT_LEN} tokens): floor {floor_ms:.3f} ms, none {none_ms:.3f} ms, "
+        f"half {half_ms:.3f} ms, extra {half_ms - none_ms:.3f} ms"
+    )
+    return dict(rows=n, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, floor_ms=floor_ms,
+                none_ms=none_ms, half_penalised_ms=half_ms)  # fmt: skip
 
 
 def timed(fn, reps: int = 30) -> float:
@@ -105,6 +151,7 @@ def main() -> None:
             print(
                 f"{n:>5} {mode:<26} {floor_ms:>9.3f} {old:>11.3f} {new:>11.3f} {old / new:>7.1f}x"
             )
+    penalties = penalty_case(bw)
     if args.out:
         result = {
             "command": "python3 " + " ".join(sys.argv),
@@ -113,6 +160,7 @@ def main() -> None:
             "copy_bw_TBps": bw / 1e12,
             "vocab": VOCAB,
             "rows": rows_out,
+            "penalties": penalties,
         }
         args.out.write_text(json.dumps(result, indent=1))
 
