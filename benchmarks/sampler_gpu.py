@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,6 +73,7 @@ PENALISED = SamplingParams(
 class History:
     def __init__(self, tokens: list[int], prompt_len: int):
         self.tokens, self.prompt_len = tokens, prompt_len
+        self.prompt_array = np.asarray(tokens[:prompt_len], dtype=np.int64)
 
 
 def histories(n: int) -> list[TokenHistory]:

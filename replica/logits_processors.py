@@ -14,7 +14,7 @@ no host sync, no allocation). Otherwise only the rows that use one are touched: 
 gathered, biased by one index_put, counted by one scatter_add over a padded tensor of
 their tokens, penalised by a few elementwise ops, and copied back into a copy of the
 logits (the caller's stay raw, for logprobs). The host builds the token tensor with numpy
-per row, not per token; nothing is read back.
+per row, not per token (each prompt converted once per request); nothing is read back.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ class TokenHistory(Protocol):
     tokens: list[int]
     """The prompt followed by the tokens generated so far."""
     prompt_len: int
+
+    @property
+    def prompt_array(self) -> np.ndarray:
+        """int64 [prompt_len]: the prompt's ids, built once per request (the repetition
+        penalty reads them every step; converting a long prompt's list each step cost
+        the host ~1 ms per step at 64 rows of 1k-token prompts)."""
+        ...
 
 
 def process_logits(
@@ -110,7 +117,7 @@ def _token_table(
             continue
         out = np.asarray(h.tokens[h.prompt_len :], dtype=np.int64)
         if with_prompt and p.repetition_penalty != 1.0:
-            prompt = np.asarray(h.tokens[: h.prompt_len], dtype=np.int64) + (vocab + 1)
+            prompt = h.prompt_array + (vocab + 1)
             out = np.concatenate([out, prompt])
         rows.append(out)
     table = np.full((len(rows), max(1, max(len(r) for r in rows))), vocab, dtype=np.int64)

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from lora_core.identity import AdapterRef
 from replica.outputs import TopLogprobs
 from replica.sampler import SeedStream
@@ -50,6 +52,12 @@ class Sequence:
     def adapter_key(self) -> str:
         """adapter.key ("" for none); cached: the scheduler's queue reads it per look."""
         return self.adapter.key if self.adapter else ""
+
+    @cached_property
+    def prompt_array(self) -> np.ndarray:
+        """int64 [prompt_len]: the prompt's ids, built once (read by the repetition
+        penalty every step, `replica.logits_processors`)."""
+        return np.asarray(self.tokens[: self.prompt_len], dtype=np.int64)
 
     @property
     def output_ids(self) -> list[int]:

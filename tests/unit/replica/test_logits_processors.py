@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pytest
@@ -22,6 +23,10 @@ VOCAB = 97
 class History:
     tokens: list[int]
     prompt_len: int
+
+    @cached_property
+    def prompt_array(self) -> np.ndarray:
+        return np.asarray(self.tokens[: self.prompt_len], dtype=np.int64)
 
 
 def reference(logits: np.ndarray, p: SamplingParams, h: History) -> np.ndarray:
