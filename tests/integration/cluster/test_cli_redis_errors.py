@@ -234,6 +234,10 @@ def test_ctrl_c_while_redis_does_not_answer(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell runs background jobs with SIGINT ignored, and a child inherits that
+        # (Python then installs no KeyboardInterrupt): Ctrl-C reaches a CLI from a
+        # terminal, so the CLI starts here as from one, however the suite was started
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(2.0)  # started, connected, waiting for the reply (30 s deadline)
     proc.send_signal(signal.SIGINT)
