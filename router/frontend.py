@@ -17,8 +17,9 @@ import copy
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
@@ -38,7 +39,7 @@ from router.auth import AdapterResolver
 from router.errors import unwrap
 from router.logprobs import TokenTable
 
-Dispatch = Callable[[GenerateCall], AsyncIterator[RequestOutput]]
+Dispatch = Callable[[GenerateCall], AsyncGenerator[RequestOutput, None]]
 VERSION_RETRIES = 1
 
 
@@ -227,9 +228,12 @@ class Frontend:
         for attempt in range(VERSION_RETRIES + 1):
             started = False
             try:
-                async for out in self.dispatch(call):
-                    started = True
-                    yield out
+                # Closing this generator closes the dispatch at once (not when the
+                # collector finds it), so a client that leaves aborts the request now.
+                async with aclosing(self.dispatch(call)) as outputs:
+                    async for out in outputs:
+                        started = True
+                        yield out
                 return
             except Exception as e:
                 err = unwrap(e)

@@ -12,6 +12,7 @@ LoRA-affinity request router picks the replica.
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,9 +152,12 @@ class LoraIngress(GrpcInferenceMixin):
         for attempt in range(REPLICA_DEATH_RETRIES + 1):
             started = False
             try:
-                async for out in self._call_replica(call):
-                    started = True
-                    yield out
+                # closing this generator closes the replica call now (its finally cancels
+                # it), not whenever the garbage collector finds the call
+                async with aclosing(self._call_replica(call)) as outputs:
+                    async for out in outputs:
+                        started = True
+                        yield out
                 return
             except (ActorDiedError, ActorUnavailableError) as e:
                 if started or attempt == REPLICA_DEATH_RETRIES:
