@@ -36,6 +36,7 @@ from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall, check_prompt_ids
 from router.auth import AdapterResolver
+from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
 
@@ -90,6 +91,23 @@ class Prepared:
     call: GenerateCall
     model: str
     adapter: AdapterRef | None
+
+    def choices(self, n: int) -> list[Prepared]:
+        """The n engine requests of `n` choices: choice i under its own request id (the
+        engine keys aborts by id) and seed (`router.choices.choice_params`); one choice
+        is this request itself."""
+        if n == 1:
+            return [self]
+        call = self.call
+        return [
+            dataclasses.replace(
+                self,
+                call=dataclasses.replace(
+                    call, request_id=f"{call.request_id}-{i}", params=choice_params(call.params, i)
+                ),
+            )
+            for i in range(n)
+        ]
 
     def again(self) -> Prepared:
         """The same request under a new request id (the engine keys aborts by id)."""
