@@ -17,8 +17,9 @@ import copy
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
@@ -35,10 +36,11 @@ from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall, check_prompt_ids
 from router.auth import AdapterResolver
+from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
 
-Dispatch = Callable[[GenerateCall], AsyncIterator[RequestOutput]]
+Dispatch = Callable[[GenerateCall], AsyncGenerator[RequestOutput, None]]
 VERSION_RETRIES = 1
 
 
@@ -89,6 +91,23 @@ class Prepared:
     call: GenerateCall
     model: str
     adapter: AdapterRef | None
+
+    def choices(self, n: int) -> list[Prepared]:
+        """The n engine requests of `n` choices: choice i under its own request id (the
+        engine keys aborts by id) and seed (`router.choices.choice_params`); one choice
+        is this request itself."""
+        if n == 1:
+            return [self]
+        call = self.call
+        return [
+            dataclasses.replace(
+                self,
+                call=dataclasses.replace(
+                    call, request_id=f"{call.request_id}-{i}", params=choice_params(call.params, i)
+                ),
+            )
+            for i in range(n)
+        ]
 
     def again(self) -> Prepared:
         """The same request under a new request id (the engine keys aborts by id)."""
@@ -227,9 +246,12 @@ class Frontend:
         for attempt in range(VERSION_RETRIES + 1):
             started = False
             try:
-                async for out in self.dispatch(call):
-                    started = True
-                    yield out
+                # Closing this generator closes the dispatch at once (not when the
+                # collector finds it), so a client that leaves aborts the request now.
+                async with aclosing(self.dispatch(call)) as outputs:
+                    async for out in outputs:
+                        started = True
+                        yield out
                 return
             except Exception as e:
                 err = unwrap(e)

@@ -10,8 +10,11 @@ LoRA-affinity request router picks the replica.
 # No `from __future__ import annotations` here: FastAPI must see the real `Request`
 # annotation of the routes to inject the request.
 import asyncio
+import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +86,25 @@ def _key(request: Request) -> str | None:
     return bearer_key(request.headers.get("authorization"))
 
 
+def _remote_as_its_own_request(handle: DeploymentHandle, call: GenerateCall):
+    """handle.remote(call) under a Serve internal request id of its own.
+
+    Every handle call made while serving one HTTP or gRPC request inherits that
+    request's internal id, and Ray Serve's request router (2.60) indexes the calls
+    waiting for a replica by it: a second call of the same request waiting at the same
+    time is never assigned, so the n choices of one request hung. The cost: Serve's own
+    recursive cancel of a request's children keys on that id too, which lorafleet does
+    not need, since cancelling or closing a call in `_call_replica` cancels it.
+    """
+    ctx = serve.context._get_serve_request_context()
+    own = dataclasses.replace(ctx, _internal_request_id=f"{call.request_id}-{uuid.uuid4().hex}")
+    token = serve.context._serve_request_context.set(own)
+    try:
+        return handle.remote(call)  # reads the context now, synchronously
+    finally:
+        serve.context._serve_request_context.reset(token)
+
+
 # Helpers the routes use are defined above the class: Serve pickles the ingress
 # class by value when it is built, capturing the globals that exist at that point.
 app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
@@ -151,9 +173,12 @@ class LoraIngress(GrpcInferenceMixin):
         for attempt in range(REPLICA_DEATH_RETRIES + 1):
             started = False
             try:
-                async for out in self._call_replica(call):
-                    started = True
-                    yield out
+                # closing this generator closes the replica call now (its finally cancels
+                # it), not whenever the garbage collector finds the call
+                async with aclosing(self._call_replica(call)) as outputs:
+                    async for out in outputs:
+                        started = True
+                        yield out
                 return
             except (ActorDiedError, ActorUnavailableError) as e:
                 if started or attempt == REPLICA_DEATH_RETRIES:
@@ -167,7 +192,7 @@ class LoraIngress(GrpcInferenceMixin):
         handle = self.replicas.options(
             stream=True, method_name="generate", multiplexed_model_id=call.adapter_key or ""
         )
-        gen = handle.remote(call)
+        gen = _remote_as_its_own_request(handle, call)
         ended = False
         try:
             async for out in gen:

@@ -1,12 +1,13 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(n > 1, best_of > 1, echo, suffix, chat's response_format and tools) are refused unless
-they hold their neutral value, with a message naming what is allowed. logit_bias and the
+(best_of > 1, echo, suffix, chat's response_format and tools) are refused unless they
+hold their neutral value, with a message naming what is allowed. logit_bias and the
 presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
-extensions (top_k -1 = off, as 0). Strings must be Unicode text (no lone surrogates).
-Types are strict: "2" is not an integer and "yes" is not a boolean. Ranges of the
-sampling fields are `SamplingParams`'s, shared with gRPC and the offline runner.
+extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
+(no lone surrogates). Types are strict: "2" is not an integer and "yes" is not a boolean.
+Ranges of the sampling fields are `SamplingParams`'s, shared with gRPC and the offline
+runner.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from router.body_checks import (
     only_neutral,
     too_deep,
 )
+from router.choices import check_n
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -101,8 +103,8 @@ class _Sampling(BaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, only_neutral(lambda n: n == 1, "1 or null")] = 1
-    """Only one choice per request."""
+    n: Annotated[int, AfterValidator(check_n)] = 1
+    """Choices to sample (1..MAX_N), each an engine request of its own (router/choices.py)."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
     logit_bias: LogitBias = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,51 +86,56 @@ def _chat_logprobs(piece: Piece) -> dict[str, Any]:
     }
 
 
-def completion_body(
-    head: Head, piece: Piece, usage: Usage | None, want_logprobs: bool
-) -> dict[str, Any]:
-    """A whole response (usage set) or one stream chunk (usage None) of /v1/completions."""
-    body: dict[str, Any] = {
-        **head.fields("text_completion"),
-        "choices": [
-            {
-                "index": 0,
-                "text": piece.text,
-                "logprobs": _completion_logprobs(piece) if want_logprobs else None,
-                "finish_reason": piece.finish_reason,
-            }
-        ],
-    }
-    if usage is not None:
-        body["usage"] = usage.to_dict()
-    return body
-
-
-def chat_body(head: Head, piece: Piece, usage: Usage, want_logprobs: bool) -> dict[str, Any]:
-    """A whole /v1/chat/completions response."""
+def _completion_choice(index: int, piece: Piece, want_logprobs: bool) -> dict[str, Any]:
     return {
-        **head.fields("chat.completion"),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": piece.text},
-                "logprobs": _chat_logprobs(piece) if want_logprobs else None,
-                "finish_reason": piece.finish_reason,
-            }
-        ],
-        "usage": usage.to_dict(),
+        "index": index,
+        "text": piece.text,
+        "logprobs": _completion_logprobs(piece) if want_logprobs else None,
+        "finish_reason": piece.finish_reason,
     }
+
+
+def completion_body(
+    head: Head, pieces: Sequence[Piece], usage: Usage, want_logprobs: bool
+) -> dict[str, Any]:
+    """A whole /v1/completions response: choice i is pieces[i]."""
+    choices = [_completion_choice(i, p, want_logprobs) for i, p in enumerate(pieces)]
+    return {**head.fields("text_completion"), "choices": choices, "usage": usage.to_dict()}
+
+
+def completion_chunk(head: Head, index: int, piece: Piece, want_logprobs: bool) -> dict[str, Any]:
+    """One /v1/completions stream chunk, of choice `index`."""
+    return {
+        **head.fields("text_completion"),
+        "choices": [_completion_choice(index, piece, want_logprobs)],
+    }
+
+
+def chat_body(
+    head: Head, pieces: Sequence[Piece], usage: Usage, want_logprobs: bool
+) -> dict[str, Any]:
+    """A whole /v1/chat/completions response: choice i is pieces[i]."""
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": p.text},
+            "logprobs": _chat_logprobs(p) if want_logprobs else None,
+            "finish_reason": p.finish_reason,
+        }
+        for i, p in enumerate(pieces)
+    ]
+    return {**head.fields("chat.completion"), "choices": choices, "usage": usage.to_dict()}
 
 
 def chat_chunk(
-    head: Head, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
+    head: Head, index: int, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
 ) -> dict[str, Any]:
-    """One /v1/chat/completions stream chunk."""
+    """One /v1/chat/completions stream chunk, of choice `index`."""
     return {
         **head.fields("chat.completion.chunk"),
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": _chat_logprobs(piece) if want_logprobs and piece else None,
                 "finish_reason": piece.finish_reason if piece else None,

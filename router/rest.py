@@ -3,19 +3,27 @@
 Each handler returns a Starlette response. Errors before the first token become an
 OpenAI error JSON with the table's status; an error after streaming began is sent as
 one last SSE `data: {"error": ...}` event (the status line is already out).
+
+`n` choices are n engine requests of one resolved, tokenized prompt (`Prepared.choices`),
+started together: the status is sent once every choice has its first output, and the
+first error of any choice is the answer (or a stream's error event) while the others
+are aborted, as they are when the client leaves. Stream chunks carry one choice each,
+in arrival order; the usage chunk and [DONE] come once, after all choices ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from http import HTTPStatus
-from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
+from router.choices import total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
+from router.fanout import all_or_first_error, close_all, merge_streams
 from router.frontend import Frontend, Prepared
 from router.logprobs import LogprobReader
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -26,6 +34,7 @@ from router.openai_responses import (
     chat_body,
     chat_chunk,
     completion_body,
+    completion_chunk,
     sse,
     usage_chunk,
 )
@@ -88,7 +97,11 @@ async def _collect(outputs: AsyncIterator[RequestOutput], reader: LogprobReader 
     return whole, usage
 
 
-async def _start(front: Frontend, api_key: str | None, prepared: Prepared):
+Started = tuple[AsyncGenerator[RequestOutput, None], RequestOutput | None]
+"""A choice's output stream and its first item (None: it ended without one)."""
+
+
+async def _start(front: Frontend, api_key: str | None, prepared: Prepared) -> Started:
     """The output stream and its first item (errors raise here, before any byte is sent)."""
     outputs = front.generate(api_key, prepared)
     try:
@@ -98,16 +111,32 @@ async def _start(front: Frontend, api_key: str | None, prepared: Prepared):
     return outputs, first
 
 
+async def _start_all(front: Frontend, api_key: str | None, choices: list[Prepared]):
+    """`_start` of every choice, concurrently: the response's status is decided once all
+    have begun (or one failed: the others are aborted and its error is the answer)."""
+    started: list[Started | None] = [None] * len(choices)
+
+    async def start(i: int, prepared: Prepared) -> None:
+        started[i] = await _start(front, api_key, prepared)
+
+    try:
+        await all_or_first_error([start(i, p) for i, p in enumerate(choices)])
+    except BaseException:
+        await close_all([s[0] for s in started if s is not None])
+        raise
+    return started
+
+
 # A non-streamed answer has sent nothing yet when its replica dies: it starts again.
 REPLICA_FAILED_RETRIES = 1
 
 
 async def _collect_whole(
-    front: Frontend, api_key: str | None, prepared: Prepared, started, reader: Callable
+    front: Frontend, api_key: str | None, prepared: Prepared, started: Started, reader: Callable
 ):
-    """`_collect` of a non-streamed request. started: `_start`'s (outputs, first); reader:
-    makes a fresh LogprobReader (or None) per attempt. A ReplicaFailed starts the request
-    again on another replica (the client has seen nothing of the failed attempt)."""
+    """`_collect` of one choice of a non-streamed request. reader: makes a fresh
+    LogprobReader (or None) per attempt. A ReplicaFailed starts the choice again on
+    another replica (the client has seen nothing of the failed attempt)."""
     outputs, first = started
     for _ in range(REPLICA_FAILED_RETRIES):
         try:
@@ -120,11 +149,34 @@ async def _collect_whole(
     return await _collect(_chain(first, outputs), reader())
 
 
+async def _collect_all(
+    front: Frontend, api_key: str | None, choices: list[Prepared], started, reader: Callable
+) -> tuple[list[Piece], Usage]:
+    """Every choice of a non-streamed request, concurrently; the first error (after its
+    choice's own retry) aborts the others and is the answer."""
+    try:
+        wholes = await all_or_first_error(
+            [
+                _collect_whole(front, api_key, p, s, reader)
+                for p, s in zip(choices, started, strict=True)
+            ]
+        )
+    finally:
+        # choices whose collection never began still hold their first output
+        await close_all([outputs for outputs, _ in started])
+    return [w[0] for w in wholes], total_usage([w[1] for w in wholes])
+
+
 async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]):
     if first is not None:
         yield first
         async for out in rest:
             yield out
+
+
+def _merged(started: list[Started]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """(choice index, output) of a streamed request's choices, as they come."""
+    return merge_streams([_chain(first, outputs) for outputs, first in started])
 
 
 async def completions(front: Frontend, api_key: str | None, req: CompletionRequest) -> Response:
@@ -134,38 +186,39 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         prepared = await front.prepare(
             api_key, req.model, ids, params, max_tokens_sent=req.max_tokens_sent
         )
-        outputs, first = await _start(front, api_key, prepared)
+        choices = prepared.choices(req.n)
+        started = await _start_all(front, api_key, choices)
     except Exception as e:
         return await refusal(front, api_key, e)
     head = Head.now(prepared.call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp = req.logprobs is not None
     if not req.stream:
         try:
-            whole, usage = await _collect_whole(
-                front, api_key, prepared, (outputs, first), lambda: _reader(front, want_lp)
+            wholes, usage = await _collect_all(
+                front, api_key, choices, started, lambda: _reader(front, want_lp)
             )
         except Exception as e:
             return error_response(e)
-        return JSONResponse(completion_body(head, whole, usage, want_lp))
-
-    def chunk(p: Piece) -> dict[str, Any]:
-        return completion_body(head, p, None, want_lp)
-
-    reader = _reader(front, want_lp)
-    body = _completion_events(_chain(first, outputs), chunk, reader, req, head)
+        return JSONResponse(completion_body(head, wholes, usage, want_lp))
+    body = _completion_events(front, started, req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _completion_events(outputs, chunk: Callable, reader, req, head: Head):
-    usage = Usage()
+async def _completion_events(front: Frontend, started, req: CompletionRequest, head: Head):
+    want_lp = req.logprobs is not None
+    readers = [_reader(front, want_lp) for _ in started]
+    usages = [Usage() for _ in started]
     try:
-        async for out in outputs:
-            yield sse(chunk(piece_of(out, reader)))
-            usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
+        async with aclosing(_merged(started)) as merged:
+            async for i, out in merged:
+                yield sse(completion_chunk(head, i, piece_of(out, readers[i]), want_lp))
+                usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            yield sse(usage_chunk(head, "text_completion", usage))
+            yield sse(usage_chunk(head, "text_completion", total_usage(usages)))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
+    finally:  # a client that left aborts every choice now, wherever the stream was
+        await close_all([outputs for outputs, _ in started])
     yield sse("[DONE]")
 
 
@@ -183,33 +236,39 @@ async def chat_completions(
             prompt_field="messages",
             max_tokens_sent=req.max_tokens_sent,
         )
-        outputs, first = await _start(front, api_key, prepared)
+        choices = prepared.choices(req.n)
+        started = await _start_all(front, api_key, choices)
     except Exception as e:
         return await refusal(front, api_key, e)
     head = Head.now(prepared.call.request_id.replace("req-", "chatcmpl-"), req.model)
     if not req.stream:
         try:
-            whole, usage = await _collect_whole(
-                front, api_key, prepared, (outputs, first), lambda: _reader(front, req.logprobs)
+            wholes, usage = await _collect_all(
+                front, api_key, choices, started, lambda: _reader(front, req.logprobs)
             )
         except Exception as e:
             return error_response(e)
-        return JSONResponse(chat_body(head, whole, usage, req.logprobs))
-    body = _chat_events(front, _chain(first, outputs), req, head)
+        return JSONResponse(chat_body(head, wholes, usage, req.logprobs))
+    body = _chat_events(front, started, req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _chat_events(front: Frontend, outputs, req: ChatCompletionRequest, head: Head):
-    usage, reader = Usage(), _reader(front, req.logprobs)
-    yield sse(chat_chunk(head, {"role": "assistant", "content": ""}, None, False))
+async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, head: Head):
+    readers = [_reader(front, req.logprobs) for _ in started]
+    usages = [Usage() for _ in started]
     try:
-        async for out in outputs:
-            p = piece_of(out, reader)
-            delta = {"content": p.text} if p.text else {}
-            yield sse(chat_chunk(head, delta, p, req.logprobs))
-            usage = Usage(out.num_prompt_tokens, out.num_output_tokens)
+        for i in range(len(started)):  # each choice's first chunk names the role (as vLLM)
+            yield sse(chat_chunk(head, i, {"role": "assistant", "content": ""}, None, False))
+        async with aclosing(_merged(started)) as merged:
+            async for i, out in merged:
+                p = piece_of(out, readers[i])
+                delta = {"content": p.text} if p.text else {}
+                yield sse(chat_chunk(head, i, delta, p, req.logprobs))
+                usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            yield sse(usage_chunk(head, "chat.completion.chunk", usage))
+            yield sse(usage_chunk(head, "chat.completion.chunk", total_usage(usages)))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
+    finally:
+        await close_all([outputs for outputs, _ in started])
     yield sse("[DONE]")

@@ -83,3 +83,16 @@ def test_grpc_over_capacity_is_unavailable_or_exhausted(tight):
     for code, details in refused:
         assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), code
         assert "queue limit" in details and "(retry after 1 s)" in details, details
+
+
+def test_n_choices_count_as_n_requests_against_the_limits(tight):
+    """Each choice is one engine request: three choices never fit a replica taking 1
+    running + 1 queued (n = 1 does): 429/503 with Retry-After, and the next request is
+    served."""
+    full = httpx.post(f"{tight.http}/v1/completions", json={**LONG, "n": 3}, timeout=120)
+    assert full.status_code in (429, 503), full.text
+    assert int(full.headers["Retry-After"]) >= 1
+    assert "queue limit" in full.json()["error"]["message"]
+    one = httpx.post(f"{tight.http}/v1/completions", json=LONG, timeout=120)
+    assert one.status_code == 200, one.text
+    assert one.json()["usage"]["completion_tokens"] == LONG["max_tokens"]

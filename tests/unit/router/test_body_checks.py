@@ -77,8 +77,6 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
         (CompletionRequest, completion(echo=True), "echo: True; allowed: false or null"),
         (CompletionRequest, completion(suffix="tail"), "suffix: 'tail'; allowed: \"\" or null"),
         (CompletionRequest, completion(best_of=2), "best_of: 2; allowed: 1 or null"),
-        (CompletionRequest, completion(n=3), "n: 3; allowed: 1 or null"),
-        (ChatCompletionRequest, chat(n=2), "n: 2; allowed: 1 or null"),
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),

@@ -322,3 +322,27 @@ def test_other_errors_pass_through_unretried(tokenizer):
     with pytest.raises(CapacityExceeded):
         collect(front, None, p)
     assert len(dispatch.calls) == 1
+
+
+def test_closing_the_outputs_closes_the_dispatch_at_once(tokenizer):
+    """A client that leaves aborts its engine request when the response is closed, not
+    when the garbage collector finds the replica call."""
+    ended = []
+
+    async def dispatch(call):
+        try:
+            yield RequestOutput(call.request_id, [5], "x", num_prompt_tokens=2)
+            await asyncio.Event().wait()
+        finally:
+            ended.append(call.request_id)
+
+    front = make_front(tokenizer, dispatch)
+    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+
+    async def go():
+        outputs = front.generate(None, p)
+        await anext(outputs)
+        await outputs.aclose()
+        return list(ended)
+
+    assert run(go()) == [p.call.request_id]

@@ -16,7 +16,7 @@ from router.auth import AdapterResolver
 from router.frontend import Frontend
 from router.logprobs import _BYTE_DECODER, Candidate, LogprobReader, TokenLogprob, TokenTable
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
-from router.openai_responses import Head, Piece, completion_body
+from router.openai_responses import Head, Piece, completion_chunk
 from router.rest import chat_completions, completions
 
 BASE = "base"
@@ -200,11 +200,11 @@ def test_top_logprobs_keys_keep_the_sampled_tokens_own_logprob():
 
     alts = (piece(b"\xef", -1.0), Candidate("a", b"a", -2.0), piece(b"\xe6", -2.5))
     entry = TokenLogprob(piece(b"\x81", -3.0), 0, alts)
-    body = completion_body(Head("id", BASE, 0), Piece("", [entry]), None, True)
+    body = completion_chunk(Head("id", BASE, 0), 0, Piece("", [entry]), True)
     assert body["choices"][0]["logprobs"]["top_logprobs"] == [
         {"bytes:\\xef": -1.0, "a": -2.0, "bytes:\\xe6": -2.5, "bytes:\\x81": -3.0}
     ]
     # two tokens spelling the same text share a key; the sampled one keeps its own value
     same = TokenLogprob(Candidate("x", b"x", -3.0), 0, (Candidate("x", b"x", -1.0),))
-    body = completion_body(Head("id", BASE, 0), Piece("", [same]), None, True)
+    body = completion_chunk(Head("id", BASE, 0), 0, Piece("", [same]), True)
     assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"x": -3.0}]

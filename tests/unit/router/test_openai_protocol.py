@@ -69,7 +69,7 @@ def test_completion_defaults():
         ({"model": "a", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "a", "prompt": "x", "temperature": 2.5}, "temperature"),
         ({"model": "a", "prompt": "x", "top_p": 0}, "top_p"),
-        ({"model": "a", "prompt": "x", "n": 2}, "n"),
+        ({"model": "a", "prompt": "x", "n": 17}, "n"),
         (
             {"model": "a", "prompt": "x", "logprobs": 21},
             "logprobs: 21 is out of range; allowed: 0 to 20",

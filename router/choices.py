@@ -1,0 +1,59 @@
+"""`n` choices of one OpenAI request: the cap, per-choice seeds and usage (pure).
+
+The ingress answers `n` > 1 by sending n independent engine requests (one per choice)
+of the same tokenized prompt and merging their outputs; this module holds the rules
+that decide what each choice samples with and what the response counts.
+
+Seeds: with `seed` s, choice i samples with seed s + i, wrapped into the signed 64-bit
+range `SamplingParams` accepts (two's complement: SEED_MAX + 1 wraps to SEED_MIN).
+Choice 0 of any n therefore answers exactly like the same request with n = 1, every
+choice of a response draws from its own stream (the choices differ), and the same
+request repeats the same response. Without a seed every choice draws independently.
+Greedy (temperature 0) choices are equal, as with OpenAI and vLLM.
+
+Usage counts the prompt once (one prompt, however many samples of it) and sums the
+completion tokens of all choices (OpenAI bills "generated tokens across all choices").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from replica.sampling_params import SEED_MAX, SEED_MIN, SamplingParams, is_int
+from router.openai_responses import Usage
+
+MAX_N = 16
+"""Most choices per request. Each choice is a whole engine request on a replica (its
+own KV blocks and one of the replica's `max_ongoing_requests`, 32 by default): a cap of
+16 lets one request take at most half of a default replica's concurrency, where
+OpenAI's 128 would let one client fill four replicas with one call."""
+N_ALLOWED = f"allowed: an integer 1 to {MAX_N} (choices per request)"
+
+
+def check_n(n: int) -> int:
+    """The `n` field of a body (pydantic has already refused non-integers)."""
+    if not (is_int(n) and 1 <= n <= MAX_N):
+        raise ValueError(f"{n!r}; {N_ALLOWED}")
+    return n
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request seeded `seed` (None: unseeded).
+    Example: choice_seed(7, 2) == 9; choice_seed(SEED_MAX, 1) == SEED_MIN."""
+    if seed is None:
+        return None
+    span = SEED_MAX - SEED_MIN + 1
+    return (seed + index - SEED_MIN) % span + SEED_MIN
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """`params` for choice `index`: the same but for its seed."""
+    return dataclasses.replace(params, seed=choice_seed(params.seed, index))
+
+
+def total_usage(per_choice: Sequence[Usage]) -> Usage:
+    """The response's usage from each choice's own. Example: (5, 3) and (5, 4) -> (5, 7)."""
+    # every choice has the same prompt; max() skips a choice that has no counts yet
+    prompt = max(u.prompt_tokens for u in per_choice)
+    return Usage(prompt, sum(u.completion_tokens for u in per_choice))

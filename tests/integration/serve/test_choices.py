@@ -1,0 +1,169 @@
+"""`n` choices end to end (the OpenAI client and raw SSE against one real cluster):
+greedy choices equal one greedy answer, seeded choice i equals a single request with
+seed + i and the response repeats, a stream of n choices reassembles to the whole
+response with one usage chunk and one [DONE], and a client that leaves a stream aborts
+every choice in the engine.
+
+One module-scoped app with one replica (see cluster_fixture.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from router.choices import MAX_N, N_ALLOWED
+from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+PROMPT = "hello world how are"
+MESSAGES = [{"role": "user", "content": "what is lorafleet"}]
+MAX_TOKENS = 8
+SEED = 1234
+INT64_MAX = 2**63 - 1
+KINDS = ["completions", "chat"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1)
+    yield c
+    stop_cluster(c)
+
+
+def create(cluster, kind: str, model: str = "demo-poet", **kw):
+    c = openai.OpenAI(
+        base_url=f"{cluster.http}/v1", api_key=cluster.keys["ops"], max_retries=0, timeout=60
+    )
+    kw.setdefault("max_tokens", MAX_TOKENS)
+    if kind == "completions":
+        return c.completions.create(model=model, prompt=PROMPT, **kw)
+    return c.chat.completions.create(model=model, messages=MESSAGES, **kw)
+
+
+def texts(r) -> list[str]:
+    return [c.text if hasattr(c, "text") else c.message.content for c in r.choices]
+
+
+def logprob_tokens(r) -> list[list[str]]:
+    if hasattr(r.choices[0], "text"):
+        return [c.logprobs.tokens for c in r.choices]
+    return [[t.token for t in c.logprobs.content] for c in r.choices]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("model", ["BASE", "demo-poet"])
+def test_greedy_choices_all_equal_one_greedy_answer(cluster, kind, model):
+    model = cluster.base if model == "BASE" else model
+    logprobs = {"logprobs": 1} if kind == "completions" else {"logprobs": True}
+    one = create(cluster, kind, model, temperature=0, **logprobs)
+    r = create(cluster, kind, model, temperature=0, n=3, **logprobs)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert texts(r) == texts(one) * 3
+    assert [c.finish_reason for c in r.choices] == [one.choices[0].finish_reason] * 3
+    assert logprob_tokens(r) == logprob_tokens(one) * 3
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seeded_choice_i_is_the_answer_of_seed_plus_i_and_repeats(cluster, kind):
+    r = create(cluster, kind, n=3, seed=SEED, temperature=1.0)
+    singles = [create(cluster, kind, seed=SEED + i, temperature=1.0) for i in range(3)]
+    assert texts(r) == [texts(s)[0] for s in singles]
+    assert len(set(texts(r))) > 1, texts(r)  # the choices are different samples
+    assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert texts(create(cluster, kind, n=3, seed=SEED, temperature=1.0)) == texts(r)
+
+
+def test_seeds_wrap_at_the_end_of_the_int64_range(cluster):
+    r = create(cluster, "completions", n=2, seed=INT64_MAX, temperature=1.0)
+    wrapped = create(cluster, "completions", seed=-(2**63), temperature=1.0)
+    assert texts(r)[1] == texts(wrapped)[0]
+
+
+def sse_events(cluster, path: str, body: dict) -> list:
+    """The data of every SSE event of a streamed POST (JSON-decoded but "[DONE]")."""
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+    with httpx.stream("POST", f"{cluster.http}{path}", json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200
+        datas = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+    return [d if d == "[DONE]" else json.loads(d) for d in datas]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_of_two_choices_reassembles_to_the_whole_response(cluster, kind):
+    fields = {"n": 2, "seed": SEED, "temperature": 1.0}
+    whole = create(cluster, kind, **fields)
+    body = {"model": "demo-poet", "max_tokens": MAX_TOKENS, **fields, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    if kind == "completions":
+        events = sse_events(cluster, "/v1/completions", {**body, "prompt": PROMPT})
+    else:
+        events = sse_events(cluster, "/v1/chat/completions", {**body, "messages": MESSAGES})
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = events[:-1]
+    usage = [c for c in chunks if c.get("usage")]
+    assert usage == [chunks[-1]] and usage[0]["choices"] == []
+    u = whole.usage
+    assert usage[0]["usage"] == {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
+    parts, finish = {0: [], 1: []}, {0: [], 1: []}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        text = choice["text"] if kind == "completions" else choice["delta"].get("content")
+        parts[choice["index"]].append(text or "")
+        finish[choice["index"]].append(choice["finish_reason"])
+    assert ["".join(parts[i]) for i in (0, 1)] == texts(whole)
+    for i in (0, 1):  # only each choice's last chunk has its finish_reason
+        assert finish[i][-1] == whole.choices[i].finish_reason
+        assert set(finish[i][:-1]) <= {None}
+
+
+def _running(cluster) -> int:
+    return sum(s["queue_len"] for s in cluster.routing_stats().values())
+
+
+def test_a_client_leaving_a_stream_aborts_every_choice(cluster):
+    body = {
+        "model": "demo-coder",
+        "prompt": PROMPT,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "temperature": 0,
+        "n": 3,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+    with httpx.stream(
+        "POST", f"{cluster.http}/v1/completions", json=body, headers=headers, timeout=60
+    ) as r:
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(2)][0].startswith("data: ")
+        assert _running(cluster) == 3
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(cluster) != 0:
+        time.sleep(0.2)
+    assert _running(cluster) == 0
+
+
+@pytest.mark.parametrize("n", [0, MAX_N + 1, "2", True])
+def test_a_bad_n_is_400_naming_n(cluster, n):
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+    body = {"model": "demo-poet", "prompt": PROMPT, "n": n}
+    r = httpx.post(f"{cluster.http}/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "n"
+    if isinstance(n, int) and not isinstance(n, bool):
+        assert err["message"] == f"n: {n}; {N_ALLOWED}"
+    else:
+        assert err["message"].startswith("n: Input should be a valid integer")
