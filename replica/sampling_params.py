@@ -51,6 +51,11 @@ LOGIT_BIAS_ALLOWED = (
     f"mapped to a bias, a number -{MAX_BIAS:g} <= bias <= {MAX_BIAS:g}"
 )
 _TOKEN_KEY = re.compile(r"[0-9]+")
+MAX_TOKEN_ID_DIGITS = 19
+"""Significant digits of a logit_bias key at most (no vocabulary nears 10**19 ids).
+Python refuses to convert a decimal string of more than 4300 digits (a ValueError): an
+unbounded key was a 500 on REST."""
+KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50256")'
 
 
 @dataclass(frozen=True)
@@ -226,9 +231,12 @@ def bad_token_key(bias: Mapping[str, object]) -> str | None:
     written as a decimal integer ("50256"); None when every key is one."""
     for key in bias:
         if not _TOKEN_KEY.fullmatch(key):
+            return f"key {key!r} is no token id; {KEY_ALLOWED}"
+        digits = len(key.lstrip("0"))
+        if digits > MAX_TOKEN_ID_DIGITS:
             return (
-                f"key {key!r} is no token id; allowed: keys that are token ids written as "
-                'decimal integers ("50256")'
+                f"key '{key[:20]}...' ({len(key)} digits) is no token id of any vocabulary; "
+                f"{KEY_ALLOWED}"
             )
     return None
 
@@ -239,4 +247,5 @@ def logit_bias_of_json(bias: Mapping[str, float]) -> tuple[tuple[int, float], ..
     problem = bad_token_key(bias)
     if problem is not None:
         raise InvalidRequest(f"logit_bias: {problem}", "logit_bias")
-    return tuple((int(k), v) for k, v in bias.items())
+    # leading zeros stripped first: "0" * 5000 + "5" is token 5, too long for int()
+    return tuple((int(k.lstrip("0") or "0"), v) for k, v in bias.items())

@@ -232,6 +232,8 @@ OK = {"prompt": "hi", "max_tokens": 2}
          "line 1: logit_bias: token id 99999 out of range; allowed: token ids 0 <= id < "),
         ([{"prompt": "a", "logit_bias": {"5": "1"}}],
          "line 1: logit_bias={'5': '1'}; allowed: an object of token ids as decimal strings"),
+        ([{"prompt": "a", "logit_bias": {"1" * 5000: 5}}],
+         "line 1: logit_bias: key '11111111111111111111...' (5000 digits) is no token id"),
         ([{"prompt": "a", "top_k": -2}], "line 1: top_k=-2; allowed: an integer >= 0 (0 = off), or -1"),
     ],
 )  # fmt: skip

@@ -6,6 +6,8 @@ import pytest
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams, logit_bias_of_json
 
+KEY_ALLOWED = 'keys that are token ids written as decimal integers ("50256")'
+
 PENALTY = "allowed: a number -2 <= {0} <= 2 (0 = off)"
 REPETITION = "allowed: a number 0 < repetition_penalty <= 2 (1 = off)"
 
@@ -85,4 +87,18 @@ def test_openai_logit_bias_keys_are_decimal_token_ids():
         with pytest.raises(InvalidRequest) as e:
             logit_bias_of_json({key: 1})
         assert str(e.value).startswith(f"logit_bias: key {key!r} is no token id; allowed: ")
+        assert e.value.param == "logit_bias"
+
+
+def test_logit_bias_keys_of_many_digits_are_refused_not_a_crash():
+    # Python refuses to convert a decimal string of more than 4300 digits (ValueError):
+    # such a key was a 500 on REST and a message without its line offline.
+    assert logit_bias_of_json({"0" * 5000 + "5": 1}) == ((5, 1),)
+    for key in ("1" * 5000, "9" * 20):
+        with pytest.raises(InvalidRequest) as e:
+            logit_bias_of_json({key: 1})
+        assert str(e.value) == (
+            f"logit_bias: key '{key[:20]}...' ({len(key)} digits) is no token id of any "
+            f"vocabulary; allowed: {KEY_ALLOWED}"
+        )
         assert e.value.param == "logit_bias"
