@@ -11,6 +11,7 @@ field, whose errors would name the union's members (`content.str`, `list[TextPar
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,11 @@ MAX_DEPTH = 64
 """Nesting levels of arrays and objects a body may have (OpenAI bodies need under 10; a
 tool's JSON schema a few more). Deeper bodies overflow the recursive checks: 500s."""
 DEPTH_ALLOWED = f"allowed: at most {MAX_DEPTH} levels of nested arrays and objects"
+_DIGITS = sys.get_int_max_str_digits()
+NUMBER_TOO_LONG = (
+    f"a number of more than {_DIGITS} digits; allowed: numbers of at most {_DIGITS} digits"
+)
+"""Python's json refuses (a plain ValueError) to convert an integer longer than this."""
 
 
 def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:

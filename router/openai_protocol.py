@@ -39,6 +39,7 @@ from replica.sampling_params import (
 from router.body_checks import (
     DEPTH_ALLOWED,
     MAX_DEPTH,
+    NUMBER_TOO_LONG,
     TEXT_ALLOWED,
     TOOL_CHOICE_ALLOWED,
     RefusedAt,
@@ -333,6 +334,8 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
             ) from None
         except RecursionError:  # the parser's own limit, far deeper than MAX_DEPTH
             raise InvalidRequest(f"body: nested too deeply; {DEPTH_ALLOWED}") from None
+        except ValueError:  # an integer longer than int() converts (JSONDecodeError is above)
+            raise InvalidRequest(f"body: {NUMBER_TOO_LONG}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
     if too_deep(body):

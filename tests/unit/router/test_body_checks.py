@@ -12,6 +12,7 @@ from router.body_checks import (
     CONTENT_ALLOWED,
     DEPTH_ALLOWED,
     MAX_DEPTH,
+    NUMBER_TOO_LONG,
     STOP_ALLOWED,
     TEXT_ALLOWED,
     too_deep,
@@ -288,3 +289,13 @@ def test_deeply_nested_bodies_are_400_not_500(model, depth, message):
     with pytest.raises(InvalidRequest) as e:
         parse_body(model, body)
     assert (str(e.value), e.value.param) == (message, None)
+
+
+@pytest.mark.parametrize("field", ["n", "max_tokens", "extra"])
+def test_a_number_too_long_for_python_is_400_not_500(field):
+    # json.loads raises a plain ValueError (no JSONDecodeError) for an integer of more than
+    # sys.get_int_max_str_digits() digits: it was a 500 "internal error (ValueError)"
+    body = f'{{"model": "m", "prompt": "x", "{field}": {"1" * 5000}}}'.encode()
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(CompletionRequest, body)
+    assert (str(e.value), e.value.param) == (f"body: {NUMBER_TOO_LONG}", None)
