@@ -218,6 +218,12 @@ def _parse_line(text: str, i: int) -> dict:
         raise ValueError(f"line {i}: not JSON ({e.msg})") from e
     except RecursionError as e:  # deep nesting overflows the decoder: not a ValueError
         raise ValueError(f"line {i}: JSON nested too deeply") from e
+    except ValueError as e:  # an integer longer than int() converts (not a JSONDecodeError)
+        digits = sys.get_int_max_str_digits()
+        raise ValueError(
+            f"line {i}: a number of more than {digits} digits; allowed: numbers of at most "
+            f"{digits} digits"
+        ) from e
     if not isinstance(row, dict) or "prompt" not in row:
         raise ValueError(f'line {i}: each line must be an object with a "prompt"')
     unknown = sorted(k for k in row if k not in LINE_FIELDS and not k.startswith("_"))

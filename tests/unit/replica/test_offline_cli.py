@@ -217,6 +217,8 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": [5, 99999]}], "line 1: prompt: token id 99999 out of range; allowed: 0 <= id < "),
         ([{"prompt": "a", "max_tokens": 100000}], "line 1: prompt (1 tokens) + max_tokens (100000)"),
         (["not json\n"], "line 1: not JSON"),
+        ([OK, '{"prompt": "a", "seed": ' + "1" * 5000 + "}\n"],
+         "line 2: a number of more than 4300 digits; allowed: numbers of at most 4300 digits"),
         ([OK, '{"prompt": "\udcff"}\n'], "line 2: not UTF-8 (byte 13 of the line)"),
         ([OK, '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}\n"], "line 2: JSON nested too deeply"),
         ([{"prompt": [5] * 100000 + [True]}],
