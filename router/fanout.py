@@ -64,8 +64,7 @@ async def merge_streams(
                 yield index, item  # type: ignore[misc]
     finally:
         await _cancel(tasks)
-        for s in streams:
-            await s.aclose()
+        await close_all(streams)
 
 
 async def _pump(index: int, stream: AsyncIterator[object], queue: asyncio.Queue) -> None:
