@@ -26,7 +26,6 @@ from tests.integration.serve.cluster_fixture import (
     gpu_holders,
     misfit_adapters,
     offline_greedy_texts,
-    offline_texts,
     start_cluster,
     stop_cluster,
     total_loads,
@@ -356,38 +355,6 @@ def test_grpc_stream_equals_rest(cluster):
         m.id for m in stub.ListModels(pb.ListModelsRequest(), metadata=_meta(cluster, "t2")).models
     ]
     assert names[0] == cluster.base and "extra-0" in names and "t1-private" not in names
-
-
-PENALTIES = dict(
-    presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={17: 4.0}
-)
-
-
-def test_penalties_on_rest_and_grpc_equal_offline(cluster, offline):
-    """The OpenAI client's own fields (vLLM's extensions in extra_body) and their gRPC
-    twins reach the engine: both answer what an offline engine with the same
-    SamplingParams generates, which differs from plain greedy."""
-    from replica.sampling_params import SamplingParams
-
-    fields = {k: v for k, v in PENALTIES.items() if k != "logit_bias"}
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, **PENALTIES)
-    want = offline_texts(cluster, PROMPT, params, ["demo-poet", cluster.base])
-    for model in ["demo-poet", cluster.base]:
-        assert want[model] != offline[model], model
-        rest = complete(
-            cluster,
-            model,
-            presence_penalty=fields["presence_penalty"],
-            frequency_penalty=fields["frequency_penalty"],
-            logit_bias={"17": 4.0},
-            extra_body={"repetition_penalty": 1.5, "top_k": -1},
-        )
-        assert rest.choices[0].text == want[model], model
-        req = pb.GenerateRequest(
-            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, logit_bias={17: 4.0}, **fields
-        )
-        chunks = list(_stub(cluster).Generate(req, metadata=_meta(cluster)))
-        assert "".join(c.text for c in chunks) == want[model], model
 
 
 @pytest.mark.parametrize(

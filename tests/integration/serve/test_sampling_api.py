@@ -1,8 +1,11 @@
-"""`n` choices end to end (the OpenAI client and raw SSE against one real cluster):
-greedy choices equal one greedy answer, seeded choice i equals a single request with
-seed + i and the response repeats, a stream of n choices reassembles to the whole
-response with one usage chunk and one [DONE], and a client that leaves a stream aborts
-every choice in the engine.
+"""The sampling API beyond one plain greedy choice, end to end (the OpenAI client, raw
+SSE and gRPC against one real cluster).
+
+`n` choices: greedy choices equal one greedy answer, seeded choice i equals a single
+request with seed + i and the response repeats, a stream of n choices reassembles to the
+whole response with one usage chunk and one [DONE], and a client that leaves a stream
+aborts every choice in the engine. Penalties and logit_bias: REST and gRPC answer what
+an offline engine with the same SamplingParams generates.
 
 One module-scoped app with one replica (see cluster_fixture.py).
 """
@@ -12,12 +15,16 @@ from __future__ import annotations
 import json
 import time
 
+import grpc
 import httpx
 import openai
 import pytest
 
+from replica.sampling_params import SamplingParams
 from router.choices import MAX_N, N_ALLOWED
-from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
+from router.proto import lorafleet_pb2 as pb
+from router.proto import lorafleet_pb2_grpc as pb_grpc
+from tests.integration.serve.cluster_fixture import offline_texts, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -167,3 +174,40 @@ def test_a_bad_n_is_400_naming_n(cluster, n):
         assert err["message"] == f"n: {n}; {N_ALLOWED}"
     else:
         assert err["message"].startswith("n: Input should be a valid integer")
+
+
+PENALTIES = dict(
+    presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={17: 4.0}
+)
+
+
+def test_penalties_on_rest_and_grpc_equal_offline(cluster):
+    """The OpenAI client's own fields (vLLM's extensions in extra_body) and their gRPC
+    twins reach the engine: both answer what an offline engine with the same
+    SamplingParams generates, which differs from plain greedy."""
+    fields = {k: v for k, v in PENALTIES.items() if k != "logit_bias"}
+    models = ["demo-poet", cluster.base]
+    plain = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    greedy = offline_texts(cluster, PROMPT, plain, models)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, **PENALTIES)
+    want = offline_texts(cluster, PROMPT, params, models)
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    for model in models:
+        assert want[model] != greedy[model], model
+        rest = create(
+            cluster,
+            "completions",
+            model,
+            temperature=0,
+            presence_penalty=fields["presence_penalty"],
+            frequency_penalty=fields["frequency_penalty"],
+            logit_bias={"17": 4.0},
+            extra_body={"repetition_penalty": 1.5, "top_k": -1},
+        )
+        assert rest.choices[0].text == want[model], model
+        req = pb.GenerateRequest(
+            model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, logit_bias={17: 4.0}, **fields
+        )
+        chunks = list(stub.Generate(req, metadata=meta))
+        assert "".join(c.text for c in chunks) == want[model], model
