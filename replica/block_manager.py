@@ -75,30 +75,17 @@ class BlockManager:
             out.append(block)
         return out
 
-    def match_prefix(
-        self, adapter_key: str, tokens: Seq[int], max_blocks: int
-    ) -> tuple[list[int], list[int]]:
-        """Take references on the cached blocks of the longest cached prefix.
-
-        Returns (blocks, their hashes); at most max_blocks blocks.
-        """
-        if not self.prefix_caching:
-            return [], []
-        blocks, hashes, parent = [], [], None
-        bs = self.block_size
-        for i in range(min(max_blocks, len(tokens) // bs)):
-            h = block_hash(parent, adapter_key, tokens[i * bs : (i + 1) * bs])
-            block = self._cached.get(h)
-            if block is None:
-                break
-            if self._ref[block] == 0:
-                del self._evictable[block]
-            self._ref[block] += 1
-            blocks.append(block)
-            hashes.append(h)
-            parent = h
-        self.prefix_hit_tokens += len(blocks) * bs
-        return blocks, hashes
+    def take_cached(self, h: int) -> int | None:
+        """A reference on the cached block whose hash is h, None when none is (or prefix
+        caching is off). A block with no other user comes back from the LRU list."""
+        block = self._cached.get(h) if self.prefix_caching else None
+        if block is None:
+            return None
+        if self._ref[block] == 0:
+            del self._evictable[block]
+        self._ref[block] += 1
+        self.prefix_hit_tokens += self.block_size
+        return block
 
     def publish(self, block: int, h: int) -> None:
         """Make a just-filled block findable by its hash (first writer wins)."""

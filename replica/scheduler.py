@@ -20,6 +20,17 @@ stops at the first KV shortage or when the budget or the sequence room runs out.
 
 Queued requests that wait for an adapter slot are reported to `AdapterDemand` (when
 given), so the CPU adapter cache keeps their adapters while it can drop others.
+
+A prompt block is computed once even when several requests that share it arrive
+together (the `n` choices of one request, a burst with one system prompt): a sequence
+that starts computing announces the hashes of the full blocks it will publish, and a
+sequence whose next block is not cached but announced is admitted *parked*: it holds
+its seat, slot and cached blocks, computes nothing, and each step takes the blocks
+published since, until its next block is neither cached nor being computed. Only
+computing sequences announce and only parked ones wait, so no two wait on each other.
+Example (block size 4): a 12-token prompt p is admitted and announces blocks 0-2; a
+second request with prompt p + [9] admitted in the same step parks; after the step it
+takes blocks 0-2 from the cache and computes token 9 alone (1 token, not 13).
 """
 
 from __future__ import annotations
@@ -191,6 +202,8 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_parked = 0  # admissions that waited for a block another sequence computed
+        self._computing: dict[int, int] = {}  # announced block hash -> announcers
 
     def add(self, seq: Sequence, want_held: bool = False) -> None:
         """Queue seq. want_held: the caller already counted seq's want on `demand` (the
@@ -223,6 +236,11 @@ class Scheduler:
         queue = list(self.running)
         while queue and budget > 0:
             seq = queue.pop(0)
+            if seq.parked:
+                if self._take_cached(seq):
+                    continue  # its next block is still being computed by another
+                seq.parked = False
+                self._announce(seq)
             n = min(seq.remaining, budget)
             while not self._grow(seq, n):
                 victim = queue.pop() if queue else seq
@@ -246,15 +264,15 @@ class Scheduler:
                         # skip every request of this adapter at once (they all need one).
                         self.waiting.pass_over()
                         continue
-                    admitted = self._admit(seq, budget, out)
+                    n = self._admit(seq, budget, out)
                 except LoraFleetError as e:  # this request's adapter is gone: fail it alone
                     self.waiting.remove(seq)
                     self._fail(seq, e, out)
                     continue
-                if not admitted:
+                if n is None:
                     break
                 self.waiting.remove(seq)
-                budget -= out.scheduled[-1][1]
+                budget -= n
         finally:
             self.waiting.end_scan()
 
@@ -265,31 +283,84 @@ class Scheduler:
         seq.finish_reason = "error"
         out.failed.append((seq, error))
 
-    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
-        bs = self.blocks.block_size
-        # Leave at least one token to compute so the step yields logits.
-        max_hit_blocks = (len(seq.tokens) - 1) // bs
-        hits, hashes = self.blocks.match_prefix(seq.adapter_key, seq.tokens, max_hit_blocks)
-        seq.block_table, seq.block_hashes = hits, hashes
-        seq.num_computed = len(hits) * bs
-        n = min(seq.remaining, budget)
+    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int | None:
+        """Admit seq: the tokens it computes this step (0 when parked), None (and seq
+        untouched) when KV blocks are too few."""
+        parked = self._take_cached(seq)
+        n = 0 if parked else min(seq.remaining, budget)
         if not self._grow(seq, n):
-            self.blocks.free(seq.block_table)
-            seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
-            return False
+            self._free_blocks(seq)
+            return None
         if self._needs_slot(seq):
             try:
                 seq.lora_slot = self.adapters.acquire(seq.adapter)
             except LoraFleetError:
-                self.blocks.free(seq.block_table)
-                seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
+                self._free_blocks(seq)
                 raise
             self._unwant(seq)
             seq.holds_slot = True
         seq.status = Status.RUNNING
         self.running.append(seq)
-        out.scheduled.append((seq, n))
-        return True
+        if parked:
+            seq.parked = True
+            self.num_parked += 1
+        else:
+            self._announce(seq)
+            out.scheduled.append((seq, n))
+        return n
+
+    def _hash(self, seq: Sequence, i: int) -> int:
+        """The prefix-cache hash of seq's full block i (each computed once per sequence)."""
+        hashes, bs = seq.hashes, self.blocks.block_size
+        while len(hashes) <= i:
+            j = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(block_hash(parent, seq.adapter_key, seq.tokens[j * bs : (j + 1) * bs]))
+        return hashes[i]
+
+    def _take_cached(self, seq: Sequence) -> bool:
+        """Extend seq's KV (all of it computed, none announced) with the cached blocks
+        that continue it, leaving at least one token to compute so the step yields
+        logits. True when the block after them is being computed by a running sequence:
+        seq should wait for it rather than compute it a second time."""
+        if not self.blocks.prefix_caching:
+            return False
+        bs = self.blocks.block_size
+        i, last = len(seq.block_table), (len(seq.tokens) - 1) // bs
+        waits = False
+        while i < last:
+            h = self._hash(seq, i)
+            block = self.blocks.take_cached(h)
+            if block is None:
+                waits = h in self._computing
+                break
+            seq.block_table.append(block)
+            i += 1
+        seq.num_cached, seq.num_computed = i, i * bs
+        return waits
+
+    def _announce(self, seq: Sequence) -> None:
+        """seq starts computing: announce the hashes of the full blocks it will publish."""
+        if not self.blocks.prefix_caching:
+            return
+        seq.announced = len(seq.tokens) // self.blocks.block_size
+        for i in range(seq.num_cached, seq.announced):
+            h = self._hash(seq, i)
+            self._computing[h] = self._computing.get(h, 0) + 1
+
+    def _withdraw(self, h: int) -> None:
+        left = self._computing[h] - 1
+        if left:
+            self._computing[h] = left
+        else:
+            del self._computing[h]
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        """Drop seq's KV and withdraw what it announced."""
+        for i in range(seq.num_cached, seq.announced):
+            self._withdraw(seq.hashes[i])
+        self.blocks.free(seq.block_table)
+        seq.block_table, seq.num_computed, seq.num_cached, seq.announced = [], 0, 0, 0
 
     @staticmethod
     def _needs_slot(seq: Sequence) -> bool:
@@ -312,32 +383,33 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self._release(seq, keep_slot=True)
+        seq.parked = False
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
 
     def _release(self, seq: Sequence, keep_slot: bool = False) -> None:
-        self.blocks.free(seq.block_table)
-        seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
+        self._free_blocks(seq)
         if seq.holds_slot and not keep_slot:
             self.adapters.release(seq.adapter)
             seq.holds_slot, seq.lora_slot = False, -1
 
     def after_step(self, out: SchedulerOutput) -> None:
         """Advance computed counts and publish newly full blocks to the prefix cache."""
-        bs = self.blocks.block_size
+        bs, caching = self.blocks.block_size, self.blocks.prefix_caching
         for seq, n in out.scheduled:
             if seq.status is not Status.RUNNING:
                 continue  # finished or aborted since it was scheduled
             seq.num_computed += n
             full = seq.num_computed // bs
-            while len(seq.block_hashes) < full:
-                i = len(seq.block_hashes)
-                parent = seq.block_hashes[-1] if seq.block_hashes else None
-                h = block_hash(parent, seq.adapter_key, seq.tokens[i * bs : (i + 1) * bs])
-                seq.block_hashes.append(h)
+            while caching and seq.num_cached < full:
+                i = seq.num_cached
+                h = self._hash(seq, i)
                 self.blocks.publish(seq.block_table[i], h)
+                if i < seq.announced:
+                    self._withdraw(h)
+                seq.num_cached = i + 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove seq wherever it is and free what it holds."""

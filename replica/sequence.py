@@ -24,8 +24,13 @@ class Status(enum.Enum):
 class Sequence:
     """tokens: prompt followed by generated tokens. num_computed: tokens whose KV exists.
 
-    block_table: KV blocks in order; block_hashes: hashes of its leading full blocks
-    (published to the prefix cache once computed).
+    block_table: KV blocks in order; the first num_cached of them are in the prefix
+    cache (taken from it, or published once computed). hashes: the prefix-cache hashes
+    of the leading full blocks of `tokens`, computed as the scheduler needs them and
+    kept for the sequence's life (tokens only grow, so they stay valid across
+    preemption). parked: running but waiting, computing nothing, for a block another
+    running sequence is computing now (`replica.scheduler`); announced: this sequence
+    has told the scheduler it is computing its blocks num_cached..announced-1.
     """
 
     request_id: str
@@ -38,7 +43,10 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    hashes: list[int] = field(default_factory=list)
+    parked: bool = False
+    announced: int = 0
     lora_slot: int = -1
     holds_slot: bool = False
     finish_reason: str | None = None

@@ -36,20 +36,21 @@ class ScanScheduler(Scheduler):
                 if self._needs_slot(seq) and not self.adapters.can_admit(seq.adapter):
                     skipped.append(self.waiting.popleft())
                     continue
-                admitted = self._admit(seq, budget, out)
+                n = self._admit(seq, budget, out)
             except LoraFleetError as e:  # this request's adapter is gone: fail it alone
                 self.waiting.popleft()
                 self._fail(seq, e, out)
                 continue
-            if not admitted:
+            if n is None:
                 break
             self.waiting.popleft()
-            budget -= out.scheduled[-1][1]
+            budget -= n
         self.waiting.extendleft(reversed(skipped))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self._release(seq, keep_slot=True)
+        seq.parked = False
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

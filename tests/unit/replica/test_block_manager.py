@@ -3,35 +3,52 @@ import pytest
 from replica.block_manager import BlockManager, block_hash
 
 
+def _chain(bs: int, key: str, tokens: list[int]) -> list[int]:
+    """The hashes of tokens' full blocks."""
+    hashes: list[int] = []
+    for i in range(len(tokens) // bs):
+        parent = hashes[-1] if hashes else None
+        hashes.append(block_hash(parent, key, tokens[i * bs : (i + 1) * bs]))
+    return hashes
+
+
 def _fill(bm: BlockManager, key: str, tokens: list[int]) -> list[int]:
     """Allocate blocks for tokens and publish the full ones (as the scheduler does)."""
-    bs = bm.block_size
     blocks = bm.allocate(bm.blocks_needed(len(tokens), 0))
-    parent = None
-    for i in range(len(tokens) // bs):
-        parent = block_hash(parent, key, tokens[i * bs : (i + 1) * bs])
-        bm.publish(blocks[i], parent)
+    for block, h in zip(blocks, _chain(bm.block_size, key, tokens), strict=False):
+        bm.publish(block, h)
     return blocks
+
+
+def _take(bm: BlockManager, key: str, tokens: list[int], max_blocks: int) -> list[int]:
+    """The cached blocks of tokens' longest cached prefix (at most max_blocks)."""
+    taken = []
+    for h in _chain(bm.block_size, key, tokens)[:max_blocks]:
+        block = bm.take_cached(h)
+        if block is None:
+            break
+        taken.append(block)
+    return taken
 
 
 def test_same_adapter_shares_blocks_other_adapter_does_not():
     bm = BlockManager(16, 4, enable_prefix_caching=True)
     prompt = list(range(10))
     first = _fill(bm, "a@1:x", prompt)
-    hit, _ = bm.match_prefix("a@1:x", prompt, max_blocks=2)
-    assert hit == first[:2]
+    hit = _take(bm, "a@1:x", prompt, max_blocks=2)
+    assert hit == first[:2] and bm.prefix_hit_tokens == 8
     assert all(bm.ref_count(b) == 2 for b in hit)
-    miss, _ = bm.match_prefix("b@1:y", prompt, max_blocks=2)
-    assert miss == []
+    assert _take(bm, "b@1:y", prompt, max_blocks=2) == []
     # A new version of the same name is a new identity too.
-    assert bm.match_prefix("a@2:z", prompt, max_blocks=2)[0] == []
+    assert _take(bm, "a@2:z", prompt, max_blocks=2) == []
+    assert bm.prefix_hit_tokens == 8
 
 
 def test_prefix_caching_off_never_shares():
     bm = BlockManager(16, 4, enable_prefix_caching=False)
     prompt = list(range(12))
     _fill(bm, "", prompt)
-    assert bm.match_prefix("", prompt, max_blocks=3) == ([], [])
+    assert _take(bm, "", prompt, max_blocks=3) == [] and bm.prefix_hit_tokens == 0
 
 
 def test_freed_cached_blocks_are_revived_then_evicted_lru():
@@ -39,13 +56,13 @@ def test_freed_cached_blocks_are_revived_then_evicted_lru():
     a = _fill(bm, "", [1, 2, 3, 4])
     bm.free(a)
     assert bm.num_free == 4
-    hit, _ = bm.match_prefix("", [1, 2, 3, 4, 5], max_blocks=2)
+    hit = _take(bm, "", [1, 2, 3, 4, 5], max_blocks=2)
     assert hit == a
     bm.free(hit)
     # Freed tail-first, so the tail block is the LRU one and goes first: the prefix survives.
     fresh = bm.allocate(3)
     assert len(set(fresh)) == 3 and a[1] in fresh and a[0] not in fresh
-    assert bm.match_prefix("", [1, 2, 3, 4], max_blocks=2)[0] == [a[0]]
+    assert _take(bm, "", [1, 2, 3, 4], max_blocks=2) == [a[0]]
 
 
 def test_allocate_beyond_capacity_is_refused():

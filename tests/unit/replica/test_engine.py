@@ -62,6 +62,46 @@ def test_same_prompt_two_adapters_share_no_blocks(llama_dir, refs):
     )
 
 
+def test_requests_arriving_together_compute_their_shared_prompt_once(llama_dir, refs):
+    """Four choices of one prompt under qv8 and two of it on the base model, queued
+    together: each group computes the prompt once (the others park and take its blocks),
+    and every request answers exactly as it does alone."""
+    engine = _engine(llama_dir, max_num_batched_tokens=16)
+    prompt = list(range(40, 63))  # 5 full blocks of 4 and 3 tokens
+    reqs = [(f"a{i}", refs["qv8"]) for i in range(4)] + [("b0", None), ("b1", None)]
+    computed = []
+    schedule = engine.scheduler.schedule
+
+    def counting():
+        out = schedule()
+        computed.append(out.num_tokens)
+        return out
+
+    engine.scheduler.schedule = counting
+    for rid, ref in reqs:
+        engine.add_request(rid, prompt, GREEDY, ref)
+    together: dict[str, list[int]] = {rid: [] for rid, _ in reqs}
+    while engine.has_unfinished():
+        for o in engine.step():
+            together[o.request_id] += o.new_token_ids
+    # per group: the prompt once, 3 tokens per follower, then 7 decode steps each
+    assert sum(computed) == 2 * len(prompt) + 4 * 3 + len(reqs) * (GREEDY.max_tokens - 1)
+    assert engine.scheduler.num_parked == 4 and engine.blocks.prefix_hit_tokens == 4 * 20
+    alone = _engine(llama_dir, enable_prefix_caching=False)
+    for rid, ref in reqs:
+        alone.add_request(rid, prompt, GREEDY, ref)
+        assert together[rid] == next(iter(_drain_ids(alone).values()))
+    assert together["a0"] != together["b0"]
+
+
+def _drain_ids(engine: LLMEngine) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
 def test_seeded_sampling_is_reproducible(llama_dir, refs):
     p = SamplingParams(
         max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=42, ignore_eos=True
