@@ -10,7 +10,7 @@ from lora_core.identity import AdapterRef
 from lora_core.validate import validate_adapter_dir
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
-from replica.offline_cli import SAMPLING_FIELDS, InputLine
+from replica.offline_cli import NULL_IS_DEFAULT, SAMPLING_FIELDS, InputLine
 from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams, logit_bias_of_json
 from replica.serve_protocol import check_prompt_ids
@@ -72,7 +72,9 @@ class OfflineJob:
         return cls(engine, refs, defaults)
 
     def _params(self, row: dict) -> SamplingParams:
-        fields = {**self.defaults, **{k: row[k] for k in SAMPLING_FIELDS if k in row}}
+        given = {k: row[k] for k in SAMPLING_FIELDS if k in row}
+        given = {k: v for k, v in given.items() if v is not None or k not in NULL_IS_DEFAULT}
+        fields = {**self.defaults, **given}
         if isinstance(fields.get("stop"), list):
             fields["stop"] = tuple(fields["stop"])
         if isinstance(fields.get("stop_token_ids"), list):

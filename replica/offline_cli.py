@@ -82,6 +82,9 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))
+# As in OpenAI and vLLM bodies, `"field": null` is "not given" (the --flag or built-in
+# default); seed and adapter give null its own meaning (unseeded, the base model).
+NULL_IS_DEFAULT = frozenset(SAMPLING_FIELDS) - {"seed"}
 LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))
 # Output keys holding results; a request's own `logprobs` / `top_logprobs` are not echoed.
 RESULT_FIELDS = ("token_ids", "text", "finish_reason", "logprobs", "top_logprobs")
@@ -232,6 +235,10 @@ def _parse_line(text: str, i: int) -> dict:
             f"line {i}: unknown field(s) {unknown}; allowed: {', '.join(sorted(LINE_FIELDS))}"
         )
     for name, (check, allowed) in FIELD_TYPES.items():
-        if name in row and not check(row[name]):
+        if (
+            name in row
+            and not check(row[name])
+            and not (name in NULL_IS_DEFAULT and row[name] is None)
+        ):
             raise ValueError(f"line {i}: {name}={_SHORT.repr(row[name])}; allowed: {allowed}")
     return row

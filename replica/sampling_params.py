@@ -231,7 +231,8 @@ def bad_token_key(bias: Mapping[str, object]) -> str | None:
     written as a decimal integer ("50256"); None when every key is one."""
     for key in bias:
         if not _TOKEN_KEY.fullmatch(key):
-            return f"key {key!r} is no token id; {KEY_ALLOWED}"
+            shown = repr(key) if len(key) <= 40 else f"'{key[:20]}...' ({len(key)} characters)"
+            return f"key {shown} is no token id; {KEY_ALLOWED}"
         digits = len(key.lstrip("0"))
         if digits > MAX_TOKEN_ID_DIGITS:
             return (

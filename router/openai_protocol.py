@@ -1,8 +1,8 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(best_of > 1, echo, suffix, chat's response_format and tools) are refused unless they
-hold their neutral value, with a message naming what is allowed. logit_bias and the
+(best_of other than n, echo, suffix, chat's response_format and tools) are refused
+unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
 presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
 extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
 (no lone surrogates). Types are strict: "2" is not an integer and "yes" is not a boolean.
@@ -165,8 +165,8 @@ class CompletionRequest(_Sampling):
     logprobs: TopCount = None
     """k: return each sampled token's logprob and the k most likely tokens per position."""
     echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
-    best_of: Annotated[int, only_neutral(lambda b: b == 1, "1 or null")] = 1
-    """Only one sample per choice."""
+    best_of: int | None = None
+    """Samples to draw, of which the n best are returned: only n itself (or null)."""
     suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
     @field_validator("prompt", mode="before")
@@ -176,6 +176,15 @@ class CompletionRequest(_Sampling):
         if isinstance(prompt, str) or ids:
             return prompt
         raise ValueError(PROMPT_ALLOWED)
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is None or self.best_of == self.n:
+            return self
+        raise ValueError(
+            f"best_of: {self.best_of} with n = {self.n}; allowed: null or {self.n}, the value "
+            "of n (not supported)"
+        )
 
     def to_sampling_params(self) -> SamplingParams:
         return self.sampling_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
@@ -350,6 +359,18 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
         raise InvalidRequest(*_describe(e)) from None
 
 
+# pydantic's strict type errors -> what the field takes (its range, if any, is checked
+# once the type is right, by SamplingParams)
+_TYPE_ALLOWED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "an object",
+}
+
+
 def _describe(e: ValidationError) -> tuple[str, str | None]:
     """(message, param): the first error, named by its field's dotted path."""
     first = e.errors()[0]
@@ -361,6 +382,12 @@ def _describe(e: ValidationError) -> tuple[str, str | None]:
         path += error.at if isinstance(error, RefusedAt) else ()
     elif first["type"] == "model_type":  # pydantic's text names our class
         msg = f"got {json_kind(first['input'])}; allowed: an object"
+    elif first["type"] in _TYPE_ALLOWED:  # "Input should be a valid integer": say what came
+        got, value = json_kind(first["input"]), first["input"]
+        shown = json.dumps(value) if isinstance(value, int | float) else ""  # bool too
+        if 0 < len(shown) <= 32:
+            got += f" ({shown})"
+        msg = f"got {got}; allowed: {_TYPE_ALLOWED[first['type']]}"
     loc = ".".join(path)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if loc:

@@ -57,8 +57,8 @@ def completion(**fields) -> dict:
         (completion(seed=-(2**63) - 1, stream=True), "seed=-9223372036854775809; allowed"),
         (completion(seed=2**70, stream=True), "seed=1180591620717411303424; allowed"),
         (completion(temperature=5), "temperature=5.0; allowed: 0 <= temperature <= 2"),
-        (completion(max_tokens=True), "max_tokens: Input should be a valid integer"),
-        (completion(best_of=2), "best_of: "),
+        (completion(max_tokens=True), "max_tokens: got a boolean (true); allowed: an integer"),
+        (completion(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
         (completion(suffix="tail"), "suffix: "),
         (completion(stream_options={"include_usage": True}), "stream_options: allowed only"),
         (completion(prompt=["a", "b"]), f"prompt: {PROMPT_ALLOWED}"),
@@ -242,7 +242,10 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
         reg.close()
     for body, message in [
         ({"lora_name": "demo-chef"}, "replicas: Field required"),
-        ({"lora_name": "demo-chef", "replicas": "2"}, "replicas: Input should be a valid integer"),
+        (
+            {"lora_name": "demo-chef", "replicas": "2"},
+            "replicas: got a string; allowed: an integer",
+        ),
         ({"lora_name": "demo-chef", "replicas": -1}, "replicas=-1; allowed: 0 .. 100000"),
         ({"lora_name": "demo-chef", "replicas": 10**9}, f"replicas={10**9}; allowed: 0 .. 100000"),
     ]:
@@ -252,7 +255,7 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
     body = {"lora_name": "x", "lora_path": "/nowhere", "public": "yes"}
     r = post(cluster, "/v1/load_lora_adapter", body, key="admin")
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == "public: Input should be a valid boolean"
+    assert r.json()["error"]["message"] == "public: got a string; allowed: true or false"
 
 
 BASE_ID = "<the base model's id>"

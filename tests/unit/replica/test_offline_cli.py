@@ -14,6 +14,7 @@ from deploy.cli import build_parser
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
+from replica.offline_cli import NULL_IS_DEFAULT
 from replica.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -192,6 +193,22 @@ def test_logprobs_and_top_logprobs_equal_the_engine(tmp_path, llama_dir, llama_a
             assert "top_logprobs" not in g
 
 
+def test_null_sampling_fields_mean_their_defaults(tmp_path, llama_dir, llama_adapters):
+    """As in a REST body, `"temperature": null` is "not given": every sampling field null
+    answers like the line without them (the flags' defaults: greedy, --max-tokens)."""
+    plain = {"prompt": "hello world", "adapter": "qv8"}
+    nulls = {**plain, **dict.fromkeys(NULL_IS_DEFAULT)}
+    res, out = _generate(
+        tmp_path, llama_dir, llama_adapters["qv8"], [plain, nulls], "--max-tokens", "5"
+    )
+    assert res.returncode == 0, res.stderr
+    a, b = (json.loads(line) for line in out.read_text().splitlines())
+    assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) == 5
+    assert {k: b[k] for k in nulls if k not in ("logprobs", "top_logprobs")} == {
+        k: v for k, v in nulls.items() if k not in ("logprobs", "top_logprobs")
+    }
+
+
 OK = {"prompt": "hi", "max_tokens": 2}
 
 
@@ -237,6 +254,9 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": "a", "logit_bias": {"1" * 5000: 5}}],
          "line 1: logit_bias: key '11111111111111111111...' (5000 digits) is no token id"),
         ([{"prompt": "a", "top_k": -2}], "line 1: top_k=-2; allowed: an integer >= 0 (0 = off), or -1"),
+        ([{"prompt": None}], "line 1: prompt=None; allowed: a string or a list of token ids"),
+        ([{"prompt": "a", "logit_bias": {"x" * 5000: 5}}],
+         "line 1: logit_bias: key 'xxxxxxxxxxxxxxxxxxxx...' (5000 characters) is no token id"),
     ],
 )  # fmt: skip
 def test_bad_line_exits_1_naming_the_line(tmp_path, llama_dir, llama_adapters, rows, message):

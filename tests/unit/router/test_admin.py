@@ -116,9 +116,9 @@ def test_a_registration_answers_its_identity():
             "lora_path: contains a NUL character at index 2; allowed: an absolute path to a "
             "local directory",
         ),
-        ({"base_model": 1}, "base_model", "base_model: Input should be a valid string"),
-        ({"public": "yes"}, "public", "public: Input should be a valid boolean"),
-        ({"replace": 1}, "replace", "replace: Input should be a valid boolean"),
+        ({"base_model": 1}, "base_model", "base_model: got a number (1); allowed: a string"),
+        ({"public": "yes"}, "public", "public: got a string; allowed: true or false"),
+        ({"replace": 1}, "replace", "replace: got a number (1); allowed: true or false"),
     ],
 )
 def test_bad_fields_are_refused_when_the_body_is_parsed(fields, param, message):

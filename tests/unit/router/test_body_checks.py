@@ -77,7 +77,12 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
     [
         (CompletionRequest, completion(echo=True), "echo: True; allowed: false or null"),
         (CompletionRequest, completion(suffix="tail"), "suffix: 'tail'; allowed: \"\" or null"),
-        (CompletionRequest, completion(best_of=2), "best_of: 2; allowed: 1 or null"),
+        (CompletionRequest, completion(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
+        (
+            CompletionRequest,
+            completion(best_of=1, n=3),
+            "best_of: 1 with n = 3; allowed: null or 3",
+        ),
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),
@@ -111,6 +116,7 @@ def test_fields_that_would_change_output_are_refused(model, body, message):
         (CompletionRequest, completion(logit_bias=None, presence_penalty=None)),
         (CompletionRequest, completion(echo=False, suffix="", best_of=1, n=1)),
         (CompletionRequest, completion(echo=None, suffix=None, best_of=None, n=None)),
+        (CompletionRequest, completion(best_of=3, n=3)),
         (ChatCompletionRequest, chat(response_format={"type": "text"}, tools=[])),
         (ChatCompletionRequest, chat(response_format={}, tools=None, tool_choice="none")),
         (ChatCompletionRequest, chat(tool_choice="auto")),

@@ -63,15 +63,15 @@ def test_neutral_values_mean_off(model, fields):
     "fields, message",
     [
         ({"presence_penalty": 2.5}, "presence_penalty=2.5; allowed: a number -2 <= "),
-        ({"presence_penalty": "1"}, "presence_penalty: Input should be a valid number"),
-        ({"presence_penalty": True}, "presence_penalty: Input should be a valid number"),
+        ({"presence_penalty": "1"}, "presence_penalty: got a string; allowed: a number"),
+        ({"presence_penalty": True}, "presence_penalty: got a boolean (true); allowed: a number"),
         ({"frequency_penalty": -3}, "frequency_penalty=-3.0; allowed: a number -2 <= "),
         ({"repetition_penalty": 0}, "repetition_penalty=0.0; allowed: a number 0 < "),
         ({"repetition_penalty": 2.01}, "repetition_penalty=2.01; allowed: a number 0 < "),
-        ({"repetition_penalty": "1.2"}, "repetition_penalty: Input should be a valid number"),
+        ({"repetition_penalty": "1.2"}, "repetition_penalty: got a string; allowed: a number"),
         ({"top_k": -2}, "top_k=-2; allowed: an integer >= 0 (0 = off), or -1 (off, as in vLLM)"),
-        ({"top_k": 2.0}, "top_k: Input should be a valid integer"),
-        ({"top_k": "2"}, "top_k: Input should be a valid integer"),
+        ({"top_k": 2.0}, "top_k: got a number (2.0); allowed: an integer"),
+        ({"top_k": "2"}, "top_k: got a string; allowed: an integer"),
         ({"logit_bias": {"abc": 1}}, f"logit_bias: key 'abc' is no token id; {KEY_ALLOWED}"),
         ({"logit_bias": {"-5": 1}}, f"logit_bias: key '-5' is no token id; {KEY_ALLOWED}"),
         ({"logit_bias": {"1.5": 1}}, f"logit_bias: key '1.5' is no token id; {KEY_ALLOWED}"),
@@ -79,7 +79,7 @@ def test_neutral_values_mean_off(model, fields):
         ({"logit_bias": {"5": 101}}, f"logit_bias: bias 101.0 for token 5; {LOGIT_BIAS_ALLOWED}"),
         ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias: token id 5 given twice; "),
         ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias: 301 token ids; "),
-        ({"logit_bias": [[5, 1]]}, "logit_bias: Input should be a valid dictionary"),
+        ({"logit_bias": [[5, 1]]}, "logit_bias: got a list; allowed: an object"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(model, fields, message):
@@ -94,6 +94,6 @@ def test_a_bias_that_is_no_number_names_its_key(model):
     with pytest.raises(InvalidRequest) as e:
         sampling(model, logit_bias={"5": "1"})
     assert (str(e.value), e.value.param) == (
-        "logit_bias.5: Input should be a valid number",
+        "logit_bias.5: got a string; allowed: a number",
         "logit_bias.5",
     )
