@@ -2,14 +2,17 @@
 
 The Serve gRPC proxy calls `Generate` / `ListModels` on the ingress by name; the
 methods share `Frontend` with REST, so resolution, auth, routing and the error table
-are the same. Errors set the status from `router.errors` on the Serve gRPC context
-and raise; a client cancel cancels this generator, which cancels the replica call
-and aborts the request in the engine.
+are the same. `n` choices are n engine requests, as on REST (`router.choices`), their
+chunks interleaved, each naming its choice; the first error of any choice ends the call
+and aborts the others. Errors set the status from `router.errors` on the Serve gRPC
+context and raise; a client cancel cancels this generator, which cancels the replica
+calls and aborts the requests in the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import numpy as np
 from ray.serve.grpc_util import RayServegRPCContext
@@ -17,7 +20,9 @@ from ray.serve.grpc_util import RayServegRPCContext
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
+from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
+from router.fanout import merge_streams
 from router.frontend import Frontend
 from router.proto import lorafleet_pb2 as pb
 
@@ -54,6 +59,14 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
     )
 
 
+def choices_of(req: pb.GenerateRequest) -> int:
+    """`n`, 0 meaning 1 (proto3's unset), as REST's 1..MAX_N."""
+    try:
+        return check_n(req.n or 1)
+    except ValueError as e:
+        raise InvalidRequest(f"n: {e}", "n") from None
+
+
 def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
     exc = unwrap(exc)
     status = status_for(exc)
@@ -83,18 +96,22 @@ class GrpcInferenceMixin:
                 raise InvalidRequest(
                     "model: required (an adapter name or the base model name)", "model"
                 )
+            n = choices_of(request)
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = await front.encode_prompt(prompt)
             params = sampling_of(request)
             prepared = await front.prepare(
                 api_key, request.model, ids, params, max_tokens_sent=request.max_tokens > 0
             )
-            async for out in front.generate(api_key, prepared):
-                yield pb.GenerateChunk(
-                    text=out.new_text,
-                    token_ids=out.new_token_ids,
-                    finish_reason=out.finish_reason or "",
-                )
+            streams = [front.generate(api_key, p) for p in prepared.choices(n)]
+            async with aclosing(merge_streams(streams)) as merged:
+                async for index, out in merged:
+                    yield pb.GenerateChunk(
+                        text=out.new_text,
+                        token_ids=out.new_token_ids,
+                        finish_reason=out.finish_reason or "",
+                        index=index,
+                    )
         except Exception as e:
             raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
 

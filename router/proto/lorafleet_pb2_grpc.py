@@ -50,7 +50,8 @@ class InferenceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Streams the generated text; the last chunk carries finish_reason.
+        """Streams the generated text of each choice (chunks of the n choices interleave,
+        each naming its choice); a choice's last chunk carries its finish_reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

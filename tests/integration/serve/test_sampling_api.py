@@ -213,3 +213,23 @@ def test_penalties_on_rest_and_grpc_equal_offline(cluster):
         )
         chunks = list(stub.Generate(req, metadata=meta))
         assert "".join(c.text for c in chunks) == want[model], model
+
+
+def test_grpc_choices_equal_the_rest_choices(cluster):
+    """gRPC's n: chunks of the choices interleave, each naming its choice, and choice i is
+    REST's choice i of the same seeded request; a bad n is INVALID_ARGUMENT naming n."""
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    rest = create(cluster, "completions", n=3, seed=SEED, temperature=1.0)
+    req = pb.GenerateRequest(
+        model="demo-poet", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=1.0, seed=SEED, n=3
+    )
+    chunks = list(stub.Generate(req, metadata=meta))
+    assert ["".join(c.text for c in chunks if c.index == i) for i in range(3)] == texts(rest)
+    assert sorted(c.index for c in chunks if c.finish_reason) == [0, 1, 2]
+    assert {c.index for c in chunks} == {0, 1, 2}
+    bad = pb.GenerateRequest(model="demo-poet", prompt=PROMPT, n=MAX_N + 1)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(bad, metadata=meta))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"n: {MAX_N + 1}; {N_ALLOWED}"
