@@ -79,6 +79,7 @@ def stats_dict(stats: EngineStats, now: float) -> dict[str, Any]:
         "queue_len": stats.num_running + stats.num_waiting,
         "kv_usage": stats.kv_usage,
         "adapter_loads": stats.adapter_loads,
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
         "time": now,
     }
 

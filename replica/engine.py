@@ -233,4 +233,5 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             active_adapters=self.scheduler.active_adapters(),
             draining=a.draining,
+            prefix_hit_tokens=self.blocks.prefix_hit_tokens,
         )

@@ -55,6 +55,7 @@ class EngineStats:
     active_adapters: distinct adapters among running and waiting sequences (the slot
         demand the autoscaling policy compares with max_loras).
     draining: keys of adapters being unloaded (freed once their last request ends).
+    prefix_hit_tokens: prompt tokens taken from the prefix cache since start (not computed).
     """
 
     gpu_adapters: tuple[str, ...]
@@ -69,3 +70,4 @@ class EngineStats:
     num_preemptions: int
     active_adapters: int
     draining: tuple[str, ...] = ()
+    prefix_hit_tokens: int = 0

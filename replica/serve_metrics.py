@@ -20,6 +20,7 @@ GAUGES = {
     "queue_len": "requests running + waiting in the engine",
     "active_adapters": "distinct adapters among running + waiting requests",
     "kv_usage": "fraction of KV blocks in use",
+    "prefix_hit_tokens": "prompt tokens taken from the prefix cache since the replica started",
 }
 
 
@@ -39,6 +40,7 @@ class ReplicaGauges:
             "queue_len": stats.num_running + stats.num_waiting,
             "active_adapters": stats.active_adapters,
             "kv_usage": stats.kv_usage,
+            "prefix_hit_tokens": stats.prefix_hit_tokens,
         }
         for name, value in values.items():
             self.gauges[name].set(value)

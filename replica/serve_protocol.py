@@ -30,6 +30,8 @@ class GenerateCall:
     adapter: the resolved adapter version, or None for the base model.
     residency: (replica_id, "gpu" | "cpu") pairs the registry reported for the
         adapter at resolution time; the request router reads them as hints.
+    group: the id shared by the `n` choices of one request (None for n = 1); the
+        request router keeps a group on one replica (`router.ranking`).
     """
 
     request_id: str
@@ -37,6 +39,7 @@ class GenerateCall:
     params: SamplingParams
     adapter: AdapterRef | None = None
     residency: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    group: str | None = None
 
     @property
     def adapter_key(self) -> str | None:

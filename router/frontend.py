@@ -103,7 +103,10 @@ class Prepared:
             dataclasses.replace(
                 self,
                 call=dataclasses.replace(
-                    call, request_id=f"{call.request_id}-{i}", params=choice_params(call.params, i)
+                    call,
+                    request_id=f"{call.request_id}-{i}",
+                    params=choice_params(call.params, i),
+                    group=call.request_id,
                 ),
             )
             for i in range(n)

@@ -13,7 +13,11 @@ Tiers 2 and 3 swap when no other replica has a free slot either: then a CPU copy
 beats a disk read. A CPU-cache holder with no free slot would swap adapters on every
 step while a replica with free slots (e.g. one the autoscaler just added for adapter
 demand) stays idle, so the free slot comes first.
-Inside a tier, power-of-two choices: two random members, the shorter queue first.
+Inside a tier, power-of-two choices: two random members, the shorter queue first. The
+choices of one request (the same `group`) take their two by rendezvous hash of the group
+instead (queue lengths in buckets first, as for a cold adapter's home), one after the
+other, so they land together on one replica, where its scheduler computes their shared
+prompt once, unless that replica is clearly busier than the others.
 The caller (Serve's router loop) tries each tier in order and skips replicas whose
 queue is full, so there is never a fixed wait for a matching replica.
 
@@ -134,12 +138,14 @@ def rank_replicas(
     rng: random.Random,
     remembered: Mapping[str, float] | None = None,
     registry_tiers: Mapping[str, str] | None = None,
+    group: str | None = None,
 ) -> list[list[str]]:
     """Rank `replicas` for one request; returns tiers of replica ids, best first.
 
     adapter_key: AdapterRef.key of the request's adapter, or None for the base model.
     remembered: AffinityMemory.holders(adapter_key).
     registry_tiers: replica_id -> "gpu" | "cpu" residency from the registry.
+    group: shared by the choices of one request (None: a request of its own).
     Each returned list holds at most two ids (power of two), shorter queue first;
     empty tiers are left out, and no id appears twice.
     """
@@ -152,9 +158,10 @@ def rank_replicas(
         tiers = _affinity_tiers(adapter_key, free, config, remembered or {}, registry_tiers or {})
     out: list[list[str]] = []
     offered: set[str] = set()
+    bucket = max(1, config.hot_queue_len // 2)
     for tier in tiers:
-        _offer(tier, out, offered, rng)
-    _offer(list(replicas), out, offered, rng)
+        _offer(tier, out, offered, rng, group, bucket)
+    _offer(list(replicas), out, offered, rng, group, bucket)
     return out
 
 
@@ -188,9 +195,10 @@ def _affinity_tiers(
 
 def _home_first(key: str, spare: list[ReplicaLoad], bucket: int) -> list[ReplicaLoad]:
     """Spares by queue length in buckets of `bucket`, then by rendezvous hash of
-    (adapter, replica): a cold adapter starts on its "home" replica unless the home is
+    (key, replica): a cold adapter starts on its "home" replica unless the home is
     clearly busier, so the adapter set partitions across replicas instead of every
-    replica cycling through every adapter, without piling load on one replica."""
+    replica cycling through every adapter, without piling load on one replica. Also
+    orders a tier for the choices of one request (key: their group)."""
 
     def order(r: ReplicaLoad) -> tuple[int, bytes]:
         home = hashlib.blake2b(f"{key}|{r.replica_id}".encode()).digest()
@@ -238,13 +246,27 @@ def _overloaded(r: ReplicaLoad, config: RankingConfig) -> bool:
 
 
 def _offer(
-    tier: list[ReplicaLoad], out: list[list[str]], offered: set[str], rng: random.Random
+    tier: list[ReplicaLoad],
+    out: list[list[str]],
+    offered: set[str],
+    rng: random.Random,
+    group: str | None,
+    bucket: int,
 ) -> None:
-    """Append a power-of-two pair drawn from the not-yet-offered members of `tier`."""
+    """Append a power-of-two pair drawn from the not-yet-offered members of `tier`. For a
+    request of a group: the group's first two by rendezvous hash, each a rank of its own
+    (Serve sends to the shortest queue within a rank, which would split the group)."""
     fresh = [r for r in tier if r.replica_id not in offered]
     if not fresh:
         return
-    pair = rng.sample(fresh, 2) if len(fresh) > 2 else list(fresh)
+    if group is not None:
+        for r in _home_first(group, fresh, bucket)[:2]:
+            out.append([r.replica_id])
+            offered.add(r.replica_id)
+        return
+    # drawn even from two, so equal queues tie in random order (Serve sends to the first
+    # of the shortest probed queues: a fixed order sent every burst to one replica)
+    pair = rng.sample(fresh, min(2, len(fresh)))
     pair.sort(key=lambda r: r.queue_len)
     out.append([r.replica_id for r in pair])
     offered.update(r.replica_id for r in pair)

@@ -89,7 +89,13 @@ class LoraAffinityRouter(RequestRouter):
         ]
         remembered = self.memory.holders(key) if key else None
         tiers = rank_replicas(
-            key, loads, self.ranking, self.rng, remembered, dict(call.residency) if call else None
+            key,
+            loads,
+            self.ranking,
+            self.rng,
+            remembered,
+            dict(call.residency) if call else None,
+            call.group if call else None,
         )
         return [[by_id[rid] for rid in tier] for tier in tiers]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import grpc
 import httpx
@@ -18,6 +19,7 @@ import pytest
 
 from cluster.records import key_id
 from cluster.registry import hash_key
+from replica.config import EngineConfig
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import (
@@ -202,6 +204,29 @@ def test_affinity_repeated_requests_stay_on_the_holder(cluster):
         cluster.counter("requests_total", model="demo-chef", finish_reason="length"),
         cluster.counter("generated_tokens_total", model="demo-chef"),
     ) == want
+
+
+def test_the_choices_of_a_request_share_one_replica_and_its_prompt(cluster):
+    """Base-model choices (no adapter holder draws them together) go to one replica, which
+    computes their prompt once: the 3 others take every block but the last from its
+    prefix cache (whether they park or arrive after it is published), as the gauge shows."""
+    bs = EngineConfig.__dataclass_fields__["block_size"].default
+    prompt = f"{uuid.uuid4().hex} " + " ".join(f"word{i}" for i in range(80))  # never seen
+    before = {rid: s["prefix_hit_tokens"] for rid, s in cluster.routing_stats().items()}
+    r = client(cluster).completions.create(
+        model=cluster.base, prompt=prompt, max_tokens=2, temperature=0, n=4
+    )
+    gains = {
+        rid: s["prefix_hit_tokens"] - before[rid] for rid, s in cluster.routing_stats().items()
+    }
+    taken = (r.usage.prompt_tokens - 1) // bs * bs
+    assert taken >= 2 * bs and sorted(gains.values()) == [0, 3 * taken], (gains, taken)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.gauge("prefix_hit_tokens") != {
+        rid: float(s["prefix_hit_tokens"]) for rid, s in cluster.routing_stats().items()
+    }:
+        time.sleep(0.5)
+    assert max(cluster.gauge("prefix_hit_tokens").values()) >= 3 * taken
 
 
 AUTH = [  # key, model, expected status

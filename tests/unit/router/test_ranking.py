@@ -253,3 +253,46 @@ def test_home_yields_to_a_clearly_less_busy_spare():
         other = ({"a", "b"} - {home}).pop()
         idle = ReplicaLoad(other, gpu_adapters=frozenset({"x"}), queue_len=0)
         assert rank_replicas(key, [busy, idle], CFG, random.Random(0))[0] == [other]
+
+
+def _group_first(key, replicas, group, seed=0):
+    return rank_replicas(key, replicas, CFG, random.Random(seed), None, None, group)[0]
+
+
+@pytest.mark.parametrize("key", [None, K])
+def test_the_choices_of_one_request_go_to_one_replica(key):
+    """Base-model choices (one tier of 4 replicas) and an adapter's (two holders): every
+    choice of a group ranks the same replica alone first, whatever the random draw and
+    as the queue grows within a bucket; groups spread over the replicas."""
+    holds = frozenset({K}) if key else frozenset()
+    loads = [ReplicaLoad(f"r{i}", gpu_adapters=holds if i < 2 else frozenset()) for i in range(4)]
+    firsts = {}
+    for g in [f"req-{j}" for j in range(40)]:
+        (first,) = _group_first(key, loads, g)
+        assert all(_group_first(key, loads[::-1], g, seed) == [first] for seed in range(5))
+        grown = [
+            ReplicaLoad(r.replica_id, r.gpu_adapters, queue_len=1 if r.replica_id == first else 0)
+            for r in loads
+        ]
+        assert _group_first(key, grown, g) == [first]  # queue 1: the same bucket as 0
+        firsts[g] = first
+    assert set(firsts.values()) == ({"r0", "r1"} if key else {"r0", "r1", "r2", "r3"})
+    # without a group: power of two, the shorter queue first
+    assert len(rank_replicas(key, loads, CFG, random.Random(0))[0]) == 2
+
+
+def test_a_group_leaves_its_replica_once_it_is_clearly_busier():
+    loads = [ReplicaLoad("a"), ReplicaLoad("b")]
+    for g in [f"req-{j}" for j in range(20)]:
+        (first,) = _group_first(None, loads, g)
+        other = ({"a", "b"} - {first}).pop()
+        busy = [ReplicaLoad(first, queue_len=4), ReplicaLoad(other)]  # buckets of 2: 2 apart
+        assert rank_replicas(None, busy, CFG, random.Random(0), group=g) == [[other], [first]]
+
+
+def test_equal_queues_tie_in_random_order():
+    """Serve sends to the first of the shortest probed queues in a rank: a fixed order of
+    two equally loaded replicas sent every burst of base requests to one of them."""
+    loads = [ReplicaLoad("a"), ReplicaLoad("b")]
+    firsts = {rank_replicas(None, loads, CFG, random.Random(seed))[0][0] for seed in range(20)}
+    assert firsts == {"a", "b"}
