@@ -13,8 +13,9 @@ from lora_core.errors import AdapterNotFound, CapacityExceeded
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager
 from replica.sampling_params import SamplingParams
-from replica.scheduler import Scheduler, WaitingQueue
+from replica.scheduler import Scheduler
 from replica.sequence import Sequence, Status
+from replica.waiting_queue import WaitingQueue
 from tests.unit.replica.scan_scheduler import ScanScheduler
 
 
