@@ -185,13 +185,13 @@ class Scheduler:
         parked = self._take_cached(seq)
         n = 0 if parked else min(seq.remaining, budget)
         if not self._grow(seq, n):
-            self._free_blocks(seq)
+            self._unadmit(seq)
             return None
         if self._needs_slot(seq):
             try:
                 seq.lora_slot = self.adapters.acquire(seq.adapter)
             except LoraFleetError:
-                self._free_blocks(seq)
+                self._unadmit(seq)
                 raise
             self._unwant(seq)
             seq.holds_slot = True
@@ -204,6 +204,12 @@ class Scheduler:
             self._announce(seq)
             out.scheduled.append((seq, n))
         return n
+
+    def _unadmit(self, seq: Sequence) -> None:
+        """Undo a failed admission. The cached blocks it took go back unused, so they are
+        no prefix hits: a request waiting for KV would count its prefix again each step."""
+        self.blocks.prefix_hit_tokens -= seq.num_cached * self.blocks.block_size
+        self._free_blocks(seq)
 
     def _hash(self, seq: Sequence, i: int) -> int:
         """The prefix-cache hash of seq's full block i (each computed once per sequence)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -384,10 +385,14 @@ def _describe(e: ValidationError) -> tuple[str, str | None]:
         msg = f"got {json_kind(first['input'])}; allowed: an object"
     elif first["type"] in _TYPE_ALLOWED:  # "Input should be a valid integer": say what came
         got, value = json_kind(first["input"]), first["input"]
+        allowed = _TYPE_ALLOWED[first["type"]]
         shown = json.dumps(value) if isinstance(value, int | float) else ""  # bool too
         if 0 < len(shown) <= 32:
             got += f" ({shown})"
-        msg = f"got {got}; allowed: {_TYPE_ALLOWED[first['type']]}"
+        elif shown and first["type"] == "float_type":  # an integer too large for a float
+            got += f" of {len(shown.lstrip('-'))} digits"
+            allowed = f"a number from -{sys.float_info.max:.4g} to {sys.float_info.max:.4g}"
+        msg = f"got {got}; allowed: {allowed}"
     loc = ".".join(path)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if loc:

@@ -138,6 +138,25 @@ def test_a_shared_first_block_then_different_prompts():
     assert _plan(s.schedule()) == [("0", 1), ("1", 6)]  # took block 0, computes the rest
 
 
+def test_a_request_waiting_for_kv_counts_no_prefix_hits():
+    s = _sched(blocks=6)
+    first = _seq(0, list(range(9)), max_tokens=1)
+    s.add(first)
+    _step(s, s.schedule())  # published blocks 0-1 of range(8), then finished
+    hog = _seq(1, list(range(100, 113)), max_tokens=20)  # 4 blocks, 3 tokens of room
+    s.add(hog)
+    _step(s, s.schedule())
+    late = _seq(2, list(range(8)) + list(range(50, 60)))  # takes 2 cached, needs 3 more
+    s.add(late)
+    for _ in range(2):
+        _step(s, s.schedule())
+        assert late.status is Status.WAITING and late.block_table == []
+        assert s.blocks.prefix_hit_tokens == 0  # was 8 more per step it waited
+    s.finish(hog, "abort")
+    _step(s, s.schedule())
+    assert late.status is Status.RUNNING and s.blocks.prefix_hit_tokens == 8
+
+
 def _checked_step(s, seed):
     out = s.schedule()
     for q in s.running:

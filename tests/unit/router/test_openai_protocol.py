@@ -117,6 +117,24 @@ def test_seed_outside_int64_is_refused_naming_the_range(seed, stream):
     )
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("temperature", 10**400), ("presence_penalty", -(10**309)), ("logit_bias", {"5": 2**1024})],
+    ids=["temperature", "presence_penalty", "logit_bias"],
+)
+def test_an_integer_beyond_a_floats_range_is_no_type_error(field, value):
+    # pydantic calls it "not a valid number"; "got a number; allowed: a number" read as a
+    # contradiction: say how long it is and what range a number field takes
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(CompletionRequest, {"model": "a", "prompt": "x", field: value})
+    digits = len(str(abs(value if isinstance(value, int) else value["5"])))
+    loc = "logit_bias.5" if field == "logit_bias" else field
+    assert (str(e.value), e.value.param) == (
+        f"{loc}: got a number of {digits} digits; allowed: a number from -1.798e+308 to 1.798e+308",
+        loc,
+    )
+
+
 @pytest.mark.parametrize("seed", [INT64_MIN, -1, 0, INT64_MAX])
 def test_seed_range_is_int64(seed):
     assert sampling(CompletionRequest, {"model": "a", "prompt": "x", "seed": seed}).seed == seed
