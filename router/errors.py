@@ -124,11 +124,27 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+MAX_MESSAGE_CHARS = 1000
+"""A longer message is cut in its middle: a message quotes what came (a number of 4300
+digits, a long stop string), and the client already has it; the end says what is
+allowed."""
+
+
 def public_message(exc: BaseException) -> str:
-    """The message shown to clients: ours verbatim, internals reduced to their type name."""
-    if isinstance(exc, LoraFleetError):
-        return str(exc)
-    return f"internal error ({type(exc).__name__})"
+    """The message shown to clients: ours (cut to MAX_MESSAGE_CHARS), internals reduced
+    to their type name.
+
+    Example: a message of 5000 characters -> its first 700, "... (4000 characters left
+    out) ...", its last 200.
+    """
+    if not isinstance(exc, LoraFleetError):
+        return f"internal error ({type(exc).__name__})"
+    message = str(exc)
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head, tail = 700, 200
+    cut = len(message) - head - tail
+    return f"{message[:head]} ... ({cut} characters left out) ... {message[-tail:]}"
 
 
 def openai_error_body(exc: BaseException) -> dict[str, dict[str, str | None]]:

@@ -97,3 +97,27 @@ def test_unwrap_looks_inside_rays_error_that_poses_as_ours():
     assert isinstance(dual, InvalidRequest) and dual.param is None
     assert unwrap(dual) is inner
     assert openai_error_body(unwrap(dual))["error"]["param"] == "logit_bias"
+
+
+def test_a_short_message_is_shown_verbatim():
+    from router.errors import public_message
+
+    message = "max_tokens=0; allowed: an integer >= 1"
+    assert public_message(InvalidRequest(message)) == message
+
+
+def test_a_long_message_is_cut_in_its_middle_keeping_what_is_allowed():
+    # a seed of 4000 digits (under Python's 4300-digit limit) was echoed in full
+    from router.errors import MAX_MESSAGE_CHARS, public_message
+    from router.openai_protocol import CompletionRequest, parse_body
+
+    digits = "9" * 4000
+    with pytest.raises(InvalidRequest) as e:
+        body = f'{{"model": "m", "prompt": "x", "seed": {digits}}}'
+        parse_body(CompletionRequest, body).to_sampling_params()
+    full = str(e.value)
+    shown = public_message(e.value)
+    assert len(full) > 4000 and len(shown) <= MAX_MESSAGE_CHARS + 60
+    assert shown.startswith(full[:700]) and shown.endswith(full[-200:])
+    assert f"({len(full) - 900} characters left out)" in shown
+    assert openai_error_body(e.value)["error"]["message"] == shown
