@@ -74,6 +74,7 @@ class History:
     def __init__(self, tokens: list[int], prompt_len: int):
         self.tokens, self.prompt_len = tokens, prompt_len
         self.prompt_array = np.asarray(tokens[:prompt_len], dtype=np.int64)
+        self.output_array = np.asarray(tokens[prompt_len:], dtype=np.int64)  # kept by the engine
 
 
 def histories(n: int) -> list[TokenHistory]:

@@ -10,16 +10,23 @@ tokens generated so far, seen_j whether j is in the prompt or among them:
     logit[j] -= presence * (count_j > 0) + frequency * count_j  (OpenAI's penalties)
 
 Cost: when no row uses any of them, nothing (the logits come back as they are: no launch,
-no host sync, no allocation). Otherwise only the rows that use one are touched: they are
-gathered, biased by one index_put, counted by one scatter_add over a padded tensor of
-their tokens, penalised by a few elementwise ops, and copied back into a copy of the
-logits (the caller's stay raw, for logprobs). The host builds the token tensor with numpy
-per row, not per token (each prompt converted once per request); nothing is read back.
+no host sync, no allocation). Otherwise one copy of the logits (the caller's stay raw, for
+logprobs), one transfer, about 25 launches, and work in proportion to the tokens
+involved, not to the vocabulary. The host builds one int64 array (`_Plan`: flat indices row * V + token of the
+entries to penalise and of the biased pairs, then the rows' factors and the biases as
+float32), with numpy per row, not per token (each prompt converted once per request), and
+sends it from pinned memory. The biases go in by one scatter_add; the penalties change
+only the entries of tokens a penalised row has seen, which are gathered, penalised and
+written back by one scatter, each entry's output count coming from a sorted copy of the output
+entries (two searchsorted). Nothing of size rows x vocabulary is built, nothing is read
+back.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -31,15 +38,17 @@ from replica.sampling_params import SamplingParams
 class TokenHistory(Protocol):
     """What the penalties read of a request (`replica.sequence.Sequence` is one)."""
 
-    tokens: list[int]
-    """The prompt followed by the tokens generated so far."""
-    prompt_len: int
-
     @property
     def prompt_array(self) -> np.ndarray:
         """int64 [prompt_len]: the prompt's ids, built once per request (the repetition
         penalty reads them every step; converting a long prompt's list each step cost
         the host ~1 ms per step at 64 rows of 1k-token prompts)."""
+        ...
+
+    @property
+    def output_array(self) -> np.ndarray:
+        """int64 [generated]: the ids generated so far, kept up to date as tokens come
+        (not converted from a list each step)."""
         ...
 
 
@@ -57,70 +66,129 @@ def process_logits(
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
-    used = [params[i] for i in rows]
-    at = torch.tensor(rows, device=logits.device)
-    sub = logits[at]  # [m, V], a copy
-    if any(p.logit_bias for p in used):
-        _add_bias(sub, used)
-    if any(p.penalised for p in used):
+    penalised = [i for i in rows if params[i].penalised]
+    if penalised:
         assert history is not None, "penalised rows need their token history"
-        sub = _penalise(sub, used, [history[i] for i in rows])
-    return logits.index_copy(0, at, sub)
-
-
-def _add_bias(sub: torch.Tensor, used: list[SamplingParams]) -> None:
-    """sub: float32 [m, V], updated in place: sub[i, id] += bias for each row's pairs."""
-    row_ids = [i for i, p in enumerate(used) for _ in p.logit_bias]
-    token_ids = [t for p in used for t, _ in p.logit_bias]
-    biases = [b for p in used for _, b in p.logit_bias]
-    where = torch.tensor([row_ids, token_ids], device=sub.device)
-    values = torch.tensor(biases, dtype=sub.dtype, device=sub.device)
-    sub.index_put_((where[0], where[1]), values, accumulate=True)
+    n, vocab = logits.shape
+    plan = _Plan.build(rows, penalised, params, history or (), n, vocab)
+    at = _STAGING.to_device(plan.words, logits.device)
+    out = logits.clone()
+    flat = out.view(-1)
+    floats = at[plan.floats_at :].view(torch.float32)
+    if plan.num_bias:
+        where = at[plan.bias_at : plan.floats_at]
+        flat.scatter_add_(0, where, floats[3 * n : 3 * n + plan.num_bias])
+    if plan.num_seen:
+        _penalise(flat, at[: plan.num_seen], plan.num_out, floats[: 3 * n].view(n, 3), vocab)
+    return out
 
 
 def _penalise(
-    sub: torch.Tensor, used: list[SamplingParams], history: list[TokenHistory]
-) -> torch.Tensor:
-    """sub: float32 [m, V] -> float32 [m, V] with repetition, then presence and frequency.
-    Rows without penalties (bias only) have r = 1 and no tokens: they come out unchanged."""
-    m, vocab = sub.shape
-    with_prompt = any(p.repetition_penalty != 1.0 for p in used)
-    tokens = torch.from_numpy(_token_table(used, history, vocab, with_prompt)).to(sub.device)
-    # Columns: [0, V) output counts, V padding, then (with_prompt) [V+1, 2V+1) prompt
-    # counts and 2V+1 unused: one scatter_add counts both.
-    counts = torch.zeros(m, (vocab + 1) * (2 if with_prompt else 1), device=sub.device)
-    counts.scatter_add_(1, tokens, torch.ones(tokens.shape, device=sub.device))
-    out_counts = counts[:, :vocab].to(sub.dtype)
-    factors = torch.tensor(
-        [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in used],
-        dtype=sub.dtype,
-        device=sub.device,
-    )
-    if with_prompt:
-        seen = (counts[:, :vocab] + counts[:, vocab + 1 : 2 * vocab + 1]) > 0
-        rep = factors[:, 0:1]
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    return sub - (factors[:, 1:2] * out_counts + factors[:, 2:3] * (out_counts > 0))
+    flat: torch.Tensor, seen: torch.Tensor, num_out: int, factors: torch.Tensor, vocab: int
+) -> None:
+    """flat: float32 [n * V] (the biased logits), updated in place: repetition, then
+    presence and frequency, on the entries `seen` (int64 [N] flat indices, the first
+    num_out the output tokens'); factors: float32 [n, 3] (repetition, frequency, presence)
+    per row. No other entry changes: for them the penalties are the identity."""
+    per_entry = factors.index_select(0, seen // vocab)  # [N, 3]
+    vals = flat.gather(0, seen)
+    rep = per_entry[:, 0]
+    vals = torch.where(vals > 0, vals / rep, vals * rep)
+    # how often each entry's (row, token) occurs among the output entries
+    generated = torch.sort(seen[:num_out]).values
+    count = torch.searchsorted(generated, seen, right=True) - torch.searchsorted(generated, seen)
+    count = count.to(flat.dtype)
+    vals = vals - (per_entry[:, 1] * count + per_entry[:, 2] * (count > 0))
+    # a (row, token) seen twice is two entries with the same value: either write wins
+    flat.scatter_(0, seen, vals)
 
 
-def _token_table(
-    used: list[SamplingParams], history: list[TokenHistory], vocab: int, with_prompt: bool
-) -> np.ndarray:
-    """-> int64 [m, L]: row i's generated token ids, then (when its repetition penalty is
-    on) its prompt ids shifted by V + 1, padded with V (a column nobody reads).
-    Example (V = 10, r on, prompt [3], output [4, 4]; a second row without r, output [5]):
-    [[4, 4, 14], [5, 10, 10]]."""
-    rows = []
-    for p, h in zip(used, history, strict=True):
-        if not p.penalised:
-            rows.append(np.empty(0, np.int64))
-            continue
-        out = np.asarray(h.tokens[h.prompt_len :], dtype=np.int64)
-        if with_prompt and p.repetition_penalty != 1.0:
-            prompt = h.prompt_array + (vocab + 1)
-            out = np.concatenate([out, prompt])
-        rows.append(out)
-    table = np.full((len(rows), max(1, max(len(r) for r in rows))), vocab, dtype=np.int64)
-    for i, r in enumerate(rows):
-        table[i, : len(r)] = r
-    return table
+@dataclass
+class _Plan:
+    """What the device needs for one call, in one int64 array (so one transfer):
+
+        [0, num_seen)             flat indices row * V + token of the entries to penalise:
+                                  every penalised row's generated tokens first (num_out of
+                                  them), then the prompts of rows whose repetition is on
+        [bias_at, floats_at)      flat indices of the logit_bias pairs
+        [floats_at, ...)          float32, two per word: factors [n, 3] (repetition,
+                                  frequency, presence; rows without penalties 1, 0, 0),
+                                  then the bias values
+
+    Example (V = 10, n = 2; row 0 with repetition 2 on, prompt [3], output [4, 4]; row 1
+    without it, output [5], bias {7: 1.5}): seen [4, 4, 15, 3], num_out 3, bias at [17].
+    """
+
+    words: np.ndarray
+    num_seen: int
+    num_out: int
+    bias_at: int
+    floats_at: int
+    num_bias: int
+
+    @classmethod
+    def build(
+        cls,
+        rows: list[int],
+        penalised: list[int],
+        params: list[SamplingParams],
+        history: Sequence[TokenHistory],
+        n: int,
+        vocab: int,
+    ) -> _Plan:
+        repeated = [i for i in penalised if params[i].repetition_penalty != 1.0]
+        seen = [history[i].output_array for i in penalised]
+        seen += [history[i].prompt_array for i in repeated]
+        lengths = [len(a) for a in seen]
+        num_out = sum(lengths[: len(penalised)])
+        num_seen = sum(lengths)
+        bias_at = [i * vocab + t for i in rows for t, _ in params[i].logit_bias]
+        biases = [b for i in rows for _, b in params[i].logit_bias]
+        floats_at = num_seen + len(bias_at)
+        words = np.empty(floats_at + (3 * n + len(biases) + 1) // 2, dtype=np.int64)
+        if num_seen:
+            np.concatenate(seen, out=words[:num_seen])
+            offsets = np.asarray(penalised + repeated, dtype=np.int64) * vocab
+            words[:num_seen] += np.repeat(offsets, lengths)
+        words[num_seen:floats_at] = bias_at
+        floats = words[floats_at:].view(np.float32)
+        factors = floats[: 3 * n].reshape(n, 3)
+        factors[:] = (1.0, 0.0, 0.0)
+        if penalised:
+            factors[penalised] = [
+                (p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+                for p in (params[i] for i in penalised)
+            ]
+        floats[3 * n : 3 * n + len(biases)] = biases
+        return cls(words, num_seen, num_out, num_seen, floats_at, len(biases))
+
+
+class _Staging:
+    """Pinned host memory the plans cross to a CUDA device from, reused call after call
+    (a copy from pageable memory first waits for the device to finish its queued work and
+    stages through the driver's own buffer). Before the buffer is written again, the last
+    copy out of it is waited for (it has long finished: each step ends in a host sync)."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        self._lock = threading.Lock()
+
+    def to_device(self, words: np.ndarray, device: torch.device) -> torch.Tensor:
+        """int64 [k] on the host -> the same on `device` (CPU: the array itself, no copy)."""
+        if device.type != "cuda":
+            return torch.from_numpy(words)
+        with self._lock:
+            if self._copied is not None:
+                self._copied.synchronize()
+            if self._buf is None or self._buf.numel() < len(words):
+                self._buf = torch.empty(max(len(words), 1 << 16), dtype=torch.int64).pin_memory()
+            staged = self._buf[: len(words)]
+            staged.numpy()[:] = words
+            on_device = staged.to(device, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+            return on_device
+
+
+_STAGING = _Staging()

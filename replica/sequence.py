@@ -55,6 +55,11 @@ class Sequence:
     emitted_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    _generated: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.int64), init=False, repr=False
+    )
+    """Backing store of `output_array`; its first _num_copied entries are up to date."""
+    _num_copied: int = field(default=0, init=False, repr=False)
 
     @cached_property
     def adapter_key(self) -> str:
@@ -66,6 +71,22 @@ class Sequence:
         """int64 [prompt_len]: the prompt's ids, built once (read by the repetition
         penalty every step, `replica.logits_processors`)."""
         return np.asarray(self.tokens[: self.prompt_len], dtype=np.int64)
+
+    @property
+    def output_array(self) -> np.ndarray:
+        """int64 [num_output]: the generated ids, kept in step with `tokens` by copying
+        only those added since the last read into a buffer that doubles when full (the
+        penalties read it every step; converting the list every step cost the host a few
+        microseconds per row)."""
+        n, have = self.num_output, self._num_copied
+        if n > len(self._generated):
+            grown = np.empty(max(n, 2 * len(self._generated), 16), np.int64)
+            grown[:have] = self._generated[:have]
+            self._generated = grown
+        if n > have:
+            self._generated[have:n] = self.tokens[self.prompt_len + have :]
+            self._num_copied = n
+        return self._generated[:n]
 
     @property
     def output_ids(self) -> list[int]:

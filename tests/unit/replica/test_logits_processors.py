@@ -28,6 +28,10 @@ class History:
     def prompt_array(self) -> np.ndarray:
         return np.asarray(self.tokens[: self.prompt_len], dtype=np.int64)
 
+    @cached_property
+    def output_array(self) -> np.ndarray:
+        return np.asarray(self.tokens[self.prompt_len :], dtype=np.int64)
+
 
 def reference(logits: np.ndarray, p: SamplingParams, h: History) -> np.ndarray:
     """One row in float64, token by token: bias, then repetition over prompt and output,
@@ -137,3 +141,38 @@ def test_logprobs_stay_those_of_the_raw_logits():
     raw = torch.log_softmax(logits, -1)
     assert out.logprobs == pytest.approx(raw[torch.arange(3), out.tokens].tolist(), abs=1e-6)
     assert [t for t, _ in out.top[0]] == raw[0].topk(3).indices.tolist()
+
+
+def test_the_plan_carries_everything_in_one_array():
+    from replica.logits_processors import _Plan
+
+    params = [
+        SamplingParams(repetition_penalty=2.0),
+        SamplingParams(presence_penalty=0.5, logit_bias=((7, 1.5),)),
+    ]
+    history = [History([3, 4, 4], 1), History([9, 5], 1)]
+    plan = _Plan.build([0, 1], [0, 1], params, history, n=2, vocab=10)
+    assert plan.words[: plan.num_seen].tolist() == [4, 4, 15, 3]
+    assert plan.num_out == 3
+    assert plan.words[plan.bias_at : plan.floats_at].tolist() == [17]
+    floats = plan.words[plan.floats_at :].view(np.float32)
+    assert floats[:6].tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 0.5]
+    assert floats[6 : 6 + plan.num_bias].tolist() == [1.5]
+
+
+def test_a_sequences_output_array_follows_its_tokens():
+    from replica.sequence import Sequence
+
+    rng = random.Random(7)
+    prompt = [rng.randrange(VOCAB) for _ in range(5)]
+    seq = Sequence("r", len(prompt), list(prompt), SamplingParams(), None, 0)
+    assert seq.output_array.tolist() == [] and seq.prompt_array.tolist() == prompt
+    seen = []
+    for step in range(100):  # one token a step, sometimes several, read every step or not
+        for _ in range(rng.choice([1, 1, 1, 3])):
+            seq.tokens.append(rng.randrange(VOCAB))
+        if rng.random() < 0.7:
+            seen.append(seq.output_array)
+            assert seen[-1].tolist() == seq.output_ids, step
+    # the arrays handed out earlier kept their values while the buffer grew
+    assert all(a.tolist() == seq.output_ids[: len(a)] for a in seen)
