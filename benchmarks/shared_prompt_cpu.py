@@ -46,15 +46,6 @@ def run(model_dir: Path, ref, prompts: list[list[int]], max_tokens: int, budget:
             kv_cache_tokens=n * (longest + max_tokens + 16),
         )
     )
-    computed = []
-    schedule = engine.scheduler.schedule
-
-    def counting():
-        out = schedule()
-        computed.append(out.num_tokens)
-        return out
-
-    engine.scheduler.schedule = counting
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params, ref)
@@ -68,7 +59,7 @@ def run(model_dir: Path, ref, prompts: list[list[int]], max_tokens: int, budget:
     decode = n * (max_tokens - 1)
     return {
         "requests": n,
-        "prompt_tokens_computed": sum(computed) - decode,
+        "prompt_tokens_computed": engine.stats().computed_tokens - decode,
         "all_first_token_s": max(first.values()) - t0,
         "wall_s": end - t0,
         "parked": engine.scheduler.num_parked,

@@ -53,6 +53,8 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._arrival = itertools.count()
         self._pending: list[RequestOutput] = []
+        self.computed_tokens = 0
+        """Tokens run through the model since start (`EngineStats.computed_tokens`)."""
         # Requests without a seed draw from one generator seeded with EngineConfig.seed, so
         # a run (the same requests in the same order) is reproducible; a seeded request's
         # own stream does not depend on its batch. One generator costs nothing per row.
@@ -161,6 +163,7 @@ class LLMEngine:
             outputs.append(dataclasses.replace(self._output(seq, "", []), error=error))
         if not sched.scheduled:
             return outputs
+        self.computed_tokens += sched.num_tokens
         batch = self.runner.prepare(sched.scheduled)
         logits = self.runner.execute(batch)
         self.scheduler.after_step(sched)
@@ -234,4 +237,5 @@ class LLMEngine:
             active_adapters=self.scheduler.active_adapters(),
             draining=a.draining,
             prefix_hit_tokens=self.blocks.prefix_hit_tokens,
+            computed_tokens=self.computed_tokens,
         )

@@ -56,6 +56,9 @@ class EngineStats:
         demand the autoscaling policy compares with max_loras).
     draining: keys of adapters being unloaded (freed once their last request ends).
     prefix_hit_tokens: prompt tokens taken from the prefix cache since start (not computed).
+    computed_tokens: tokens run through the model since start (prompt tokens computed and
+        one per decode step of each sequence); with prefix_hit_tokens, the share of
+        prompt work the cache saved.
     """
 
     gpu_adapters: tuple[str, ...]
@@ -71,3 +74,4 @@ class EngineStats:
     active_adapters: int
     draining: tuple[str, ...] = ()
     prefix_hit_tokens: int = 0
+    computed_tokens: int = 0

@@ -21,6 +21,7 @@ GAUGES = {
     "active_adapters": "distinct adapters among running + waiting requests",
     "kv_usage": "fraction of KV blocks in use",
     "prefix_hit_tokens": "prompt tokens taken from the prefix cache since the replica started",
+    "computed_tokens": "tokens run through the model (prompt and decode) since the replica started",
 }
 
 
@@ -41,6 +42,7 @@ class ReplicaGauges:
             "active_adapters": stats.active_adapters,
             "kv_usage": stats.kv_usage,
             "prefix_hit_tokens": stats.prefix_hit_tokens,
+            "computed_tokens": stats.computed_tokens,
         }
         for name, value in values.items():
             self.gauges[name].set(value)

@@ -231,17 +231,24 @@ REPLICA_ROW = Row(
         ),
         Panel(
             20,
-            "Prefix cache hits/s per replica",
-            "Prompt tokens per second each replica took from its prefix cache instead of "
-            "computing them (ray_lorafleet_prefix_hit_tokens, a growing count: rate() as for "
-            "adapter loads). Blocks are shared only under the same adapter version; the "
-            "choices of one request and requests with one system prompt hit here.",
+            "Tokens/s per replica: computed and prefix-cache hits",
+            "Tokens per second each replica ran through the model (ray_lorafleet_computed_tokens: "
+            "prompt tokens computed and one per sequence per decode step) beside the prompt "
+            "tokens it took from its prefix cache instead of computing them "
+            "(ray_lorafleet_prefix_hit_tokens). Both are growing counts: rate() as for adapter "
+            "loads. Blocks are shared only under the same adapter version; the choices of one "
+            "request and requests with one system prompt hit here.",
             "short",
             (
                 Target(
+                    f"sum by (replica) (rate({sel('ray_lorafleet_computed_tokens', *PER_REPLICA)}"
+                    f"{WINDOW}))",
+                    "computed {{replica}}",
+                ),
+                Target(
                     f"sum by (replica) (rate({sel('ray_lorafleet_prefix_hit_tokens', *PER_REPLICA)}"
                     f"{WINDOW}))",
-                    "{{replica}}",
+                    "cache hits {{replica}}",
                 ),
             ),
         ),
