@@ -372,6 +372,21 @@ _TYPE_ALLOWED = {
 }
 
 
+# pydantic's bound errors -> (operator, the ctx key holding the bound)
+_BOUND = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+
+
+def _shown(value: object) -> str:
+    """A value as the client sent it when short (5, "wizard"), else what kind it was."""
+    text = json.dumps(value)
+    return text if len(text) <= 32 else json_kind(value)
+
+
 def _describe(e: ValidationError) -> tuple[str, str | None]:
     """(message, param): the first error, named by its field's dotted path."""
     first = e.errors()[0]
@@ -393,6 +408,15 @@ def _describe(e: ValidationError) -> tuple[str, str | None]:
             got += f" of {len(shown.lstrip('-'))} digits"
             allowed = f"a number from -{sys.float_info.max:.4g} to {sys.float_info.max:.4g}"
         msg = f"got {got}; allowed: {allowed}"
+    elif first["type"] == "missing":
+        msg = "missing; this field is required"
+    elif first["type"] == "literal_error":  # "Input should be 'a' or 'b'"
+        msg = f"got {_shown(first['input'])}; allowed: {first['ctx']['expected']}"
+    elif first["type"] in _BOUND:  # "Input should be greater than or equal to 1"
+        op, key = _BOUND[first["type"]]
+        value = first["input"]
+        kind = "an integer" if isinstance(value, int) else "a number"
+        msg = f"got {_shown(value)}; allowed: {kind} {op} {first['ctx'][key]}"
     loc = ".".join(path)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if loc:

@@ -241,7 +241,7 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
     finally:
         reg.close()
     for body, message in [
-        ({"lora_name": "demo-chef"}, "replicas: Field required"),
+        ({"lora_name": "demo-chef"}, "replicas: missing; this field is required"),
         (
             {"lora_name": "demo-chef", "replicas": "2"},
             "replicas: got a string; allowed: an integer",

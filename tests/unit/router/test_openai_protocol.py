@@ -337,3 +337,38 @@ def test_parse_request_answers_like_parse_body(size):
         "max_tokens: got a string; allowed: an integer",
         "max_tokens",
     )
+
+
+@pytest.mark.parametrize(
+    "fields, message, param",
+    [
+        (
+            {"max_completion_tokens": 0},
+            "max_completion_tokens: got 0; allowed: an integer >= 1",
+            "max_completion_tokens",
+        ),
+        (
+            {"messages": [{"role": "wizard", "content": "x"}]},
+            "messages.0.role: got \"wizard\"; allowed: 'system', 'user', 'assistant', "
+            "'developer' or 'tool'",
+            "messages.0.role",
+        ),
+        (
+            {"messages": [{"role": 5, "content": "x"}]},
+            "messages.0.role: got 5; allowed: 'system', 'user', 'assistant', 'developer' or 'tool'",
+            "messages.0.role",
+        ),
+        (
+            {"messages": [{"content": "x"}]},
+            "messages.0.role: missing; this field is required",
+            "messages.0.role",
+        ),
+    ],
+)
+def test_chat_field_errors_say_what_came_and_what_is_allowed(fields, message, param):
+    # were pydantic's "Input should be greater than or equal to 1", "Input should be
+    # 'system', ...", "Field required"
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(ChatCompletionRequest, body)
+    assert (str(e.value), e.value.param) == (message, param)
