@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -114,6 +114,18 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     """Extension (as in vLLM): penalise every token of the prompt and output; 1 = off."""
+    best_of: int | None = None
+    """Samples to draw, of which the n best are returned: only n itself (or null). Chat
+    takes it too, as vLLM's does: ignoring it would change what the client gets."""
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> Self:
+        if self.best_of is None or self.best_of == self.n:
+            return self
+        raise ValueError(
+            f"best_of: {self.best_of} with n = {self.n}; allowed: null or {self.n}, the value "
+            "of n (not supported)"
+        )
 
     @model_validator(mode="before")
     @classmethod
@@ -166,8 +178,6 @@ class CompletionRequest(_Sampling):
     logprobs: TopCount = None
     """k: return each sampled token's logprob and the k most likely tokens per position."""
     echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
-    best_of: int | None = None
-    """Samples to draw, of which the n best are returned: only n itself (or null)."""
     suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
     @field_validator("prompt", mode="before")
@@ -177,15 +187,6 @@ class CompletionRequest(_Sampling):
         if isinstance(prompt, str) or ids:
             return prompt
         raise ValueError(PROMPT_ALLOWED)
-
-    @model_validator(mode="after")
-    def _best_of_is_n(self) -> CompletionRequest:
-        if self.best_of is None or self.best_of == self.n:
-            return self
-        raise ValueError(
-            f"best_of: {self.best_of} with n = {self.n}; allowed: null or {self.n}, the value "
-            "of n (not supported)"
-        )
 
     def to_sampling_params(self) -> SamplingParams:
         return self.sampling_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)

@@ -83,6 +83,7 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
             completion(best_of=1, n=3),
             "best_of: 1 with n = 3; allowed: null or 3",
         ),
+        (ChatCompletionRequest, chat(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),
@@ -118,6 +119,8 @@ def test_fields_that_would_change_output_are_refused(model, body, message):
         (CompletionRequest, completion(echo=None, suffix=None, best_of=None, n=None)),
         (CompletionRequest, completion(best_of=3, n=3)),
         (ChatCompletionRequest, chat(response_format={"type": "text"}, tools=[])),
+        (ChatCompletionRequest, chat(best_of=2, n=2)),
+        (ChatCompletionRequest, chat(best_of=None, n=1)),
         (ChatCompletionRequest, chat(response_format={}, tools=None, tool_choice="none")),
         (ChatCompletionRequest, chat(tool_choice="auto")),
         (ChatCompletionRequest, chat(tool_choice=None, response_format=None)),
