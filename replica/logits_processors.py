@@ -72,7 +72,7 @@ def process_logits(
     n, vocab = logits.shape
     plan = _Plan.build(rows, penalised, params, history or (), n, vocab)
     at = _STAGING.to_device(plan.words, logits.device)
-    out = logits.clone()
+    out = logits.clone(memory_format=torch.contiguous_format)  # viewed flat below
     flat = out.view(-1)
     floats = at[plan.floats_at :].view(torch.float32)
     if plan.num_bias:

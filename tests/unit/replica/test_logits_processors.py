@@ -176,3 +176,13 @@ def test_a_sequences_output_array_follows_its_tokens():
             assert seen[-1].tolist() == seq.output_ids, step
     # the arrays handed out earlier kept their values while the buffer grew
     assert all(a.tolist() == seq.output_ids[: len(a)] for a in seen)
+
+
+def test_non_contiguous_logits_are_processed_as_contiguous_ones():
+    rng = random.Random(11)
+    rows = [random_row(rng, "all") for _ in range(4)]
+    wide = torch.randn(VOCAB, 4, generator=torch.Generator().manual_seed(11))
+    logits = wide.t()  # [4, VOCAB], not contiguous
+    params, history = [p for p, _ in rows], [h for _, h in rows]
+    got = process_logits(logits, params, history)
+    assert torch.equal(got, process_logits(logits.contiguous(), params, history))
