@@ -60,12 +60,19 @@ DEVICE = torch.device("cuda")
 PROFILE = False
 GRAPHS = True
 # --sampling: the requests' sampling fields (greedy by default, as the recorded runs)
-SAMPLINGS = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=0.8, top_p=0.95)}
+SAMPLINGS = {
+    "greedy": dict(temperature=0.0),
+    "top_p": dict(temperature=0.8, top_p=0.95),
+    # greedy, every row with all three penalties (the repetition one reads the prompt)
+    "penalties": dict(
+        temperature=0.0, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1
+    ),
+}
 SAMPLING = SAMPLINGS["greedy"]
 
 
-def _tokens(logits, params, generators) -> list[int]:
-    return sample(logits, params, generators).tokens
+def _tokens(logits, params, generators, history=None) -> list[int]:
+    return sample(logits, params, generators, None, history).tokens
 
 
 SAMPLER = _tokens
@@ -160,9 +167,8 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         batch = runner.prepare(out.scheduled)
         logits = runner.execute(batch)
         sched.after_step(out)
-        toks = SAMPLER(
-            logits, [s.params for s in batch.sample_seqs], [None] * len(batch.sample_seqs)
-        )
+        seqs = batch.sample_seqs
+        toks = SAMPLER(logits, [s.params for s in seqs], [None] * len(seqs), history=seqs)
         for s, t in zip(batch.sample_seqs, toks, strict=True):
             s.tokens.append(t)
         return out
@@ -226,7 +232,8 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)"
     )
     ap.add_argument("--sampling", choices=sorted(SAMPLINGS), default="greedy",
-                    help="top_p: temperature 0.8, top_p 0.95")  # fmt: skip
+                    help="top_p: temperature 0.8, top_p 0.95; penalties: greedy with presence 0.5, "
+                         "frequency 0.5, repetition 1.1 on every row")  # fmt: skip
     ap.add_argument("--per-row-sampler", action="store_true",
                     help="the sampler before 2026-12-04 (a loop over rows), for comparison")  # fmt: skip
     args = ap.parse_args()
@@ -235,7 +242,12 @@ def main() -> None:
     if args.per_row_sampler:
         from sampler_gpu import per_row_baseline
 
-        SAMPLER = per_row_baseline
+        if args.sampling == "penalties":
+            raise SystemExit("--per-row-sampler has no penalties")
+
+        def SAMPLER(logits, params, generators, history=None):  # noqa: N802 (the global's name)
+            return per_row_baseline(logits, params, generators)
+
     if args.fused:
         from kernels.triton import lora_fused
 
