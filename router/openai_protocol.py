@@ -418,11 +418,25 @@ def _describe(e: ValidationError) -> tuple[str, str | None]:
         value = first["input"]
         kind = "an integer" if isinstance(value, int) else "a number"
         msg = f"got {_shown(value)}; allowed: {kind} {op} {first['ctx'][key]}"
+    elif first["type"] in ("string_too_short", "too_short"):  # "String should have at..."
+        msg = _too_short(first["input"], first["ctx"]["min_length"])
     loc = ".".join(path)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if loc:
         return f"{loc}: {msg}{more}", loc
     return f"{msg}{more}", _param_of(msg)
+
+
+def _too_short(value: str | list, least: int) -> str:
+    """pydantic's min_length errors -> what came and what is allowed.
+    Example: [] with least 1 -> "got an empty list; allowed: a list of at least 1 item"."""
+    kind, unit = ("string", "character") if isinstance(value, str) else ("list", "item")
+    got = f"a {kind} of {_count(len(value), unit)}" if value else f"an empty {kind}"
+    return f"got {got}; allowed: a {kind} of at least {_count(least, unit)}"
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
 
 
 def _param_of(msg: str) -> str | None:

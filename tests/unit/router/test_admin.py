@@ -109,7 +109,11 @@ def test_a_registration_answers_its_identity():
         ({"lora_name": "bad name!"}, "lora_name", "lora_name: adapter name 'bad name!' is invalid"),
         ({"lora_name": ""}, "lora_name", "lora_name: adapter name '' is invalid"),
         ({"tenant": "a b"}, "tenant", "tenant: tenant name 'a b' is invalid"),
-        ({"lora_path": ""}, "lora_path", "lora_path: String should have at least 1 character"),
+        (
+            {"lora_path": ""},
+            "lora_path",
+            "lora_path: got an empty string; allowed: a string of at least 1 character",
+        ),
         (
             {"lora_path": "/a\x00b"},
             "lora_path",

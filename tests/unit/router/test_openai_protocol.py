@@ -363,11 +363,22 @@ def test_parse_request_answers_like_parse_body(size):
             "messages.0.role: missing; this field is required",
             "messages.0.role",
         ),
+        (
+            {"messages": []},
+            "messages: got an empty list; allowed: a list of at least 1 item",
+            "messages",
+        ),
+        (
+            {"model": ""},
+            "model: got an empty string; allowed: a string of at least 1 character",
+            "model",
+        ),
     ],
 )
 def test_chat_field_errors_say_what_came_and_what_is_allowed(fields, message, param):
     # were pydantic's "Input should be greater than or equal to 1", "Input should be
-    # 'system', ...", "Field required"
+    # 'system', ...", "Field required", "List should have at least 1 item after
+    # validation, not 0", "String should have at least 1 character"
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
     with pytest.raises(InvalidRequest) as e:
         parse_body(ChatCompletionRequest, body)
