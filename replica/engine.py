@@ -163,9 +163,9 @@ class LLMEngine:
             outputs.append(dataclasses.replace(self._output(seq, "", []), error=error))
         if not sched.scheduled:
             return outputs
-        self.computed_tokens += sched.num_tokens
         batch = self.runner.prepare(sched.scheduled)
         logits = self.runner.execute(batch)
+        self.computed_tokens += sched.num_tokens
         self.scheduler.after_step(sched)
         seqs = batch.sample_seqs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]

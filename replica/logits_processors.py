@@ -185,9 +185,9 @@ class _Staging:
                 self._buf = torch.empty(max(len(words), 1 << 16), dtype=torch.int64).pin_memory()
             staged = self._buf[: len(words)]
             staged.numpy()[:] = words
-            on_device = staged.to(device, non_blocking=True)
+            on_device = staged.to(device, non_blocking=True)  # on device's current stream
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(device))
             return on_device
 
 

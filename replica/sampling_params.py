@@ -226,19 +226,31 @@ def _checked_bias(pairs: object) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
+def _shown_key(key: str) -> str:
+    return repr(key) if len(key) <= 40 else f"'{key[:20]}...' ({len(key)} characters)"
+
+
 def bad_token_key(bias: Mapping[str, object]) -> str | None:
     """What is wrong with the first key of an OpenAI logit_bias object that is no token id
-    written as a decimal integer ("50256"); None when every key is one."""
+    written as a decimal integer ("50256"), or the first that names the same id as an
+    earlier one ("5" and "05"); None when every key is one of its own."""
+    ids: dict[str, str] = {}
     for key in bias:
         if not _TOKEN_KEY.fullmatch(key):
-            shown = repr(key) if len(key) <= 40 else f"'{key[:20]}...' ({len(key)} characters)"
-            return f"key {shown} is no token id; {KEY_ALLOWED}"
+            return f"key {_shown_key(key)} is no token id; {KEY_ALLOWED}"
         digits = len(key.lstrip("0"))
         if digits > MAX_TOKEN_ID_DIGITS:
             return (
                 f"key '{key[:20]}...' ({len(key)} digits) is no token id of any vocabulary; "
                 f"{KEY_ALLOWED}"
             )
+        token = key.lstrip("0") or "0"
+        if token in ids:
+            return (
+                f"keys {_shown_key(ids[token])} and {_shown_key(key)} are both token id {token}; "
+                f"{LOGIT_BIAS_ALLOWED}"
+            )
+        ids[token] = key
     return None
 
 

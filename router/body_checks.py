@@ -11,6 +11,7 @@ field, whose errors would name the union's members (`content.str`, `list[TextPar
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,7 @@ def check_content(content: object) -> object:
             raise RefusedAt(f"got {json_kind(part)}, not a part; {CONTENT_ALLOWED}", (str(i),))
         kind = part.get("type")
         if kind != "text":
-            what = "a part without a type" if kind is None else f"a part of type {kind!r}"
+            what = "a part without a type" if kind is None else f"a part of type {json.dumps(kind)}"
             raise RefusedAt(f"{what}; {CONTENT_ALLOWED}", (str(i), "type"))
         if not isinstance(part.get("text"), str):
             got = "missing" if "text" not in part else f"got {json_kind(part['text'])}"
@@ -146,7 +147,7 @@ def only_neutral(neutral: Callable[[Any], bool], allowed: str) -> AfterValidator
 
     def check(value: Any) -> Any:
         if not neutral(value):
-            raise ValueError(f"{value!r}; allowed: {allowed} (not supported)")
+            raise ValueError(f"got {json.dumps(value)}; allowed: {allowed} (not supported)")
         return value
 
     return AfterValidator(check)

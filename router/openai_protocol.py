@@ -212,8 +212,8 @@ class ChatMessage(BaseModel):
         role = info.data.get("role")
         if content is None and role != "assistant":
             raise ValueError(
-                f"null in a {role!r} message; allowed: a string or a list of text parts "
-                "(null only for role 'assistant')"
+                f"null in a {json.dumps(role)} message; allowed: a string or a list of text parts "
+                '(null only for role "assistant")'
             )
         return content
 
@@ -246,7 +246,7 @@ class ChatCompletionRequest(_Sampling):
     def _no_tool_calls(self) -> ChatCompletionRequest:
         if self.tool_choice == "none" or (self.tool_choice == "auto" and not self.tools):
             return self
-        raise ValueError(f"tool_choice: {self.tool_choice!r}; {TOOL_CHOICE_ALLOWED}")
+        raise ValueError(f"tool_choice: got {json.dumps(self.tool_choice)}; {TOOL_CHOICE_ALLOWED}")
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """default_max_tokens: used when neither max_tokens field is given (as vLLM does,
@@ -410,9 +410,14 @@ def _describe(e: ValidationError) -> tuple[str, str | None]:
             allowed = f"a number from -{sys.float_info.max:.4g} to {sys.float_info.max:.4g}"
         msg = f"got {got}; allowed: {allowed}"
     elif first["type"] == "missing":
+        # a top-level null reads as not given (_null_means_default), so it lands here too
         msg = "missing; this field is required"
+        if len(path) == 1:
+            msg = "missing or null; this field is required"
     elif first["type"] == "literal_error":  # "Input should be 'a' or 'b'"
-        msg = f"got {_shown(first['input'])}; allowed: {first['ctx']['expected']}"
+        # pydantic quotes the values as Python does ('user'); a JSON API quotes as JSON
+        expected = first["ctx"]["expected"].replace("'", '"')
+        msg = f"got {_shown(first['input'])}; allowed: {expected}"
     elif first["type"] in _BOUND:  # "Input should be greater than or equal to 1"
         op, key = _BOUND[first["type"]]
         value = first["input"]

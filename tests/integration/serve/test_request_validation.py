@@ -241,7 +241,7 @@ def test_warm_replicas_zero_clears_and_bounds_agree(cluster):
     finally:
         reg.close()
     for body, message in [
-        ({"lora_name": "demo-chef"}, "replicas: missing; this field is required"),
+        ({"lora_name": "demo-chef"}, "replicas: missing or null; this field is required"),
         (
             {"lora_name": "demo-chef", "replicas": "2"},
             "replicas: got a string; allowed: an integer",
@@ -302,7 +302,7 @@ def test_non_text_content_says_only_text_is_accepted(cluster):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "messages.0.content.0.type"
     assert r.json()["error"]["message"] == (
-        "messages.0.content.0.type: a part of type 'image_url'; allowed: content as a string "
+        'messages.0.content.0.type: a part of type "image_url"; allowed: content as a string '
         'or a list of {"type": "text", "text": "..."} parts (only text: image, audio and file '
         "parts are not supported)"
     )

@@ -75,8 +75,8 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
 @pytest.mark.parametrize(
     "model, body, message",
     [
-        (CompletionRequest, completion(echo=True), "echo: True; allowed: false or null"),
-        (CompletionRequest, completion(suffix="tail"), "suffix: 'tail'; allowed: \"\" or null"),
+        (CompletionRequest, completion(echo=True), "echo: got true; allowed: false or null"),
+        (CompletionRequest, completion(suffix="tail"), 'suffix: got "tail"; allowed: "" or null'),
         (CompletionRequest, completion(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
         (
             CompletionRequest,
@@ -87,14 +87,18 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
         (
             ChatCompletionRequest,
             chat(response_format={"type": "json_object"}),
-            "response_format: {'type': 'json_object'}; allowed: {\"type\": \"text\"} or null",
+            'response_format: got {"type": "json_object"}; allowed: {"type": "text"} or null',
         ),
         (
             ChatCompletionRequest,
             chat(tools=[{"type": "function", "function": {"name": "f"}}]),
-            "tools: [{'type': 'function', 'function': {'name': 'f'}}]; allowed: [] or null",
+            'tools: got [{"type": "function", "function": {"name": "f"}}]; allowed: [] or null',
         ),
-        (ChatCompletionRequest, chat(tool_choice="required"), "tool_choice: 'required'; allowed"),
+        (
+            ChatCompletionRequest,
+            chat(tool_choice="required"),
+            'tool_choice: got "required"; allowed',
+        ),
         (
             ChatCompletionRequest,
             chat(tool_choice="auto", tools=[{"type": "function"}]),
@@ -174,7 +178,7 @@ AUDIO = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
 @pytest.mark.parametrize(
     "body, param, problem",
     [
-        (user([IMAGE]), "messages.0.content.0.type", "a part of type 'image_url'"),
+        (user([IMAGE]), "messages.0.content.0.type", 'a part of type "image_url"'),
         (user([{"type": "text", "text": "a"}, AUDIO]), "messages.0.content.1.type", None),
         (user([{"text": "a"}]), "messages.0.content.0.type", "a part without a type"),
         (user(["a"]), "messages.0.content.0", "got a string, not a part"),
@@ -185,7 +189,7 @@ AUDIO = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
 def test_content_is_text_only_and_says_so(body, param, problem):
     with pytest.raises(InvalidRequest) as e:
         parse_body(ChatCompletionRequest, body)
-    problem = problem or "a part of type 'input_audio'"
+    problem = problem or 'a part of type "input_audio"'
     assert str(e.value) == f"{param}: {problem}; {CONTENT_ALLOWED}"
     assert CONTENT_ALLOWED == (
         'allowed: content as a string or a list of {"type": "text", "text": "..."} parts '

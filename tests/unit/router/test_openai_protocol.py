@@ -349,13 +349,13 @@ def test_parse_request_answers_like_parse_body(size):
         ),
         (
             {"messages": [{"role": "wizard", "content": "x"}]},
-            "messages.0.role: got \"wizard\"; allowed: 'system', 'user', 'assistant', "
-            "'developer' or 'tool'",
+            'messages.0.role: got "wizard"; allowed: "system", "user", "assistant", '
+            '"developer" or "tool"',
             "messages.0.role",
         ),
         (
             {"messages": [{"role": 5, "content": "x"}]},
-            "messages.0.role: got 5; allowed: 'system', 'user', 'assistant', 'developer' or 'tool'",
+            'messages.0.role: got 5; allowed: "system", "user", "assistant", "developer" or "tool"',
             "messages.0.role",
         ),
         (
@@ -363,6 +363,7 @@ def test_parse_request_answers_like_parse_body(size):
             "messages.0.role: missing; this field is required",
             "messages.0.role",
         ),
+        ({"messages": None}, "messages: missing or null; this field is required", "messages"),
         (
             {"messages": []},
             "messages: got an empty list; allowed: a list of at least 1 item",

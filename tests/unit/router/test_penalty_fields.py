@@ -77,7 +77,7 @@ def test_neutral_values_mean_off(model, fields):
         ({"logit_bias": {"1.5": 1}}, f"logit_bias: key '1.5' is no token id; {KEY_ALLOWED}"),
         ({"logit_bias": {"1" * 5000: 1}}, "logit_bias: key '11111111111111111111...' (5000 "),
         ({"logit_bias": {"5": 101}}, f"logit_bias: bias 101.0 for token 5; {LOGIT_BIAS_ALLOWED}"),
-        ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias: token id 5 given twice; "),
+        ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias: keys '5' and '05' are both token id 5; "),
         ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias: 301 token ids; "),
         ({"logit_bias": [[5, 1]]}, "logit_bias: got a list; allowed: an object"),
     ],
