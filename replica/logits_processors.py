@@ -181,8 +181,10 @@ class _Staging:
         with self._lock:
             if self._copied is not None:
                 self._copied.synchronize()
-            if self._buf is None or self._buf.numel() < len(words):
-                self._buf = torch.empty(max(len(words), 1 << 16), dtype=torch.int64).pin_memory()
+            have = 0 if self._buf is None else self._buf.numel()
+            if have < len(words):  # doubling: pinning is slow, so rarely
+                size = max(len(words), 2 * have, 1 << 16)
+                self._buf = torch.empty(size, dtype=torch.int64).pin_memory()
             staged = self._buf[: len(words)]
             staged.numpy()[:] = words
             on_device = staged.to(device, non_blocking=True)  # on device's current stream
