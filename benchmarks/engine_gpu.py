@@ -169,7 +169,7 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         sched.after_step(out)
         seqs = batch.sample_seqs
         toks = SAMPLER(logits, [s.params for s in seqs], [None] * len(seqs), history=seqs)
-        for s, t in zip(batch.sample_seqs, toks, strict=True):
+        for s, t in zip(seqs, toks, strict=True):
             s.tokens.append(t)
         return out
 

@@ -11,15 +11,15 @@ tokens generated so far, seen_j whether j is in the prompt or among them:
 
 Cost: when no row uses any of them, nothing (the logits come back as they are: no launch,
 no host sync, no allocation). Otherwise one copy of the logits (the caller's stay raw, for
-logprobs), one transfer, about 25 launches, and work in proportion to the tokens
-involved, not to the vocabulary. The host builds one int64 array (`_Plan`: flat indices row * V + token of the
-entries to penalise and of the biased pairs, then the rows' factors and the biases as
-float32), with numpy per row, not per token (each prompt converted once per request), and
-sends it from pinned memory. The biases go in by one scatter_add; the penalties change
-only the entries of tokens a penalised row has seen, which are gathered, penalised and
-written back by one scatter, each entry's output count coming from a sorted copy of the output
-entries (two searchsorted). Nothing of size rows x vocabulary is built, nothing is read
-back.
+logprobs), one transfer, about 25 launches, and work in proportion to the tokens involved,
+not to the vocabulary. The host builds one int64 array (`_Plan`: flat indices row * V +
+token of the entries to penalise and of the biased pairs, then the rows' factors and the
+biases as float32), with numpy per row, not per token (each prompt converted once per
+request), and sends it from pinned memory. The biases go in by one scatter_add; the
+penalties change only the entries of tokens a penalised row has seen, which are gathered,
+penalised and written back by one scatter, each entry's output count coming from a sorted
+copy of the output entries (two searchsorted). Nothing of size rows x vocabulary is built,
+nothing is read back.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def process_logits(
     flat = out.view(-1)
     floats = at[plan.floats_at :].view(torch.float32)
     if plan.num_bias:
-        where = at[plan.bias_at : plan.floats_at]
+        where = at[plan.num_seen : plan.floats_at]
         flat.scatter_add_(0, where, floats[3 * n : 3 * n + plan.num_bias])
     if plan.num_seen:
         _penalise(flat, at[: plan.num_seen], plan.num_out, floats[: 3 * n].view(n, 3), vocab)
@@ -110,7 +110,7 @@ class _Plan:
         [0, num_seen)             flat indices row * V + token of the entries to penalise:
                                   every penalised row's generated tokens first (num_out of
                                   them), then the prompts of rows whose repetition is on
-        [bias_at, floats_at)      flat indices of the logit_bias pairs
+        [num_seen, floats_at)     flat indices of the logit_bias pairs
         [floats_at, ...)          float32, two per word: factors [n, 3] (repetition,
                                   frequency, presence; rows without penalties 1, 0, 0),
                                   then the bias values
@@ -122,7 +122,6 @@ class _Plan:
     words: np.ndarray
     num_seen: int
     num_out: int
-    bias_at: int
     floats_at: int
     num_bias: int
 
@@ -160,7 +159,7 @@ class _Plan:
                 for p in (params[i] for i in penalised)
             ]
         floats[3 * n : 3 * n + len(biases)] = biases
-        return cls(words, num_seen, num_out, num_seen, floats_at, len(biases))
+        return cls(words, num_seen, num_out, floats_at, len(biases))
 
 
 class _Staging:

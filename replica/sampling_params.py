@@ -238,13 +238,12 @@ def bad_token_key(bias: Mapping[str, object]) -> str | None:
     for key in bias:
         if not _TOKEN_KEY.fullmatch(key):
             return f"key {_shown_key(key)} is no token id; {KEY_ALLOWED}"
-        digits = len(key.lstrip("0"))
-        if digits > MAX_TOKEN_ID_DIGITS:
+        token = key.lstrip("0") or "0"
+        if len(token) > MAX_TOKEN_ID_DIGITS:
             return (
                 f"key '{key[:20]}...' ({len(key)} digits) is no token id of any vocabulary; "
                 f"{KEY_ALLOWED}"
             )
-        token = key.lstrip("0") or "0"
         if token in ids:
             return (
                 f"keys {_shown_key(ids[token])} and {_shown_key(key)} are both token id {token}; "

@@ -154,7 +154,7 @@ def test_the_plan_carries_everything_in_one_array():
     plan = _Plan.build([0, 1], [0, 1], params, history, n=2, vocab=10)
     assert plan.words[: plan.num_seen].tolist() == [4, 4, 15, 3]
     assert plan.num_out == 3
-    assert plan.words[plan.bias_at : plan.floats_at].tolist() == [17]
+    assert plan.words[plan.num_seen : plan.floats_at].tolist() == [17]
     floats = plan.words[plan.floats_at :].view(np.float32)
     assert floats[:6].tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 0.5]
     assert floats[6 : 6 + plan.num_bias].tolist() == [1.5]
