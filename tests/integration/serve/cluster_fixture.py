@@ -113,22 +113,14 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
     reg = Registry(redis_url)
     keys = register_tenants(reg, adapters)
     reg.close()
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    metrics_port = free_port()
     os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
     if ray.is_initialized():  # a previous module's Ray: this module needs its own options
         ray.shutdown()
     ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
     )
-    serve.start(
-        http_options={"host": "127.0.0.1", "port": http_port},
-        grpc_options={
-            "port": grpc_port,
-            "grpc_servicer_functions": [
-                "router.proto.lorafleet_pb2_grpc.add_InferenceServicer_to_server"
-            ],
-        },
-    )
+    http_port, grpc_port = start_serve()
     args = dict(
         auth=True,
         admin_key=ADMIN_KEY,
@@ -160,6 +152,32 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
     )
     wait_registered(cluster, cfg.autoscaling.min_replicas if cfg.autoscaling else cfg.num_replicas)
     return cluster
+
+
+def start_serve(attempts: int = 3) -> tuple[int, int]:
+    """serve.start on free (http, grpc) ports, picked once Ray runs. A port picked free can
+    still be taken before the proxy binds it (Ray's own processes bind ephemeral ports:
+    CI once saw "Failed to bind to address [::]:41375"), so a bind failure picks again."""
+    for attempt in range(attempts):
+        http_port, grpc_port = free_port(), free_port()
+        try:
+            serve.start(
+                http_options={"host": "127.0.0.1", "port": http_port},
+                grpc_options={
+                    "port": grpc_port,
+                    "grpc_servicer_functions": [
+                        "router.proto.lorafleet_pb2_grpc.add_InferenceServicer_to_server"
+                    ],
+                },
+            )
+            return http_port, grpc_port
+        except Exception as e:
+            text = str(e).lower()
+            taken = "failed to bind" in text or "address already in use" in text
+            if not taken or attempt == attempts - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
 
 
 def wait_registered(cluster: Cluster, n: int, timeout_s: float = 30.0) -> None:
