@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,14 @@ def register_tenants(reg: Registry, adapters: dict[str, Path]) -> dict[str, str]
 
 def start_cluster(tmp: Path, **overrides) -> Cluster:
     redis_url, stop_redis = start_redis(tmp / "redis")
+    try:
+        return _start_on(tmp, redis_url, stop_redis, **overrides)
+    except BaseException:  # the fixture never gets a Cluster to stop: stop its Redis here
+        stop_redis()
+        raise
+
+
+def _start_on(tmp: Path, redis_url: str, stop_redis: Callable[[], None], **overrides) -> Cluster:
     demo = ensure_demo(tmp / "demo")
     adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra")
     adapters["t1-private"] = adapters.pop("extra-4")
