@@ -165,7 +165,7 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
     def step():
         out = sched.schedule()
         batch = runner.prepare(out.scheduled)
-        logits = runner.execute(batch)
+        logits = runner.execute(batch).logits
         sched.after_step(out)
         seqs = batch.sample_seqs
         toks = SAMPLER(logits, [s.params for s in seqs], [None] * len(seqs), history=seqs)

@@ -164,12 +164,18 @@ class LLMEngine:
         if not sched.scheduled:
             return outputs
         batch = self.runner.prepare(sched.scheduled)
-        logits = self.runner.execute(batch)
+        result = self.runner.execute(batch)
         self.computed_tokens += sched.num_tokens
         self.scheduler.after_step(sched)
+        for (seq, _), (lps, top) in zip(batch.prompt_seqs, result.prompt, strict=True):
+            seq.prompt_logprobs += lps
+            seq.prompt_top_logprobs += top
+        outputs += [self._prompt_done(seq) for seq in batch.done]
         seqs = batch.sample_seqs
+        if not seqs:
+            return outputs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]
-        sampled = sample(logits, params, streams, self.generator, history=seqs)
+        sampled = sample(result.logits, params, streams, self.generator, history=seqs)
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:
@@ -189,6 +195,23 @@ class LLMEngine:
         self._seqs.pop(seq.request_id, None)
         return dataclasses.replace(self._output(seq, "", []), error=error)
 
+    def _prompt_done(self, seq: Sequence) -> RequestOutput:
+        """seq (max_tokens 0) has run its whole prompt: it ends with "length"."""
+        self.scheduler.finish(seq, "length")
+        self._seqs.pop(seq.request_id, None)
+        return self._with_prompt_logprobs(seq, self._output(seq, "", []))
+
+    def _with_prompt_logprobs(self, seq: Sequence, out: RequestOutput) -> RequestOutput:
+        """out, carrying seq's prompt logprobs if they are due: asked for, all gathered
+        and not sent yet (they go with the first output after the prompt ran)."""
+        if seq.params.prompt_logprobs is None or seq.prompt_logprobs_sent:
+            return out
+        seq.prompt_logprobs_sent = True
+        top = seq.prompt_top_logprobs if seq.params.prompt_logprobs else None
+        return dataclasses.replace(
+            out, prompt_logprobs=seq.prompt_logprobs, prompt_top_logprobs=top
+        )
+
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.tokens.append(token)
         p = seq.params
@@ -205,7 +228,7 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
-        return self._output(seq, text, new_ids)
+        return self._with_prompt_logprobs(seq, self._output(seq, text, new_ids))
 
     def _output(self, seq: Sequence, text: str, new_ids: list[int]) -> RequestOutput:
         n_lp = len(new_ids) if seq.params.logprobs else 0

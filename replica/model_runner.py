@@ -5,16 +5,22 @@ Layout of a step with decode sequences d0, d1 and a prefill chunk p (3 tokens):
     positions:  [n_d0 - 1, n_d1 - 1, c, c + 1, c + 2]   (c = p's cached tokens)
     lora slots: [slot(d0), slot(d1), slot(p) x 3]     (-1 for base-model requests)
     sample rows: 0, 1 and 4 if p's chunk ends its known tokens, else 0, 1.
+    prompt rows: 2, 3, 4 (the positions whose logits score p's prompt tokens c + 1 ..
+        c + 3, `replica.prompt_logprobs`) if p asks for prompt logprobs and none of them
+        is scored yet; 4 only if p's prompt ends at c + 3 (no token follows it).
+A sequence with max_tokens 0 whose chunk ends its prompt has no sample row: it is `done`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from replica.layers.attention import AttentionMetadata, PrefillChunk
 from replica.models.llama import CausalLM
+from replica.outputs import TopLogprobs
+from replica.prompt_logprobs import positions_to_score, score_rows
 from replica.sequence import Sequence
 
 
@@ -28,10 +34,31 @@ class StepBatch:
     meta: AttentionMetadata
     sample_rows: torch.Tensor
     sample_seqs: list[Sequence]
+    prompt_rows: torch.Tensor | None = None
+    """long [m]: rows whose logits score prompt tokens (None: no sequence asks)."""
+    prompt_targets: torch.Tensor | None = None
+    """long [m]: the prompt token each prompt row scores."""
+    prompt_seqs: list[tuple[Sequence, int]] = field(default_factory=list)
+    """(sequence, its count of prompt rows), in row order."""
+    done: list[Sequence] = field(default_factory=list)
+    """Sequences with max_tokens 0 whose prompt this step completes (nothing to sample)."""
 
     @property
     def any_lora(self) -> bool:
         return self.lora_count > 0
+
+
+@dataclass
+class StepLogits:
+    """What one step's forward returns to the engine.
+
+    logits: float32 [len(sample_seqs), V].
+    prompt: per `prompt_seqs` entry, (logprobs of the prompt tokens it scored, their top
+        tokens: as many as the sequence's params.prompt_logprobs, [] for 0).
+    """
+
+    logits: torch.Tensor
+    prompt: list[tuple[list[float], list[TopLogprobs]]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -56,6 +83,7 @@ class ModelRunner:
         ids, pos, slots, lora = [], [], [], []
         rows, sample_seqs, prefills = [], [], []
         decode_tables, decode_lens = [], []
+        scoring = _PromptRows()
         for seq, n in scheduled:
             start = len(ids)
             first = seq.num_computed
@@ -69,7 +97,13 @@ class ModelRunner:
                 decode_lens.append(first + 1)
             else:
                 prefills.append(PrefillChunk(start, n, first + n, self._tensor(table)))
-            if first + n == len(seq.tokens):
+            if seq.scored_until is not None:
+                scoring.add(seq, start, first, n)
+            if first + n < len(seq.tokens):
+                continue
+            if seq.params.max_tokens == 0:
+                scoring.done.append(seq)
+            else:
                 rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
         meta = AttentionMetadata(
@@ -87,6 +121,10 @@ class ModelRunner:
             meta=meta,
             sample_rows=self._tensor(rows),
             sample_seqs=sample_seqs,
+            prompt_rows=self._tensor(scoring.rows) if scoring.rows else None,
+            prompt_targets=self._tensor(scoring.targets) if scoring.rows else None,
+            prompt_seqs=scoring.seqs,
+            done=scoring.done,
         )
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
@@ -97,13 +135,32 @@ class ModelRunner:
         return self._tensor([t + [0] * (width - len(t)) for t in tables]).view(len(tables), width)
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> torch.Tensor:
-        """-> float32 logits [len(sample_seqs), V]."""
+    def execute(self, batch: StepBatch) -> StepLogits:
+        """-> the logits of the sample rows, and the prompt logprobs the step gathers."""
         logits = self._replay(batch)
         if logits is not None:
-            return logits
+            return StepLogits(logits)
         hidden = self.forward(batch)
-        return self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+        logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+        return StepLogits(logits, self._score_prompts(batch, hidden))
+
+    def _score_prompts(self, batch: StepBatch, hidden: torch.Tensor):
+        if batch.prompt_rows is None:
+            return []
+        k = max(seq.params.prompt_logprobs for seq, _ in batch.prompt_seqs)
+        lps, tops = score_rows(
+            self.model.compute_logits,
+            hidden.index_select(0, batch.prompt_rows),
+            batch.prompt_targets,
+            k,
+        )
+        out, at = [], 0
+        for seq, count in batch.prompt_seqs:
+            own = seq.params.prompt_logprobs
+            top = [row[:own] for row in tops[at : at + count]] if own else []
+            out.append((lps[at : at + count], top))
+            at += count
+        return out
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
@@ -119,5 +176,26 @@ class ModelRunner:
         n = meta.num_decode
         if self.graphs is None or meta.prefills or not n or batch.sample_rows.shape[0] != n:
             return None
+        if batch.prompt_rows is not None:
+            return None
         key = self.graphs.key_for(n, meta.decode_block_tables.shape[1], batch.lora_count)
         return self.graphs.run(key, batch) if key is not None else None
+
+
+class _PromptRows:
+    """The prompt rows of one step being prepared (`StepBatch.prompt_rows`)."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.targets: list[int] = []
+        self.seqs: list[tuple[Sequence, int]] = []
+        self.done: list[Sequence] = []
+
+    def add(self, seq: Sequence, start: int, first: int, n: int) -> None:
+        """seq's chunk of positions [first, first + n) sits at rows start.. of the step."""
+        positions = positions_to_score(first, n, seq.prompt_len, len(seq.prompt_logprobs))
+        if not positions:
+            return
+        self.rows.extend(start + p - first for p in positions)
+        self.targets.extend(seq.tokens[p + 1] for p in positions)
+        self.seqs.append((seq, len(positions)))

@@ -10,7 +10,7 @@ from lora_core.identity import AdapterRef
 from lora_core.validate import validate_adapter_dir
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
-from replica.offline_cli import NULL_IS_DEFAULT, SAMPLING_FIELDS, InputLine
+from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT, SAMPLING_FIELDS, InputLine
 from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams, logit_bias_of_json
 from replica.serve_protocol import check_prompt_ids
@@ -105,7 +105,8 @@ class OfflineJob:
     def run(self, lines: list[InputLine], progress: bool = True) -> list[dict]:
         """Queue every line, step until all finish -> one output row per line, in order:
         the line's fields (less its logprobs flags) + token_ids, text, finish_reason and,
-        when asked for, logprobs / top_logprobs (see README)."""
+        when asked for, logprobs / top_logprobs / prompt_logprobs / prompt_top_logprobs
+        (see README)."""
         results: list[dict] = []
         for i, line in enumerate(lines):
             try:
@@ -129,6 +130,11 @@ class OfflineJob:
             res["logprobs"].extend(out.new_logprobs)
         if "top_logprobs" in res:
             res["top_logprobs"].extend(self._top(pos) for pos in out.new_top_logprobs)
+        if out.prompt_logprobs is not None:  # the first token of a prompt has none
+            res["prompt_logprobs"] = [None, *out.prompt_logprobs]
+            if out.prompt_top_logprobs is not None:
+                tops = [self._top(pos) for pos in out.prompt_top_logprobs]
+                res["prompt_top_logprobs"] = [None, *tops]
         if out.error is not None:
             res["error"] = str(out.error)
         res["finish_reason"] = out.finish_reason
@@ -139,7 +145,7 @@ class OfflineJob:
 
 
 def _result_row(row: dict, params: SamplingParams) -> dict:
-    res = {k: v for k, v in row.items() if k not in ("logprobs", "top_logprobs")}
+    res = {k: v for k, v in row.items() if k not in ASKING_FIELDS}
     res.update(token_ids=[], text="", finish_reason=None)
     if params.logprobs:
         res["logprobs"] = []

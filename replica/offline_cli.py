@@ -56,7 +56,7 @@ def _penalty(name: str) -> str:
 FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "prompt": (lambda x: isinstance(x, str) or _is_int_list(x), "a string or a list of token ids"),
     "adapter": (lambda x: x is None or isinstance(x, str), "null or an adapter name"),
-    "max_tokens": (is_int, "an integer >= 1"),
+    "max_tokens": (is_int, "an integer >= 1, or 0 (the prompt only)"),
     "temperature": (_is_number, "a number 0 <= temperature <= 2"),
     "top_p": (_is_number, "a number 0 < top_p <= 1"),
     "top_k": (is_int, "an integer >= 0 (0 = off), or -1 (off, as in vLLM)"),
@@ -68,6 +68,10 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "top_logprobs": (
         is_int,
         f"an integer 0 <= top_logprobs <= {MAX_TOP_LOGPROBS} (needs logprobs)",
+    ),
+    "prompt_logprobs": (
+        is_int,
+        f"null or an integer 0 <= prompt_logprobs <= {MAX_TOP_LOGPROBS}",
     ),
     "presence_penalty": (_is_number, _penalty("presence_penalty")),
     "frequency_penalty": (_is_number, _penalty("frequency_penalty")),
@@ -86,8 +90,10 @@ SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter")
 # default); seed and adapter give null its own meaning (unseeded, the base model).
 NULL_IS_DEFAULT = frozenset(SAMPLING_FIELDS) - {"seed"}
 LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))
-# Output keys holding results; a request's own `logprobs` / `top_logprobs` are not echoed.
-RESULT_FIELDS = ("token_ids", "text", "finish_reason", "logprobs", "top_logprobs")
+# Output keys holding results; a request's own `logprobs` / `top_logprobs` /
+# `prompt_logprobs` are not echoed.
+ASKING_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
+RESULT_FIELDS = ("token_ids", "text", "finish_reason", *ASKING_FIELDS, "prompt_top_logprobs")
 
 
 # Refused values are echoed shortened: a 1M-token prompt list must not become a

@@ -24,6 +24,11 @@ class RequestOutput:
     error: with finish_reason "error", why the request failed (e.g. its adapter was
     unloaded while it waited); the async engine raises it to that request's caller.
     num_prompt_tokens / num_output_tokens: usage counts so far.
+    prompt_logprobs: with SamplingParams.prompt_logprobs, on the request's first output
+        once its prompt ran (None on every other): the logprob of prompt tokens 1 ..
+        P - 1 (the first token has none).
+    prompt_top_logprobs: the most likely tokens at each of those positions (None unless
+        prompt_logprobs > 0).
     """
 
     request_id: str
@@ -35,6 +40,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: LoraFleetError | None = None
+    prompt_logprobs: list[float] | None = None
+    prompt_top_logprobs: list[TopLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

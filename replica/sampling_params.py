@@ -62,7 +62,8 @@ KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50
 class SamplingParams:
     """How to sample one request.
 
-    max_tokens: tokens to generate at most (>= 1).
+    max_tokens: tokens to generate at most (>= 1; 0 runs only the prompt, e.g. to score
+        it with prompt_logprobs, and finishes with "length").
     temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 2, OpenAI's range).
     top_p: nucleus mass kept (0 < p <= 1).
     top_k: keep the k most likely tokens (0 = off; -1, vLLM's "off", is read as 0).
@@ -73,6 +74,11 @@ class SamplingParams:
     logprobs: return the log-probability of each sampled token.
     top_logprobs: also return the k most likely tokens at each sampled position
         (0 <= k <= MAX_TOP_LOGPROBS; k > 0 needs logprobs).
+    prompt_logprobs: None (off), or k (0 <= k <= MAX_TOP_LOGPROBS): return the logprob of
+        every prompt token after the first under the model's raw distribution at the
+        position before it, with the k most likely tokens there (vLLM's prompt_logprobs;
+        what OpenAI's echo + logprobs shows). The request then computes its whole prompt
+        itself: prefix-cache hits carry no logits.
     presence_penalty, frequency_penalty: OpenAI's penalties (-2 <= x <= 2), on the tokens
         generated so far: logit[j] -= presence * (count_j > 0) + frequency * count_j.
     repetition_penalty: vLLM / HF's (0 < p <= MAX_REPETITION_PENALTY, 1 = off), on every
@@ -93,15 +99,18 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 0:
             raise InvalidRequest(
-                f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1", "max_tokens"
+                f"max_tokens={self.max_tokens!r}; allowed: an integer >= 1, or 0 to run only "
+                "the prompt",
+                "max_tokens",
             )
         if not 0.0 <= float(self.temperature) <= MAX_TEMPERATURE:
             allowed = f"0 <= temperature <= {MAX_TEMPERATURE:g}"
@@ -152,6 +161,13 @@ class SamplingParams:
             raise InvalidRequest(
                 f"top_logprobs={k} needs logprobs; allowed: top_logprobs 0 without logprobs",
                 "top_logprobs",
+            )
+        k = self.prompt_logprobs
+        if k is not None and not (is_int(k) and 0 <= k <= MAX_TOP_LOGPROBS):
+            raise InvalidRequest(
+                f"prompt_logprobs={k!r}; allowed: null (off) or an integer 0 <= "
+                f"prompt_logprobs <= {MAX_TOP_LOGPROBS}",
+                "prompt_logprobs",
             )
 
     def _check_penalties(self) -> None:

@@ -223,12 +223,16 @@ class Scheduler:
     def _take_cached(self, seq: Sequence) -> bool:
         """Extend seq's KV (all of it computed, none announced) with the cached blocks
         that continue it, leaving at least one token to compute so the step yields
-        logits. True when the block after them is being computed by a running sequence:
-        seq should wait for it rather than compute it a second time."""
+        logits, and no position whose logits seq's prompt logprobs still need. True when
+        the block after them is being computed by a running sequence: seq should wait for
+        it rather than compute it a second time."""
         if not self.blocks.prefix_caching:
             return False
         bs = self.blocks.block_size
         i, last = len(seq.block_table), (len(seq.tokens) - 1) // bs
+        scored = seq.scored_until
+        if scored is not None:
+            last = min(last, scored // bs)
         waits = False
         while i < last:
             h = self._hash(seq, i)

@@ -31,6 +31,11 @@ class Sequence:
     preemption). parked: running but waiting, computing nothing, for a block another
     running sequence is computing now (`replica.scheduler`); announced: this sequence
     has told the scheduler it is computing its blocks num_cached..announced-1.
+
+    prompt_logprobs / prompt_top_logprobs: with params.prompt_logprobs set, the logprob
+    (and the most likely tokens) of prompt tokens 1, 2, ... so far, gathered chunk by
+    chunk as the prompt is computed; kept across preemption, so a recomputed chunk adds
+    nothing twice. prompt_logprobs_sent: they went out with an output.
     """
 
     request_id: str
@@ -55,6 +60,9 @@ class Sequence:
     emitted_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
     _generated: np.ndarray = field(
         default_factory=lambda: np.empty(0, np.int64), init=False, repr=False
     )
@@ -87,6 +95,16 @@ class Sequence:
             self._generated[have:n] = self.tokens[self.prompt_len + have :]
             self._num_copied = n
         return self._generated[:n]
+
+    @property
+    def scored_until(self) -> int | None:
+        """With prompt logprobs still to gather: the first position whose logits are
+        still needed (positions p < it are scored: prompt token p + 1 has its logprob), so
+        KV from the prefix cache may cover positions before it only. None otherwise."""
+        if self.params.prompt_logprobs is None:
+            return None
+        scored = len(self.prompt_logprobs)
+        return scored if scored < self.prompt_len - 1 else None
 
     @property
     def output_ids(self) -> list[int]:

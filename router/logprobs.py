@@ -19,6 +19,7 @@ character points after the U+FFFD the text shows for it. Example, text "f\\uf043
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers import decoders
@@ -93,11 +94,12 @@ class TokenTable:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A token with its logprob (the sampled one, or an alternative)."""
+    """A token with its logprob (the sampled one, or an alternative); an echoed prompt's
+    first token has none (None)."""
 
     token: str
     raw: bytes
-    logprob: float
+    logprob: float | None
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,15 @@ class LogprobReader:
         rows = zip(out.new_token_ids, out.new_logprobs, tops, strict=True)
         return [self._entry(t, lp, top) for t, lp, top in rows]
 
-    def _entry(self, token_id: int, logprob: float, top: TopLogprobs) -> TokenLogprob:
+    def read_prompt(self, ids: Sequence[int], out: RequestOutput) -> list[TokenLogprob]:
+        """The entries of an echoed prompt of ids, read before any generated token: the
+        first token's logprob is None, the others' are out.prompt_logprobs."""
+        lps = out.prompt_logprobs or []
+        tops = out.prompt_top_logprobs or [()] * len(lps)
+        rows = zip(ids[1:], lps, tops, strict=True)
+        return [self._entry(ids[0], None, ()), *(self._entry(t, lp, top) for t, lp, top in rows)]
+
+    def _entry(self, token_id: int, logprob: float | None, top: TopLogprobs) -> TokenLogprob:
         info, offset = self.table[token_id], self._chars
         if info.in_text and info.raw:
             offset += self._breaks_pending_char(info.raw[0])

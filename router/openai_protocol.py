@@ -1,7 +1,7 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(best_of other than n, echo, suffix, chat's response_format and tools) are refused
+(best_of other than n, suffix, chat's response_format and tools) are refused
 unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
 presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
 extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
@@ -13,6 +13,7 @@ runner.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from typing import Annotated, Any, Literal, Self, TypeVar
@@ -175,9 +176,13 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
     """A string, or a list of token ids."""
     max_tokens: int = 16
+    """Tokens to generate at most: >= 1, or 0 with echo (the prompt only, to score it)."""
     logprobs: TopCount = None
-    """k: return each sampled token's logprob and the k most likely tokens per position."""
-    echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
+    """k: return each sampled token's logprob and the k most likely tokens per position
+    (with echo, each prompt token's too: `SamplingParams.prompt_logprobs`)."""
+    echo: bool = False
+    """Return the prompt before the completion, in `text` and (with logprobs) in the
+    logprobs, whose first prompt token has a null logprob (OpenAI's legacy semantics)."""
     suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
     @field_validator("prompt", mode="before")
@@ -188,8 +193,22 @@ class CompletionRequest(_Sampling):
             return prompt
         raise ValueError(PROMPT_ALLOWED)
 
+    @model_validator(mode="after")
+    def _max_tokens_zero_needs_echo(self) -> Self:
+        if self.max_tokens >= 1 or (self.echo and self.max_tokens == 0):
+            return self
+        raise ValueError(
+            f"max_tokens: got {self.max_tokens}; allowed: an integer >= 1, or 0 with echo: "
+            "true (the prompt only, e.g. to score it with logprobs)"
+        )
+
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+        params = self.sampling_params(
+            self.max_tokens, self.logprobs is not None, self.logprobs or 0
+        )
+        if self.echo and self.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
 
 class TextPart(BaseModel):
@@ -229,7 +248,7 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     """Newer name of max_tokens; either may be given."""
     logprobs: bool = False

@@ -60,12 +60,15 @@ def _completion_logprobs(piece: Piece) -> dict[str, Any]:
     }
 
 
-def _top_dict(entry: TokenLogprob) -> dict[str, float]:
-    """OpenAI legacy semantics: the k most likely tokens plus the sampled one (<= k + 1).
+def _top_dict(entry: TokenLogprob) -> dict[str, float] | None:
+    """OpenAI legacy semantics: the k most likely tokens plus the sampled one (<= k + 1);
+    None for an echoed prompt's first token, which has no logprob.
 
     Token strings are distinct but for tokens that spell the same text; such a key keeps
     the likeliest, and the sampled token's key always holds its own logprob.
     """
+    if entry.sampled.logprob is None:
+        return None
     top: dict[str, float] = {}
     for c in entry.top:
         top.setdefault(c.token, c.logprob)

@@ -9,12 +9,17 @@ started together: the status is sent once every choice has its first output, and
 first error of any choice is the answer (or a stream's error event) while the others
 are aborted, as they are when the client leaves. Stream chunks carry one choice each,
 in arrival order; the usage chunk and [DONE] come once, after all choices ended.
+
+A completion with `echo` puts the prompt (`Echo`) before each choice's text, on the
+choice's first output, with the prompt's logprobs first when logprobs were asked for
+(the engine sends them with that output: `RequestOutput.prompt_logprobs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from http import HTTPStatus
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -76,20 +81,37 @@ async def refusal(front: Frontend, api_key: str | None, exc: BaseException) -> J
     return error_response(await front.key_checked_first(api_key, exc))
 
 
-def piece_of(out: RequestOutput, reader: LogprobReader | None) -> Piece:
-    """reader: the request's logprob reader, None when logprobs were not asked for."""
-    entries = reader.read(out) if reader is not None else []
-    return Piece(out.new_text, entries, out.finish_reason)
+@dataclass(frozen=True)
+class Echo:
+    """The prompt a completion with `echo` returns before each choice's text.
+
+    text: the prompt as sent (a token-id prompt decoded as generated text is); ids: its
+    tokens, whose logprobs come with the choice's first output."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
+def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None = None) -> Piece:
+    """reader: the request's logprob reader, None when logprobs were not asked for;
+    echo: the prompt to put first (given with a choice's first output only)."""
+    entries = reader.read_prompt(echo.ids, out) if reader is not None and echo else []
+    entries += reader.read(out) if reader is not None else []
+    text = echo.text + out.new_text if echo else out.new_text
+    return Piece(text, entries, out.finish_reason)
 
 
 def _reader(front: Frontend, want_logprobs: bool) -> LogprobReader | None:
     return LogprobReader(front.token_table) if want_logprobs else None
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput], reader: LogprobReader | None):
+async def _collect(
+    outputs: AsyncIterator[RequestOutput], reader: LogprobReader | None, echo: Echo | None
+):
     whole, usage = Piece(), Usage()
     async for out in outputs:
-        p = piece_of(out, reader)
+        p = piece_of(out, reader, echo)
+        echo = None
         whole.text += p.text
         whole.logprobs += p.logprobs
         whole.finish_reason = p.finish_reason
@@ -132,7 +154,12 @@ REPLICA_FAILED_RETRIES = 1
 
 
 async def _collect_whole(
-    front: Frontend, api_key: str | None, prepared: Prepared, started: Started, reader: Callable
+    front: Frontend,
+    api_key: str | None,
+    prepared: Prepared,
+    started: Started,
+    reader: Callable,
+    echo: Echo | None,
 ):
     """`_collect` of one choice of a non-streamed request. reader: makes a fresh
     LogprobReader (or None) per attempt. A ReplicaFailed starts the choice again on
@@ -140,24 +167,29 @@ async def _collect_whole(
     outputs, first = started
     for _ in range(REPLICA_FAILED_RETRIES):
         try:
-            return await _collect(_chain(first, outputs), reader())
+            return await _collect(_chain(first, outputs), reader(), echo)
         except Exception as e:
             if not isinstance(unwrap(e), ReplicaFailed):
                 raise
         prepared = prepared.again()
         outputs, first = await _start(front, api_key, prepared)
-    return await _collect(_chain(first, outputs), reader())
+    return await _collect(_chain(first, outputs), reader(), echo)
 
 
 async def _collect_all(
-    front: Frontend, api_key: str | None, choices: list[Prepared], started, reader: Callable
+    front: Frontend,
+    api_key: str | None,
+    choices: list[Prepared],
+    started,
+    reader: Callable,
+    echo: Echo | None = None,
 ) -> tuple[list[Piece], Usage]:
     """Every choice of a non-streamed request, concurrently; the first error (after its
     choice's own retry) aborts the others and is the answer."""
     try:
         wholes = await all_or_first_error(
             [
-                _collect_whole(front, api_key, p, s, reader)
+                _collect_whole(front, api_key, p, s, reader, echo)
                 for p, s in zip(choices, started, strict=True)
             ]
         )
@@ -192,26 +224,39 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         return await refusal(front, api_key, e)
     head = Head.now(prepared.call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp = req.logprobs is not None
+    echo = _echo(front, req.prompt, ids) if req.echo else None
     if not req.stream:
         try:
             wholes, usage = await _collect_all(
-                front, api_key, choices, started, lambda: _reader(front, want_lp)
+                front, api_key, choices, started, lambda: _reader(front, want_lp), echo
             )
         except Exception as e:
             return error_response(e)
         return JSONResponse(completion_body(head, wholes, usage, want_lp))
-    body = _completion_events(front, started, req, head)
+    body = _completion_events(front, started, req, head, echo)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _completion_events(front: Frontend, started, req: CompletionRequest, head: Head):
+def _echo(front: Frontend, prompt: str | list[int], ids: tuple[int, ...]) -> Echo:
+    text = (
+        prompt if isinstance(prompt, str) else front.tokenizer.decode(ids, skip_special_tokens=True)
+    )
+    return Echo(text, ids)
+
+
+async def _completion_events(
+    front: Frontend, started, req: CompletionRequest, head: Head, echo: Echo | None
+):
     want_lp = req.logprobs is not None
     readers = [_reader(front, want_lp) for _ in started]
+    echoes = [echo] * len(started)  # each choice's first chunk echoes the prompt
     usages = [Usage() for _ in started]
     try:
         async with aclosing(_merged(started)) as merged:
             async for i, out in merged:
-                yield sse(completion_chunk(head, i, piece_of(out, readers[i]), want_lp))
+                piece = piece_of(out, readers[i], echoes[i])
+                echoes[i] = None
+                yield sse(completion_chunk(head, i, piece, want_lp))
                 usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
             yield sse(usage_chunk(head, "text_completion", total_usage(usages)))

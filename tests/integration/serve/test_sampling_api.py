@@ -233,3 +233,53 @@ def test_grpc_choices_equal_the_rest_choices(cluster):
         list(stub.Generate(bad, metadata=meta))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details() == f"n: {MAX_N + 1}; {N_ALLOWED}"
+
+
+def _hf_prompt_logp(cluster, model: str, ids: list[int]):
+    """float32 [len(ids) - 1, V]: HF transformers (+ PEFT) log_softmax at positions 0..P-2."""
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(cluster.demo.model_dir), dtype=torch.float32
+    )
+    if model != cluster.base:
+        hf = PeftModel.from_pretrained(hf, str(cluster.adapters[model]))
+    with torch.no_grad():
+        return torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echo_scores_the_prompt_as_hf_peft_does(cluster, max_tokens):
+    """lm-evaluation-harness' log-likelihood request (echo, logprobs 1, max_tokens 0 or
+    more, token ids or text) through the OpenAI client: the prompt's logprobs equal an HF +
+    PEFT forward's, the first null; the prompt comes back before the completion, which
+    equals the answer without echo."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(cluster.demo.model_dir))
+    ids = tok(PROMPT).input_ids
+    logp = _hf_prompt_logp(cluster, "demo-poet", ids)
+    plain = create(cluster, "completions", temperature=0, max_tokens=max(max_tokens, 1))
+    for prompt in (PROMPT, ids):
+        c = openai.OpenAI(
+            base_url=f"{cluster.http}/v1", api_key=cluster.keys["ops"], max_retries=0, timeout=60
+        )
+        r = c.completions.create(
+            model="demo-poet", prompt=prompt, echo=True, logprobs=1, max_tokens=max_tokens,
+            temperature=0,
+        )  # fmt: skip
+        (choice,) = r.choices
+        generated = plain.choices[0].text if max_tokens else ""
+        assert choice.text == tok.decode(ids, skip_special_tokens=True) + generated
+        lp = choice.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        want = logp[torch.arange(len(ids) - 1), ids[1:]].tolist()
+        assert lp.token_logprobs[1 : len(ids)] == pytest.approx(want, abs=1e-4)
+        assert len(lp.tokens) == len(ids) + r.usage.completion_tokens
+        assert r.usage.completion_tokens == (max_tokens and plain.usage.completion_tokens)
+        assert lp.text_offset[0] == 0
+        if max_tokens == 0:
+            assert choice.finish_reason == "length"

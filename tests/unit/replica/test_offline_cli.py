@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from deploy.cli import build_parser
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
-from replica.offline_cli import NULL_IS_DEFAULT
+from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT
 from replica.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -204,8 +205,8 @@ def test_null_sampling_fields_mean_their_defaults(tmp_path, llama_dir, llama_ada
     assert res.returncode == 0, res.stderr
     a, b = (json.loads(line) for line in out.read_text().splitlines())
     assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) == 5
-    assert {k: b[k] for k in nulls if k not in ("logprobs", "top_logprobs")} == {
-        k: v for k, v in nulls.items() if k not in ("logprobs", "top_logprobs")
+    assert {k: b[k] for k in nulls if k not in ASKING_FIELDS} == {
+        k: v for k, v in nulls.items() if k not in ASKING_FIELDS
     }
 
 
@@ -284,3 +285,36 @@ def test_generate_help_gives_every_option_help_and_default():
         assert action.help, action.dest
         if action.default not in (None, False, [], argparse.SUPPRESS) and action.dest != "help":
             assert "(default %(default)s)" in action.help, action.dest
+
+
+def test_prompt_logprobs_equal_hf_peft(tmp_path, llama_dir, llama_adapters):
+    """`prompt_logprobs` k: one entry per prompt token, the first null, equal to an HF +
+    PEFT forward's log_softmax; with max_tokens 0 nothing is generated."""
+    from tests.unit.replica.test_prompt_logprobs_vs_hf import _hf_logp
+
+    rows = [
+        {"prompt": "hello world again", "adapter": "qv8", "max_tokens": 0, "prompt_logprobs": 2},
+        {"prompt": [5, 6, 7, 8], "max_tokens": 2, "prompt_logprobs": 0, "logprobs": True},
+    ]
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], rows)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(llama_dir))(rows[0]["prompt"]).input_ids
+    for g, prompt, adapter, k in [
+        (got[0], ids, llama_adapters["qv8"], 2),
+        (got[1], rows[1]["prompt"], None, 0),
+    ]:
+        logp = _hf_logp(llama_dir, adapter, prompt)[:-1]
+        want = logp[torch.arange(len(prompt) - 1), prompt[1:]].tolist()
+        assert g["prompt_logprobs"][0] is None
+        assert g["prompt_logprobs"][1:] == pytest.approx(want, abs=1e-4)
+        if k:
+            assert g["prompt_top_logprobs"][0] is None
+            top_ids = [[e["token_id"] for e in pos] for pos in g["prompt_top_logprobs"][1:]]
+            assert top_ids == logp.topk(k, dim=-1).indices.tolist()
+        else:
+            assert "prompt_top_logprobs" not in g
+    assert (got[0]["token_ids"], got[0]["finish_reason"]) == ([], "length")
+    assert len(got[1]["token_ids"]) == 2 and len(got[1]["logprobs"]) == 2

@@ -194,7 +194,10 @@ def test_sampling_never_picks_filtered_tokens():
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("max_tokens", 0),
+        ("max_tokens", -1),
+        ("prompt_logprobs", -1),
+        ("prompt_logprobs", 21),
+        ("prompt_logprobs", True),
         ("temperature", -1.0),
         ("top_p", 0.0),
         ("top_p", 1.5),

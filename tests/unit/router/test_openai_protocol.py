@@ -50,6 +50,30 @@ def test_completion_fields_map_to_sampling_params():
     )
 
 
+ZERO_ALLOWED = (
+    "allowed: an integer >= 1, or 0 with echo: true (the prompt only, e.g. to score it "
+    "with logprobs)"
+)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"max_tokens": 0}, f"max_tokens: got 0; {ZERO_ALLOWED}"),
+        ({"max_tokens": 0, "echo": False}, f"max_tokens: got 0; {ZERO_ALLOWED}"),
+        ({"max_tokens": -1, "echo": True}, f"max_tokens: got -1; {ZERO_ALLOWED}"),
+    ],
+)
+def test_max_tokens_zero_only_with_echo(fields, message):
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(CompletionRequest, {"model": "a", "prompt": "x", **fields})
+    assert (str(e.value), e.value.param) == (message, "max_tokens")
+    req = parse_body(
+        CompletionRequest, {"model": "a", "prompt": "x", "max_tokens": 0, "echo": True}
+    )
+    assert req.to_sampling_params() == SamplingParams(max_tokens=0)
+
+
 def test_completion_defaults():
     req = parse_body(CompletionRequest, {"model": "a", "prompt": [1, 2, 3]})
     assert req.prompt == [1, 2, 3]
@@ -78,7 +102,8 @@ def test_completion_defaults():
             {"model": "a", "prompt": "x", "logprobs": -1},
             "logprobs: -1 is out of range; allowed: 0 to 20",
         ),
-        ({"model": "a", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "a", "prompt": "x", "echo": "yes"}, "echo"),
+        ({"model": "a", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "a", "prompt": "x", "seed": "s"}, "seed"),
         ({"model": "a", "prompt": "x", "stop": [1]}, "stop"),
         ({"model": "a", "prompt": "x", "max_tokens": True}, "max_tokens"),

@@ -1,0 +1,152 @@
+"""Completions with `echo` over a real Frontend (fake registry, an engine-shaped scripted
+dispatch): the prompt comes before each choice's text, once, and with logprobs its
+tokens come first in the logprobs, the first with a null logprob and null top, text
+offsets running on over the prompt into the completion; max_tokens 0 is allowed only
+with echo; the engine is asked for prompt logprobs only when echo wants logprobs."""
+
+import asyncio
+import json
+
+import pytest
+
+from replica.outputs import RequestOutput
+from router import rest
+from router.openai_protocol import CompletionRequest, parse_body
+from tests.unit.router.test_frontend_auth import make_front, tokenizer
+
+__all__ = ["tokenizer"]  # the module fixture, shared
+PROMPT = "hello world"
+GENERATED = [("x", 70), ("y", 71)]  # (text, token id) of each step
+
+
+class EngineLike:
+    """Answers a call as the engine does: prompt logprobs (token i scores -i / 10, its
+    top tokens (i, -0.1)) with the first output when asked, then GENERATED, or nothing
+    generated with max_tokens 0."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def __call__(self, call):
+        self.calls.append(call)
+        p, n = call.params, len(call.prompt_token_ids)
+        lps = tops = None
+        if p.prompt_logprobs is not None:
+            lps = [-i / 10 for i in range(1, n)]
+            tops = (
+                [((i, -0.1),) * p.prompt_logprobs for i in range(1, n)]
+                if p.prompt_logprobs
+                else None
+            )
+        if p.max_tokens == 0:
+            yield RequestOutput(
+                call.request_id,
+                finish_reason="length",
+                num_prompt_tokens=n,
+                prompt_logprobs=lps,
+                prompt_top_logprobs=tops,
+            )
+            return
+        for step, (text, token) in enumerate(GENERATED):
+            last = step == len(GENERATED) - 1
+            yield RequestOutput(
+                call.request_id,
+                [token],
+                text,
+                new_logprobs=[-1.0] if p.logprobs else [],
+                new_top_logprobs=[((token, -1.0),)] if p.top_logprobs else [],
+                finish_reason="length" if last else None,
+                num_prompt_tokens=n,
+                num_output_tokens=step + 1,
+                prompt_logprobs=lps if step == 0 else None,
+                prompt_top_logprobs=tops if step == 0 else None,
+            )
+
+
+def answer(tokenizer, body: dict):
+    engine = EngineLike()
+    front = make_front(tokenizer, engine)
+
+    async def go():
+        response = await rest.completions(front, None, parse_body(CompletionRequest, body))
+        if body.get("stream"):
+            return b"".join([c async for c in response.body_iterator])
+        return response.body
+
+    raw = asyncio.run(go()).decode()
+    if not body.get("stream"):
+        return json.loads(raw), engine.calls
+    datas = [e.removeprefix("data: ") for e in raw.split("\n\n") if e]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas[:-1]], engine.calls
+
+
+def test_echo_with_logprobs_puts_the_scored_prompt_first(tokenizer):
+    body, calls = answer(
+        tokenizer, {"model": "a2", "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2}
+    )
+    ids = tokenizer(PROMPT).input_ids
+    assert calls[0].params.prompt_logprobs == 1 and calls[0].params.max_tokens == 2
+    (choice,) = body["choices"]
+    assert choice["text"] == PROMPT + "xy"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == [tokenizer.decode([t]) for t in [*ids, 70, 71]]
+    assert lp["token_logprobs"] == [None, *(-i / 10 for i in range(1, len(ids))), -1.0, -1.0]
+    assert lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1] == {tokenizer.decode([1]): -0.1, lp["tokens"][1]: -0.1}
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][len(ids)] == len(PROMPT)
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    assert body["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": 2,
+        "total_tokens": len(ids) + 2,
+    }
+
+
+def test_echo_max_tokens_zero_returns_the_prompt_only(tokenizer):
+    body, calls = answer(
+        tokenizer, {"model": "a2", "prompt": PROMPT, "echo": True, "logprobs": 0, "max_tokens": 0}
+    )
+    assert calls[0].params.max_tokens == 0 and calls[0].params.prompt_logprobs == 0
+    (choice,) = body["choices"]
+    assert (choice["text"], choice["finish_reason"]) == (PROMPT, "length")
+    ids = tokenizer(PROMPT).input_ids
+    assert len(choice["logprobs"]["tokens"]) == len(ids)
+    assert choice["logprobs"]["top_logprobs"][1] == {choice["logprobs"]["tokens"][1]: -0.1}
+    assert body["usage"]["completion_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "echo, logprobs, want", [(True, None, None), (False, 2, None), (True, 2, 2)]
+)
+def test_prompt_logprobs_are_asked_only_for_echo_with_logprobs(tokenizer, echo, logprobs, want):
+    body, calls = answer(
+        tokenizer, {"model": "a2", "prompt": PROMPT, "echo": echo, "logprobs": logprobs}
+    )
+    assert calls[0].params.prompt_logprobs == want
+    assert body["choices"][0]["text"] == (PROMPT if echo else "") + "xy"
+
+
+def test_a_token_id_prompt_echoes_its_decoded_text(tokenizer):
+    ids = tokenizer(PROMPT).input_ids
+    body, _ = answer(tokenizer, {"model": "a2", "prompt": ids, "echo": True})
+    assert body["choices"][0]["text"] == tokenizer.decode(ids, skip_special_tokens=True) + "xy"
+
+
+def test_a_stream_echoes_the_prompt_once_per_choice_in_its_first_chunk(tokenizer):
+    chunks, _ = answer(
+        tokenizer,
+        {"model": "a2", "prompt": PROMPT, "echo": True, "logprobs": 0, "n": 2, "stream": True},
+    )
+    texts = {0: [], 1: []}
+    for c in chunks:
+        (choice,) = c["choices"]
+        texts[choice["index"]].append(choice["text"])
+    ids = tokenizer(PROMPT).input_ids
+    for i in (0, 1):
+        assert texts[i] == [PROMPT + "x", "y"]
+    firsts = [
+        c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["text"].startswith(PROMPT)
+    ]
+    assert [len(f["tokens"]) for f in firsts] == [len(ids) + 1] * 2
+    assert all(f["token_logprobs"][0] is None for f in firsts)
