@@ -1,15 +1,24 @@
 """Incremental detokenization with stop strings.
 
-The text of a request is decoded from all of its output tokens; what is streamed
-holds back (a) a trailing U+FFFD, which means a multi-byte character is not complete
-yet, and (b) any suffix that could still grow into a stop string.
+Each sequence's output ids go through a `tokenizers.decoders.DecodeStream`, which decodes
+only a short window of the newest ids per step (vLLM's incremental scheme, in Rust): a
+step costs the same at the 10th and the 10,000th token. Decoding the whole output every
+step, as this module did before, cost 0.18 us per output token per step on a 2-core CPU:
+about 12 ms of host time per decode step at 128 sequences of 500 tokens, more than the
+GPU step itself. The stream holds back ids that end inside a multi-byte character until
+it completes; at the request's end they are flushed as a full decode shows them
+(U+FFFD). The text is the same as decoding all output ids at once with special tokens
+skipped and without HF's `clean_up_tokenization_spaces` (which rewrites " ." as "." and
+would disagree with the tokens' own bytes that logprobs report; vLLM does not apply it).
+
+What is streamed also holds back any suffix that could still grow into a stop string.
 """
 
 from __future__ import annotations
 
-from replica.sequence import Sequence
+from tokenizers.decoders import DecodeStream
 
-_INCOMPLETE = "\ufffd"
+from replica.sequence import Sequence
 
 
 def _holdback(text: str, stops: tuple[str, ...]) -> int:
@@ -24,18 +33,22 @@ def _holdback(text: str, stops: tuple[str, ...]) -> int:
 
 
 class Detokenizer:
+    """tokenizer: a HF fast tokenizer (its `backend_tokenizer` drives the streams)."""
+
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._backend = tokenizer.backend_tokenizer
 
     def update(self, seq: Sequence, final: bool, stop_token: bool = False) -> tuple[str, bool]:
-        """Decode seq's output; returns (new text to emit, whether a stop string matched).
+        """Decode seq's new output ids; returns (new text to emit, whether a stop string
+        matched).
 
         stop_token: the last token ended the request (a stop_token_id or EOS); its text
         is left out of the output, as vLLM does without include_stop_str_in_output (the
         id stays in the token ids).
         """
-        ids = seq.output_ids[:-1] if stop_token else seq.output_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        end = seq.num_output - 1 if stop_token else seq.num_output
+        text = seq.text + self._decode_new(seq, end, final)
         stops = seq.params.stop
         hit = False
         if stops:
@@ -44,13 +57,39 @@ class Detokenizer:
             if cut >= 0:
                 text, hit, final = text[:cut], True, True
         seq.text = text
-        end = len(text)
+        end_at = len(text)
         if not final:
-            while end > seq.emitted_text_len and text[end - 1] == _INCOMPLETE:
-                end -= 1
-            # After the incomplete character is set aside: "ab\ufffd" may end in a stop
-            # string "bé" once é completes, so "b" must be held back too.
-            end -= _holdback(text[:end], stops)
-        new = text[seq.emitted_text_len : end] if end > seq.emitted_text_len else ""
-        seq.emitted_text_len = max(seq.emitted_text_len, end)
+            # "ab" with half of an "é" pending may end in a stop string "bé" once the é
+            # completes, so "b" must be held back too.
+            end_at -= _holdback(text, stops)
+        new = text[seq.emitted_text_len : end_at] if end_at > seq.emitted_text_len else ""
+        seq.emitted_text_len = max(seq.emitted_text_len, end_at)
         return new, hit
+
+    def _decode_new(self, seq: Sequence, end: int, final: bool) -> str:
+        """The text of output ids [seq.detok_fed, end) that is complete now (all of it
+        when final)."""
+        if seq.detok_stream is None:
+            seq.detok_stream = DecodeStream(skip_special_tokens=True)
+        pieces = []
+        for i in range(seq.detok_fed, end):
+            try:
+                piece = seq.detok_stream.step(self._backend, seq.tokens[seq.prompt_len + i])
+            except Exception:  # noqa: BLE001 - a decoder whose text is not prefix-stable
+                # Rust's stream refuses a window whose text does not extend its prefix; go
+                # on from here with a fresh stream (without the context of earlier ids)
+                seq.detok_stream = DecodeStream(skip_special_tokens=True)
+                piece = self._decode(seq, seq.detok_settled, i + 1)
+            if piece is not None:
+                pieces.append(piece)
+                seq.detok_settled = i + 1
+        seq.detok_fed = max(seq.detok_fed, end)
+        if final and seq.detok_settled < end:
+            pieces.append(self._decode(seq, seq.detok_settled, end))
+            seq.detok_settled = end
+        return "".join(pieces)
+
+    def _decode(self, seq: Sequence, start: int, end: int) -> str:
+        """Output ids [start, end) decoded at once, as the streams decode."""
+        ids = seq.tokens[seq.prompt_len + start : seq.prompt_len + end]
+        return self._backend.decode(ids, skip_special_tokens=True)

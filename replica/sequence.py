@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,12 @@ class Sequence:
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    detok_stream: Any = None
+    """The output's `tokenizers` DecodeStream (`replica.detokenizer`), made on first use."""
+    detok_fed: int = 0
+    """Output ids fed to detok_stream."""
+    detok_settled: int = 0
+    """Output ids whose text is in `text` (the rest end inside a character)."""
     _generated: np.ndarray = field(
         default_factory=lambda: np.empty(0, np.int64), init=False, repr=False
     )

@@ -238,10 +238,10 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
 
 
 def _echo(front: Frontend, prompt: str | list[int], ids: tuple[int, ...]) -> Echo:
-    text = (
-        prompt if isinstance(prompt, str) else front.tokenizer.decode(ids, skip_special_tokens=True)
-    )
-    return Echo(text, ids)
+    if isinstance(prompt, str):
+        return Echo(prompt, ids)
+    # as the engine decodes generated ids (replica.detokenizer): no HF space clean-up
+    return Echo(front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=True), ids)
 
 
 async def _completion_events(

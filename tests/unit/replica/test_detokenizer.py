@@ -12,15 +12,39 @@ from replica.sampling_params import SamplingParams
 from replica.sequence import Sequence
 
 
-class _BytesTokenizer:
-    """Token id -> raw bytes; decode joins them and replaces incomplete UTF-8 by U+FFFD
-    (what byte-level BPE tokenizers do)."""
+def _byte_tokenizer(words: tuple[bytes, ...]):
+    """A byte-level BPE fast tokenizer whose vocabulary is the 256 bytes, `words` (each
+    merged from its bytes, in order) and the special token "</s>"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, pieces: dict[int, bytes]):
-        self.pieces = pieces
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_char = {b: c for c, b in _byte_decoder().items()}
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    merges = []
+    for w in words:
+        chars = [byte_char[b] for b in w]
+        for i in range(1, len(chars)):
+            left, right = "".join(chars[:i]), chars[i]
+            merges.append((left, right))
+            vocab.setdefault(left + right, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    return fast
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+def _byte_decoder() -> dict[str, int]:
+    from router.logprobs import _BYTE_DECODER
+
+    return _BYTE_DECODER
+
+
+def _ids(tok, pieces: tuple[bytes, ...]) -> list[int]:
+    """The token id of each piece's bytes (a vocabulary entry)."""
+    char = {b: c for c, b in _byte_decoder().items()}
+    return [tok.convert_tokens_to_ids("".join(char[b] for b in p)) for p in pieces]
 
 
 def _stream(detok: Detokenizer, ids: list[int], stop: tuple[str, ...]) -> tuple[str, bool]:
@@ -47,19 +71,21 @@ def _stream(detok: Detokenizer, ids: list[int], stop: tuple[str, ...]) -> tuple[
 )
 def test_stop_string_ending_in_a_split_character(ids, stop, expected):
     # "é" is c3 a9: token 2 carries its first byte, token 3 the second (and "x")
-    detok = Detokenizer(_BytesTokenizer({1: b"ab", 2: b"\xc3", 3: b"\xa9x"}))
-    assert _stream(detok, ids, stop) == expected
+    tok = _byte_tokenizer((b"ab", b"\xa9x"))
+    token = dict(zip((1, 2, 3), _ids(tok, (b"ab", b"\xc3", b"\xa9x")), strict=True))
+    assert _stream(Detokenizer(tok), [token[i] for i in ids], stop) == expected
 
 
 def test_stop_token_text_is_left_out():
     """A request ended by a stop token id (or EOS) streams the text before that token,
     as vLLM does without include_stop_str_in_output; even text held back for a stop
     string is released."""
-    detok = Detokenizer(_BytesTokenizer({1: b"ab", 2: b"\xc3", 3: b"\xa9x", 4: b"</s>"}))
+    tok = _byte_tokenizer((b"ab",))
+    detok = Detokenizer(tok)
     seq = Sequence("r", 0, [], SamplingParams(max_tokens=4, stop=("bz",)), None, 0)
-    seq.tokens.append(1)
+    seq.tokens += _ids(tok, (b"ab",))
     assert detok.update(seq, final=False) == ("a", False)
-    seq.tokens.append(4)
+    seq.tokens.append(tok.convert_tokens_to_ids("</s>"))
     assert detok.update(seq, final=True, stop_token=True) == ("b", False)
     assert seq.text == "ab"
 
@@ -81,3 +107,76 @@ def test_streamed_text_is_the_text_before_the_first_stop(llama_dir):
             continue
         text, hit = _stream(detok, ids, (stop,))
         assert hit and text == full[: full.find(stop)], (ids, stop)
+
+
+def _sentencepiece_tokenizer():
+    """A Llama-2-style fast tokenizer (what HF converts sentencepiece models to): "▁" for
+    spaces, <0xNN> byte-fallback tokens, and a decoder that strips the text's first
+    space, so a window's text depends on where the window starts."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    merges = []
+    for word in ("▁the", "▁hello", "lo", "▁é", "▁a"):
+        for ch in word:
+            vocab.setdefault(ch, len(vocab))
+        for i in range(2, len(word) + 1):
+            merges.append((word[: i - 1], word[i - 1]))
+            vocab.setdefault(word[:i], len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def _random_ids(tok, rng: random.Random, kind: str) -> list[int]:
+    """Up to 40 random ids. Byte-level: any. Sentencepiece: word pieces, special tokens
+    and <0xNN> runs that spell whole characters (ByteFallback decodes a run that is not
+    valid UTF-8 as one U+FFFD per byte, valid bytes included, so one decode of such a run
+    is no concatenation of its pieces' texts; streams keep the valid bytes)."""
+    if kind == "byte-level":
+        return [rng.randrange(len(tok)) for _ in range(rng.randint(1, 40))]
+    ids: list[int] = []
+    while len(ids) < rng.randint(1, 40):
+        if rng.random() < 0.3:
+            char = rng.choice("aé€😀\n")
+            ids += [tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in char.encode()]
+        else:
+            ids.append(rng.choice([0, 1, 2, *range(259, len(tok))]))
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "sentencepiece"])
+def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind):
+    """Random ids (split characters, byte-fallback pieces, special tokens), fed one per
+    step: the streamed text is one decode of all output ids, special tokens skipped; a
+    last stop token is left out."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(llama_dir)) if kind == "byte-level" else None
+    tok = tok or _sentencepiece_tokenizer()
+    detok, rng = Detokenizer(tok), random.Random(1)
+    for _ in range(300):
+        ids = _random_ids(tok, rng, kind)
+        stop_token = rng.random() < 0.3
+        if stop_token and kind == "sentencepiece":  # ending no run in half a character
+            ids.append(tok.eos_token_id)
+        seq = Sequence("r", 2, [7, 8], SamplingParams(max_tokens=len(ids)), None, 0)
+        text = ""
+        for i, token in enumerate(ids):
+            seq.tokens.append(token)
+            last = i == len(ids) - 1
+            text += detok.update(seq, final=last, stop_token=last and stop_token)[0]
+        kept = ids[:-1] if stop_token else ids
+        assert text == tok.backend_tokenizer.decode(kept, skip_special_tokens=True), ids
