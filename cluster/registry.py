@@ -63,6 +63,16 @@ def _check_served(name: str, base_model: str | None, served: ServedBase) -> None
         )
 
 
+def _grant_args(tenant: str, adapter: str, grant: int) -> tuple[str, str, int]:
+    # Both names checked: a ':' in either can spell another key of the layout (tenant
+    # "t:keys" is t's key set, which passes the script's tenant-exists check).
+    return check_name("tenant", tenant), check_name("adapter", adapter), grant
+
+
+def _changed(reply: list) -> bool:
+    return reply[0] == 1
+
+
 class _Api(FleetApi):
     """The registry methods, shared by the sync and asyncio registries (the replica,
     residency and desired-state ones in `cluster.registry_fleet`)."""
@@ -221,7 +231,9 @@ class _Api(FleetApi):
         """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 (and the time
         it was issued) is stored. Its id is `records.key_id(hash_key(key))`."""
         key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        args = (tenant, hash_key(key), time.time())
+        # checked here: a name with ':' can spell another key of the layout (tenant
+        # "t:keys" is t's key set), which the script's tenant-exists check would accept
+        args = (check_name("tenant", tenant), hash_key(key), time.time())
         return self._run(ops.script("issue_api_key", args, lambda _: key, ""))
 
     def list_api_keys(self, tenant: str) -> Reply[list[ApiKeyInfo]]:
@@ -241,11 +253,11 @@ class _Api(FleetApi):
 
     def grant(self, tenant: str, adapter: str) -> Reply[bool]:
         """Let tenant use adapter. True if newly granted. AdapterNotFound / InvalidRequest."""
-        return self._run(ops.script("grant", (tenant, adapter, 1), lambda r: r[0] == 1, adapter))
+        return self._run(ops.script("grant", _grant_args(tenant, adapter, 1), _changed, adapter))
 
     def revoke(self, tenant: str, adapter: str) -> Reply[bool]:
         """Withdraw a grant. True if one was removed (owner/public access is unaffected)."""
-        return self._run(ops.script("grant", (tenant, adapter, 0), lambda r: r[0] == 1, adapter))
+        return self._run(ops.script("grant", _grant_args(tenant, adapter, 0), _changed, adapter))
 
     def resolve_key(self, api_key: str) -> Reply[str | None]:
         """The tenant owning api_key, or None."""
@@ -253,7 +265,8 @@ class _Api(FleetApi):
 
     def authorize(self, tenant: str, adapter: str) -> Reply[bool]:
         """Whether tenant may send new requests to adapter (False if unknown or draining)."""
-        return self._run(ops.script("authorize", (tenant, adapter), lambda r: bool(r[0]), adapter))
+        args = (check_name("tenant", tenant), adapter)
+        return self._run(ops.script("authorize", args, lambda r: bool(r[0]), adapter))
 
     def resolve_request(
         self, api_key: str | None, model_name: str, *, auth: bool = True
