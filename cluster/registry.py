@@ -16,10 +16,11 @@ keyspace-expiry events.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from cluster import ops
 from cluster.catalog import validate_for_registry
@@ -132,24 +133,27 @@ class _Api(FleetApi):
             base = base or served.shape
             max_rank = min(max_rank, served.max_lora_rank)
             base_model = served.model_id
-        manifest = validate_for_registry(path, max_rank, base)
-        record = AdapterRecord(
-            name=name,
-            version=0,
-            content_hash=manifest.content_hash,
-            path=manifest.path,
-            rank=manifest.rank,
-            base_model=base_model if base_model is not None else manifest.base_model,
-            target_modules=tuple(sorted(manifest.target_modules)),
-            owner=tenant or "",
-            public=bool(public),
-            created=time.time(),
-            state="active",
-        )
-        plan = ops.register_adapter(
-            record, replace, owner_given=tenant is not None, public_given=public is not None
-        )
-        return self._run(plan)
+
+        def build() -> ops.Plan[AdapterRecord]:
+            manifest = validate_for_registry(path, max_rank, base)
+            record = AdapterRecord(
+                name=name,
+                version=0,
+                content_hash=manifest.content_hash,
+                path=manifest.path,
+                rank=manifest.rank,
+                base_model=base_model if base_model is not None else manifest.base_model,
+                target_modules=tuple(sorted(manifest.target_modules)),
+                owner=tenant or "",
+                public=bool(public),
+                created=time.time(),
+                state="active",
+            )
+            return ops.register_adapter(
+                record, replace, owner_given=tenant is not None, public_given=public is not None
+            )
+
+        return self._run_built(build)
 
     def set_served(self, served: ServedBase) -> Reply[None]:
         """Publish the base model this cluster serves (the deployment does this at start)."""
@@ -304,6 +308,9 @@ class Registry(_Api):
     def _run(self, plan: ops.Plan[T]) -> T:
         return self._exec.run(plan)
 
+    def _run_built(self, build: Callable[[], ops.Plan[T]]) -> T:
+        return self._run(build())
+
     def subscribe_hints(self) -> HintSubscription:
         """Subscribe to desired-state hints (see HintSubscription)."""
         return HintSubscription(self._exec.client, self.keys.hints, self.url)
@@ -333,6 +340,11 @@ class AsyncRegistry(_Api):
 
     def _run(self, plan: ops.Plan[T]) -> Awaitable[T]:
         return self._exec.run(plan)
+
+    async def _run_built(self, build: Callable[[], ops.Plan[T]]) -> T:
+        # build reads files (a registration reads, hashes and scans the whole adapter):
+        # on the event loop that stalled every request the ingress was serving
+        return await self._run(await asyncio.to_thread(build))
 
     def subscribe_hints(self) -> AsyncHintSubscription:
         return AsyncHintSubscription(self._exec.client, self.keys.hints, self.url)
