@@ -89,7 +89,14 @@ class RetryPolicy:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by '***' (safe for error messages)."""
+    """The URL with any password replaced by '***' (safe for error messages): the one in
+    the user info, and every `password=` query argument (redis-py passes query arguments
+    to the connection, so `?password=` works, and is the only place for one in unix://)."""
+    base, sep, query = url.partition("?")
+    return _redact_userinfo(base) + sep + re.sub(r"(^|&)password=[^&#]*", r"\1password=***", query)
+
+
+def _redact_userinfo(url: str) -> str:
     try:
         parts = urlsplit(url)
         password = parts.password
