@@ -158,7 +158,8 @@ class ClusterArgs(BaseModel):
     """Concurrent requests one ingress replica handles (it only awaits replicas)."""
     routing_stats_period_s: float = Field(1.0, gt=0.0)
     registry_tick_s: float = Field(1.0, gt=0.0)
-    lease_ttl_s: float = Field(5.0, gt=0.0)
+    lease_ttl_s: float = Field(5.0, ge=0.01, le=3600.0)
+    """A replica's registry lease (the registry takes 0.01 .. 3600 s)."""
     metrics_max_models: int = Field(100, ge=0)
     """Adapters each replica's request counters name before counting the rest under
     model="(other)" (bounds the metrics' label cardinality)."""

@@ -33,6 +33,10 @@ def test_defaults_match_cluster_yaml():
         ({"lease_ttl_s": 1.5}, "lease_ttl_s=1.5 with registry_tick_s=1; allowed: lease_ttl_s > 2"),
         # each of these used to pass here and stop the ingress (or build_app) at start
         ({"max_lora_rank": 2048}, "max_lora_rank"),
+        # the registry refuses such a lease: every replica tick failed, logged as
+        # "registry unreachable", and no replica ever registered
+        ({"lease_ttl_s": 7200}, "lease_ttl_s"),
+        ({"lease_ttl_s": 0.005, "registry_tick_s": 0.001}, "lease_ttl_s"),
         ({"namespace": "a:b"}, "namespace"),
         ({"served_model_name": "my model"}, "served_model_name"),
         # bearer_key strips the header's key, so this admin key could never match
