@@ -145,6 +145,12 @@ def no_answer(url: str, policy: RetryPolicy) -> RegistryUnavailable:
     )
 
 
+def check_url(url: str) -> str:
+    """url if redis-py can connect with it, else the ValueError `_from_url` raises."""
+    _from_url(redis.connection.parse_url, url)
+    return url
+
+
 def _from_url(make: Any, url: str, **options: Any) -> Any:
     """make(url, **options), with a malformed URL refused as a ValueError naming it."""
     try:

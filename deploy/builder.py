@@ -24,6 +24,7 @@ from pydantic import (
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from cluster.client import check_url
 from cluster.keys import Keys, check_name
 from cluster.records import ServedBase
 from cluster.registry import MAX_LORA_RANK
@@ -168,6 +169,11 @@ class ClusterArgs(BaseModel):
     @classmethod
     def _namespace(cls, ns: str) -> str:
         return Keys(ns).ns  # the registry's rule, checked before anything starts
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        return check_url(url) if url else url
 
     @field_validator("served_model_name")
     @classmethod

@@ -38,6 +38,8 @@ def test_defaults_match_cluster_yaml():
         ({"lease_ttl_s": 7200}, "lease_ttl_s"),
         ({"lease_ttl_s": 0.005, "registry_tick_s": 0.001}, "lease_ttl_s"),
         ({"namespace": "a:b"}, "namespace"),
+        ({"redis_url": "localhost:6379"}, "redis_url: redis url 'localhost:6379' is invalid"),
+        ({"redis_url": "redis://:pw@h:x/0"}, "redis url 'redis://:***@h:x/0' is invalid"),
         ({"served_model_name": "my model"}, "served_model_name"),
         # bearer_key strips the header's key, so this admin key could never match
         ({"admin_key": " k3y"}, "admin_key"),
