@@ -89,7 +89,14 @@ class RetryPolicy:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by '***' (safe for error messages)."""
+    """The URL with any password replaced by '***' (safe for error messages): the one in
+    the user info, and every `password=` query argument (redis-py passes query arguments
+    to the connection, so `?password=` works, and is the only place for one in unix://)."""
+    base, sep, query = url.partition("?")
+    return _redact_userinfo(base) + sep + re.sub(r"(^|&)password=[^&#]*", r"\1password=***", query)
+
+
+def _redact_userinfo(url: str) -> str:
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -136,6 +143,12 @@ def no_answer(url: str, policy: RetryPolicy) -> RegistryUnavailable:
         f"Redis at {redact(url)} did not answer within {policy.deadline_s:g} s (retries "
         f"included); allowed: a Redis that answers, {policy.deadline_advice}"
     )
+
+
+def check_url(url: str) -> str:
+    """url if redis-py can connect with it, else the ValueError `_from_url` raises."""
+    _from_url(redis.connection.parse_url, url)
+    return url
 
 
 def _from_url(make: Any, url: str, **options: Any) -> Any:

@@ -16,10 +16,11 @@ keyspace-expiry events.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from cluster import ops
 from cluster.catalog import validate_for_registry
@@ -61,6 +62,16 @@ def _check_served(name: str, base_model: str | None, served: ServedBase) -> None
             f"{base_model!r} is not the model this cluster serves",
             f"{served.model_id!r}, or leave it out",
         )
+
+
+def _grant_args(tenant: str, adapter: str, grant: int) -> tuple[str, str, int]:
+    # Both names checked: a ':' in either can spell another key of the layout (tenant
+    # "t:keys" is t's key set, which passes the script's tenant-exists check).
+    return check_name("tenant", tenant), check_name("adapter", adapter), grant
+
+
+def _changed(reply: list) -> bool:
+    return reply[0] == 1
 
 
 class _Api(FleetApi):
@@ -122,24 +133,27 @@ class _Api(FleetApi):
             base = base or served.shape
             max_rank = min(max_rank, served.max_lora_rank)
             base_model = served.model_id
-        manifest = validate_for_registry(path, max_rank, base)
-        record = AdapterRecord(
-            name=name,
-            version=0,
-            content_hash=manifest.content_hash,
-            path=manifest.path,
-            rank=manifest.rank,
-            base_model=base_model if base_model is not None else manifest.base_model,
-            target_modules=tuple(sorted(manifest.target_modules)),
-            owner=tenant or "",
-            public=bool(public),
-            created=time.time(),
-            state="active",
-        )
-        plan = ops.register_adapter(
-            record, replace, owner_given=tenant is not None, public_given=public is not None
-        )
-        return self._run(plan)
+
+        def build() -> ops.Plan[AdapterRecord]:
+            manifest = validate_for_registry(path, max_rank, base)
+            record = AdapterRecord(
+                name=name,
+                version=0,
+                content_hash=manifest.content_hash,
+                path=manifest.path,
+                rank=manifest.rank,
+                base_model=base_model if base_model is not None else manifest.base_model,
+                target_modules=tuple(sorted(manifest.target_modules)),
+                owner=tenant or "",
+                public=bool(public),
+                created=time.time(),
+                state="active",
+            )
+            return ops.register_adapter(
+                record, replace, owner_given=tenant is not None, public_given=public is not None
+            )
+
+        return self._run_built(build)
 
     def set_served(self, served: ServedBase) -> Reply[None]:
         """Publish the base model this cluster serves (the deployment does this at start)."""
@@ -221,7 +235,9 @@ class _Api(FleetApi):
         """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 (and the time
         it was issued) is stored. Its id is `records.key_id(hash_key(key))`."""
         key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        args = (tenant, hash_key(key), time.time())
+        # checked here: a name with ':' can spell another key of the layout (tenant
+        # "t:keys" is t's key set), which the script's tenant-exists check would accept
+        args = (check_name("tenant", tenant), hash_key(key), time.time())
         return self._run(ops.script("issue_api_key", args, lambda _: key, ""))
 
     def list_api_keys(self, tenant: str) -> Reply[list[ApiKeyInfo]]:
@@ -241,11 +257,11 @@ class _Api(FleetApi):
 
     def grant(self, tenant: str, adapter: str) -> Reply[bool]:
         """Let tenant use adapter. True if newly granted. AdapterNotFound / InvalidRequest."""
-        return self._run(ops.script("grant", (tenant, adapter, 1), lambda r: r[0] == 1, adapter))
+        return self._run(ops.script("grant", _grant_args(tenant, adapter, 1), _changed, adapter))
 
     def revoke(self, tenant: str, adapter: str) -> Reply[bool]:
         """Withdraw a grant. True if one was removed (owner/public access is unaffected)."""
-        return self._run(ops.script("grant", (tenant, adapter, 0), lambda r: r[0] == 1, adapter))
+        return self._run(ops.script("grant", _grant_args(tenant, adapter, 0), _changed, adapter))
 
     def resolve_key(self, api_key: str) -> Reply[str | None]:
         """The tenant owning api_key, or None."""
@@ -253,7 +269,8 @@ class _Api(FleetApi):
 
     def authorize(self, tenant: str, adapter: str) -> Reply[bool]:
         """Whether tenant may send new requests to adapter (False if unknown or draining)."""
-        return self._run(ops.script("authorize", (tenant, adapter), lambda r: bool(r[0]), adapter))
+        args = (check_name("tenant", tenant), adapter)
+        return self._run(ops.script("authorize", args, lambda r: bool(r[0]), adapter))
 
     def resolve_request(
         self, api_key: str | None, model_name: str, *, auth: bool = True
@@ -291,6 +308,9 @@ class Registry(_Api):
     def _run(self, plan: ops.Plan[T]) -> T:
         return self._exec.run(plan)
 
+    def _run_built(self, build: Callable[[], ops.Plan[T]]) -> T:
+        return self._run(build())
+
     def subscribe_hints(self) -> HintSubscription:
         """Subscribe to desired-state hints (see HintSubscription)."""
         return HintSubscription(self._exec.client, self.keys.hints, self.url)
@@ -320,6 +340,11 @@ class AsyncRegistry(_Api):
 
     def _run(self, plan: ops.Plan[T]) -> Awaitable[T]:
         return self._exec.run(plan)
+
+    async def _run_built(self, build: Callable[[], ops.Plan[T]]) -> T:
+        # build reads files (a registration reads, hashes and scans the whole adapter):
+        # on the event loop that stalled every request the ingress was serving
+        return await self._run(await asyncio.to_thread(build))
 
     def subscribe_hints(self) -> AsyncHintSubscription:
         return AsyncHintSubscription(self._exec.client, self.keys.hints, self.url)

@@ -5,7 +5,7 @@ AsyncRegistry supply `_run` (one Redis round trip per method, sync or asyncio)."
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from cluster import ops
@@ -52,6 +52,11 @@ class FleetApi:
     """Replica, residency and desired-state methods of the registry (see module doc)."""
 
     def _run(self, plan: ops.Plan[T]) -> Reply[T]:
+        raise NotImplementedError
+
+    def _run_built(self, build: Callable[[], ops.Plan[T]]) -> Reply[T]:
+        """Run the plan build() returns, where build does blocking I/O (file reads) first:
+        the asyncio registry calls it in a worker thread."""
         raise NotImplementedError
 
     # -- replicas, leases, residency ------------------------------------------------

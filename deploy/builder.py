@@ -13,11 +13,21 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from cluster.client import check_url
+from cluster.keys import Keys, check_name
 from cluster.records import ServedBase
+from cluster.registry import MAX_LORA_RANK
 from deploy.dashboard import install_dashboard
 from lora_core.errors import AdapterAlreadyExists, InvalidRequest
 from replica.config import EngineConfig
@@ -110,7 +120,7 @@ class ClusterArgs(BaseModel):
     device: str = "auto"
     max_loras: int = Field(2, ge=1)
     max_cpu_loras: int = Field(4, ge=1)
-    max_lora_rank: int = Field(64, ge=1)
+    max_lora_rank: int = Field(64, ge=1, le=MAX_LORA_RANK)
     max_model_len: int = Field(0, ge=0)
     kv_cache_tokens: int = Field(16384, ge=16)
     auth: bool = False
@@ -149,10 +159,36 @@ class ClusterArgs(BaseModel):
     """Concurrent requests one ingress replica handles (it only awaits replicas)."""
     routing_stats_period_s: float = Field(1.0, gt=0.0)
     registry_tick_s: float = Field(1.0, gt=0.0)
-    lease_ttl_s: float = Field(5.0, gt=0.0)
+    lease_ttl_s: float = Field(5.0, ge=0.01, le=3600.0)
+    """A replica's registry lease (the registry takes 0.01 .. 3600 s)."""
     metrics_max_models: int = Field(100, ge=0)
     """Adapters each replica's request counters name before counting the rest under
     model="(other)" (bounds the metrics' label cardinality)."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, ns: str) -> str:
+        return Keys(ns).ns  # the registry's rule, checked before anything starts
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        return check_url(url) if url else url
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, name: str) -> str:
+        return check_name("base model", name) if name else name
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key(cls, key: str) -> str:
+        if key != key.strip():
+            raise ValueError(
+                "has leading or trailing whitespace, which a key read from an "
+                "'Authorization: Bearer <key>' header never has; allowed: a key without it"
+            )
+        return key
 
     @model_validator(mode="after")
     def _check(self) -> ClusterArgs:
@@ -168,8 +204,13 @@ class ClusterArgs(BaseModel):
             )
         if self.hot_queue_len > self.overload_queue_len:
             raise ValueError("hot_queue_len must be <= overload_queue_len")
-        if self.lease_ttl_s <= self.registry_tick_s:
-            raise ValueError("lease_ttl_s must exceed registry_tick_s")
+        if self.lease_ttl_s <= 2 * self.registry_tick_s:
+            # a replica renews its lease once per tick, after the tick's work: a lease of
+            # one or two ticks lapses on one late tick, and the replica leaves routing
+            raise ValueError(
+                f"lease_ttl_s={self.lease_ttl_s:g} with registry_tick_s="
+                f"{self.registry_tick_s:g}; allowed: lease_ttl_s > 2 x registry_tick_s"
+            )
         if self.autoscaling is not None:
             if "num_replicas" in self.model_fields_set:
                 raise ValueError("num_replicas and autoscaling: set one of them, not both")
@@ -212,8 +253,19 @@ def prepare_model(args: ClusterArgs) -> tuple[str, dict[str, Path]]:
 
 
 def served_model_name(cfg: ClusterArgs, model_dir: str) -> str:
-    """The base model's id in requests: served_model_name, else the directory's name."""
-    return cfg.served_model_name or Path(model_dir).name
+    """The base model's id in requests: served_model_name, else the directory's name
+    (InvalidRequest when that is no valid id: the ingress would refuse it at start)."""
+    if cfg.served_model_name:
+        return cfg.served_model_name
+    name = Path(model_dir).name
+    try:
+        return check_name("base model", name)
+    except ValueError as e:
+        allowed = str(e).split("allowed: ", 1)[1]  # the registry's rule, in its words
+        raise InvalidRequest(
+            f"cluster args: served_model_name: the model directory's name {name!r} is not a "
+            f"valid model id; allowed: {allowed} (set served_model_name)"
+        ) from None
 
 
 def register_demo(

@@ -6,13 +6,15 @@ whose `options.path` is the folder of Ray's own dashboards, `<metrics root>/graf
 dashboards` unless RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR moved it. The metrics root is
 `<session>/metrics`, or RAY_METRICS_OUTPUT_ROOT. A Grafana started with the grafana.ini
 Ray writes beside them rescans that folder every few seconds, so a file copied there
-appears in its "Ray" folder without a restart. Pure file work: no Ray import.
+appears in its "Ray" folder without a restart. File work: Ray is never imported here,
+only asked for its session folder when this process already runs it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from deploy.dashboards import DASHBOARD_JSON
@@ -27,11 +29,27 @@ _PATH_LINE = re.compile(r"^\s*path:\s*(\S.*?)\s*$", re.MULTILINE)
 
 
 def metrics_root(session_dir: Path | None) -> Path:
-    """Where Ray's head writes its Prometheus and Grafana configs for this session."""
+    """Where Ray's head writes its Prometheus and Grafana configs for this session: the
+    given session's, else $RAY_METRICS_OUTPUT_ROOT, else the session of the Ray this
+    process is connected to, else /tmp/ray/session_latest."""
     if session_dir is not None:
         return session_dir / "metrics"
     env = os.environ.get(METRICS_ROOT_ENV)
-    return Path(env) if env else DEFAULT_SESSION_DIR / "metrics"
+    if env:
+        return Path(env)
+    return (connected_session() or DEFAULT_SESSION_DIR) / "metrics"
+
+
+def connected_session() -> Path | None:
+    """The session folder of the Ray cluster this process is connected to, or None.
+    session_latest is the host's newest session: another cluster's when this one has its
+    own temp dir, or another one started after it."""
+    ray = sys.modules.get("ray")  # not imported: this process runs no Ray
+    if ray is None or not ray.is_initialized():
+        return None
+    # Ray's own libraries (ray.train) read the session folder the same way
+    node = ray._private.worker._global_node
+    return Path(node.get_session_dir_path()) if node is not None else None
 
 
 def provisioned_folder(root: Path) -> Path | None:
@@ -48,7 +66,8 @@ def provisioned_folder(root: Path) -> Path | None:
 
 def install_dashboard(session_dir: Path | None = None) -> Path | None:
     """Copy deploy/dashboards/lorafleet.json into the Grafana dashboards folder of the
-    Ray session (default: $RAY_METRICS_OUTPUT_ROOT, else /tmp/ray/session_latest).
+    Ray session (default: `metrics_root`'s: $RAY_METRICS_OUTPUT_ROOT, else the connected
+    Ray's session, else /tmp/ray/session_latest).
 
     Returns the written file, or None when the session has no such folder: Ray started
     without its dashboard / metrics module, or this is not the head node. Running it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Protocol
 
 from lora_core.errors import (
@@ -77,6 +78,7 @@ async def load_adapter(
 ) -> dict[str, str | int]:
     """POST /v1/load_lora_adapter: validate and register req's adapter as its name's next
     version. Errors are the registry's, each naming the body field at fault."""
+    _check_absolute(req.lora_path)
     try:
         rec = await registry.register_adapter(
             req.lora_name,
@@ -90,6 +92,20 @@ async def load_adapter(
     except LoraFleetError as e:
         raise await _at_fault(registry, served, req, e) from None
     return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
+
+
+def _check_absolute(path: str) -> None:
+    """AdapterLoadFailed (param lora_path) unless path is absolute: the registry resolves
+    a relative path or '~' against the ingress's working directory and home, which the
+    caller neither knows nor controls (the CLI may take them: they are the caller's own)."""
+    if not os.path.isabs(path):
+        err = AdapterLoadFailed(
+            f"lora_path={path!r} is relative; allowed: an absolute path to a local directory "
+            "holding adapter_config.json and adapter_model.safetensors (relative paths and "
+            "'~' would be resolved on the ingress, not where the request was written)"
+        )
+        err.param = "lora_path"
+        raise err
 
 
 async def _at_fault(

@@ -10,6 +10,7 @@ resolves to None (no adapter) without touching the adapter catalog.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,6 +18,9 @@ from lora_core.errors import AdapterDraining, AdapterNotFound, RegistryUnavailab
 from lora_core.identity import AdapterRef
 
 MISSING_KEY = "missing API key; send 'Authorization: Bearer <key>'"
+# Adapter names per registry script of a /v1/models listing (the CLI's LIST_PAGE): one
+# script over a 10k catalog holds Redis ~50 ms, and any caller may list in a loop.
+MODELS_PAGE = 256
 INVALID_KEY = "invalid API key; allowed: a key issued by `lorafleet tenants key`"
 
 
@@ -27,7 +31,11 @@ class RegistryClient(Protocol):
 
     async def resolve_key(self, api_key: str) -> str | None: ...
 
-    async def visible_adapters(self, tenant: str | None) -> list[AdapterRef]: ...
+    async def list_adapter_names(self) -> list[str]: ...
+
+    async def visible_adapters(
+        self, tenant: str | None, names: Sequence[str] | None = None
+    ) -> list[AdapterRef]: ...
 
 
 @dataclass(frozen=True)
@@ -96,8 +104,13 @@ class AdapterResolver:
         tenant = await self.tenant(api_key)
         if self.registry is None:
             return []
-        # One registry script: no residency reads and no round trip per private adapter.
-        return await self.registry.visible_adapters(tenant)
+        # No residency reads and no round trip per private adapter: one script per page
+        # of names, so Redis serves other requests between pages of a big catalog.
+        names = await self.registry.list_adapter_names()
+        refs: list[AdapterRef] = []
+        for i in range(0, len(names), MODELS_PAGE):
+            refs += await self.registry.visible_adapters(tenant, names[i : i + MODELS_PAGE])
+        return refs  # names come sorted, and so does each page
 
     def check_admin(self, api_key: str | None) -> None:
         """Raises Unauthorized unless `api_key` is the admin key."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.catalog import validate_for_registry
+from cluster.catalog import config_base_model
 from cluster.cli.common import (
     DEFAULT_MAX_LORA_RANK,
     add_max_lora_rank,
@@ -92,9 +92,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
     base, limit = None, args.max_lora_rank
     if served is None:
         limit = DEFAULT_MAX_LORA_RANK if limit is None else limit
-        base_id = args.base_model
-        if base_id is None:
-            base_id = validate_for_registry(args.path, limit, None).base_model
+        base_id = args.base_model or config_base_model(args.path)
         base = reg.get_base_shape(base_id) if base_id else None
     rec = reg.register_adapter(
         args.name,

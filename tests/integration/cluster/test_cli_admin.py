@@ -305,3 +305,14 @@ def test_warm_zero_says_it_cleared_the_target(cli, adapters, registry: Registry)
     )
     assert ok(cli("adapters", "warm", "a", "--replicas", "0")) == "cleared the warm target of a\n"
     assert registry.desired_state().warm == {}
+
+
+def test_register_an_empty_path_says_it_is_empty(cli, redis_url):
+    # The CLI read the adapter config for its base model before the registry checked the
+    # path, so '' was resolved to the working directory and the error named that.
+    before = dump_redis(redis_url)
+    assert error_line(cli("adapters", "register", "x", "")) == (
+        "path is empty; allowed: an existing local directory holding adapter_config.json "
+        "and adapter_model.safetensors"
+    )
+    assert dump_redis(redis_url) == before

@@ -86,6 +86,16 @@ def test_wrong_password_is_refused_and_redacted(auth_redis: int):
     )
 
 
+def test_wrong_password_in_the_query_is_refused_and_redacted(auth_redis: int):
+    url = f"redis://127.0.0.1:{auth_redis}/0?password={PASSWORD}x"
+    msg = _one_line(_cli(url, "status"))
+    assert PASSWORD not in msg
+    assert msg.startswith(
+        f"Redis at redis://127.0.0.1:{auth_redis}/0?password=*** refused the user / password "
+        "of the URL"
+    )
+
+
 def test_acl_denial_names_the_command(auth_redis: int):
     msg = _one_line(_cli(f"redis://ro:ro-pw@127.0.0.1:{auth_redis}/0", "status"))
     assert msg.startswith(f"Redis at redis://ro:***@127.0.0.1:{auth_redis}/0 denied a command")

@@ -131,3 +131,26 @@ def test_odd_model_names_are_not_found(catalog: Registry, name: str):
         catalog.resolve_request(key, name)
     with pytest.raises(Unauthorized):
         catalog.resolve_request("lf-bad", name)
+
+
+@pytest.mark.parametrize("phantom", ["t1:keys", "t1:key_created"])
+def test_tenant_names_that_spell_a_tenants_own_keys_are_refused(
+    catalog: Registry, redis_url, phantom: str
+):
+    # "tenant:t1:keys" is t1's key set: a name with ':' used to pass the tenant-exists
+    # check and got a key (and grants) for a tenant no listing shows and no verb can
+    # revoke, since every revoking verb refuses the name
+    catalog.issue_api_key("t1")
+    catalog.grant("t2", "granted")
+    before = dump_redis(redis_url)
+    for call in (
+        lambda: catalog.issue_api_key(phantom),
+        lambda: catalog.grant(phantom, "own"),
+        lambda: catalog.revoke(phantom, "own"),
+        lambda: catalog.authorize(phantom, "own"),
+    ):
+        with pytest.raises(ValueError, match=f"tenant name '{phantom}' is invalid"):
+            call()
+    with pytest.raises(ValueError, match="adapter name 'own:x' is invalid"):
+        catalog.grant("t2", "own:x")
+    assert dump_redis(redis_url) == before

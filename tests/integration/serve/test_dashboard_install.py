@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import ray
 
+import deploy.dashboard as dashboard
 from deploy.dashboard import PROVIDER_CONFIG, install_dashboard
 from deploy.dashboards import DASHBOARD_JSON
 from deploy.local_redis import free_port
+from tests.unit.deploy.test_dashboard_install import ray_session as ray_session_of
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +60,20 @@ def test_installs_beside_rays_own_dashboards(ray_session):
     assert written is not None and written.parent.resolve() == folder.resolve()
     assert written.read_bytes() == DASHBOARD_JSON.read_bytes()
     assert install_dashboard(ray_session) == written
+
+
+def test_without_a_session_it_takes_the_connected_clusters(ray_session, monkeypatch, tmp_path):
+    # build_app names no session. /tmp/ray/session_latest is the host's newest Ray session:
+    # another cluster's when this one runs under its own temp dir, or another started
+    # after it (the dashboard went into a neighbour's Grafana, and this one had none).
+    monkeypatch.delenv(dashboard.METRICS_ROOT_ENV, raising=False)
+    # the host's "latest" session, kept off the real /tmp/ray
+    monkeypatch.setattr(dashboard, "DEFAULT_SESSION_DIR", tmp_path / "host_latest")
+    elsewhere = ray_session_of(tmp_path / "host_latest")
+    provider = ray_session / "metrics" / PROVIDER_CONFIG
+    wait_for(provider)
+    folder = Path(re.search(r"path:\s*(\S+)", provider.read_text()).group(1))
+
+    written = install_dashboard()
+    assert written is not None and written.parent.resolve() == folder.resolve()
+    assert not (elsewhere / DASHBOARD_JSON.name).exists()

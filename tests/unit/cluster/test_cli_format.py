@@ -30,6 +30,22 @@ def test_redact_hides_password():
     assert redact("redis://h:1/0") == "redis://h:1/0"
 
 
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        # redis-py takes any query argument as a connection argument: the password too
+        # (a unix socket URL has no other place for it)
+        ("redis://h:1/0?password=s3cret", "redis://h:1/0?password=***"),
+        ("unix:///run/r.sock?db=2&password=s3cret", "unix:///run/r.sock?db=2&password=***"),
+        ("redis://h/0?username=u&password=a%26b&password=c", "redis://h/0?username=u&password=***&password=***"),
+        ("redis://:p@h/0?password=q", "redis://:***@h/0?password=***"),
+        ("redis://h/0?db=1", "redis://h/0?db=1"),
+    ],
+)  # fmt: skip
+def test_redact_hides_a_password_in_the_query(url, shown):
+    assert redact(url) == shown
+
+
 def test_cluster_never_imports_torch():
     code = (
         "import cluster.registry, cluster.cli.main, cluster.lease, cluster.autoscaling, sys; "

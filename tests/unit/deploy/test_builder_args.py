@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.builder import ClusterArgs, parse_args, prepare_model
+from deploy.builder import ClusterArgs, parse_args, prepare_model, served_model_name
 from lora_core.errors import InvalidRequest
 
 
@@ -29,6 +29,20 @@ def test_defaults_match_cluster_yaml():
         ({"num_cpus_per_replica": -1}, "num_cpus_per_replica"),
         ({"redis_port": 70000}, "redis_port"),
         ({"lease_ttl_s": 1.0, "registry_tick_s": 2.0}, "lease_ttl_s"),
+        # one late tick would lapse the lease: the replica drops out of routing
+        ({"lease_ttl_s": 1.5}, "lease_ttl_s=1.5 with registry_tick_s=1; allowed: lease_ttl_s > 2"),
+        # each of these used to pass here and stop the ingress (or build_app) at start
+        ({"max_lora_rank": 2048}, "max_lora_rank"),
+        # the registry refuses such a lease: every replica tick failed, logged as
+        # "registry unreachable", and no replica ever registered
+        ({"lease_ttl_s": 7200}, "lease_ttl_s"),
+        ({"lease_ttl_s": 0.005, "registry_tick_s": 0.001}, "lease_ttl_s"),
+        ({"namespace": "a:b"}, "namespace"),
+        ({"redis_url": "localhost:6379"}, "redis_url: redis url 'localhost:6379' is invalid"),
+        ({"redis_url": "redis://:pw@h:x/0"}, "redis url 'redis://:***@h:x/0' is invalid"),
+        ({"served_model_name": "my model"}, "served_model_name"),
+        # bearer_key strips the header's key, so this admin key could never match
+        ({"admin_key": " k3y"}, "admin_key"),
         ({"bogus": 1}, "bogus"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"tensor_parallel_size": 2, "num_gpus_per_replica": 1}, "num_gpus_per_replica"),
@@ -40,6 +54,19 @@ def test_bad_args_are_refused_naming_the_field(args, where):
     with pytest.raises(InvalidRequest) as e:
         parse_args(args)
     assert where in str(e.value)
+
+
+def test_a_model_directory_name_that_is_no_model_id_needs_served_model_name(tmp_path):
+    model = tmp_path / "my model"
+    model.mkdir()
+    with pytest.raises(InvalidRequest) as e:
+        served_model_name(parse_args({"model": str(model)}), str(model))
+    assert str(e.value) == (
+        "cluster args: served_model_name: the model directory's name 'my model' is not a "
+        "valid model id; allowed: 1-128 characters of letters, digits, '_', '.', '-', '/' "
+        "(set served_model_name)"
+    )
+    assert served_model_name(parse_args({"model": str(model), "served_model_name": "m"}), "") == "m"
 
 
 def test_a_model_directory_needs_a_config(tmp_path):

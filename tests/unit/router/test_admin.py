@@ -38,8 +38,10 @@ class FakeCatalog:
     def __init__(self, error: LoraFleetError | None = None):
         self.error = error
         self.tenant_lookups = 0
+        self.registrations = 0
 
     async def register_adapter(self, name, path, **fields):
+        self.registrations += 1
         if self.error is not None:
             raise self.error
         return Rec(name, 3, "ab" * 32)
@@ -133,3 +135,20 @@ def test_bad_fields_are_refused_when_the_body_is_parsed(fields, param, message):
         assert str(e.value).endswith(
             "allowed: 1-128 characters of letters, digits, '_', '.', '-', '/'"
         )
+
+
+@pytest.mark.parametrize("path", ["adapters/a1", ".", "../../srv/a1", "~/a1", "~root/a1"])
+def test_a_relative_path_is_refused_before_the_registry_is_asked(path):
+    # The ingress would resolve it against its own working directory or home, which the
+    # caller neither knows nor controls (README: "a relative path" is a 422).
+    catalog = FakeCatalog()
+    body = parse_body(LoadAdapterRequest, {"lora_name": "a1", "lora_path": path})
+    with pytest.raises(AdapterLoadFailed) as e:
+        asyncio.run(load_adapter(catalog, SERVED, body))
+    assert (status_for(e.value).http, e.value.param) == (422, "lora_path")
+    assert str(e.value) == (
+        f"lora_path={path!r} is relative; allowed: an absolute path to a local directory "
+        "holding adapter_config.json and adapter_model.safetensors (relative paths and '~' "
+        "would be resolved on the ingress, not where the request was written)"
+    )
+    assert catalog.registrations == 0

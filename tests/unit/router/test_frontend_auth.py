@@ -67,14 +67,18 @@ class FakeRegistry:
     async def resolve_key(self, api_key):
         return self.keys.get(api_key)
 
-    async def visible_adapters(self, tenant):
+    async def list_adapter_names(self):
+        return sorted(self.recs)
+
+    async def visible_adapters(self, tenant, names=None):
         # the rule of the registry's visible_adapters script (tested against Redis in
         # tests/integration/cluster/test_registry_visible.py)
         return sorted(
             (
                 ref(r.name)
                 for r in self.recs.values()
-                if r.state == "active"
+                if (names is None or r.name in names)
+                and r.state == "active"
                 and (
                     tenant is None
                     or r.public
