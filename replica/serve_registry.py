@@ -7,7 +7,10 @@ reads back on how many replicas each is active: the autoscaling `adapter_share`)
 has its `replica.desired_state.DesiredFollower` apply desired-state changes (pins, warm
 targets through atomic claims, draining adapters; on the first tick, the fleet's hottest
 adapters into free GPU slots: `PublisherConfig.prefetch`), and every `reap_every` ticks it reaps replicas whose lease
-lapsed (crashed ones), so no operator has to. Any registry error is logged and retried
+lapsed (crashed ones), so no operator has to. Beside the ticks a keep-alive task renews
+the lease every tick on its own: a tick that waits for adapter loads (pins, warm targets,
+prefetch) can take longer than the lease, which then lapsed and took the replica out of
+routing while it was still serving. Any registry error is logged and retried
 on the next tick: a Redis outage never stops serving and never fails health checks, it
 only makes this replica's registry entries go stale until Redis is back. On shutdown
 `deregister` removes this replica's record at once.
@@ -109,6 +112,8 @@ class RegistryPublisher:
     ticks: int = 0
     adapter_share: float | None = None
     active_reported: bool = False
+    lease_lost: bool = False
+    """The keep-alive found this epoch's lease gone (the next tick registers again)."""
     desired: DesiredFollower = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,19 +131,41 @@ class RegistryPublisher:
         )
 
     async def run(self) -> None:
+        keep_alive = asyncio.create_task(self.keep_alive())
+        try:
+            while True:
+                try:
+                    await self.tick()
+                    self._set_registry_health(True)
+                except asyncio.CancelledError:
+                    raise
+                except StaleEpoch:
+                    self.epoch = None  # fenced off: register again as a new incarnation
+                    self.adapter_share = None
+                except Exception as e:
+                    self._set_registry_health(False, e)
+                    self.adapter_share = None
+                await asyncio.sleep(self.config.tick_s)
+        finally:
+            keep_alive.cancel()
+
+    async def keep_alive(self) -> None:
+        """Renew the lease every tick_s, whatever the ticks are waiting for. Errors are
+        left to the ticks to report (they meet the same registry)."""
+        cfg = self.config
         while True:
+            await asyncio.sleep(cfg.tick_s)
+            epoch = self.epoch
+            if epoch is None or self.lease_lost:
+                continue
             try:
-                await self.tick()
-                self._set_registry_health(True)
+                alive = await self.registry.heartbeat(cfg.replica_id, epoch, cfg.lease_ttl_s)
             except asyncio.CancelledError:
                 raise
-            except StaleEpoch:
-                self.epoch = None  # fenced off: register again as a new incarnation
-                self.adapter_share = None
-            except Exception as e:
-                self._set_registry_health(False, e)
-                self.adapter_share = None
-            await asyncio.sleep(self.config.tick_s)
+            except Exception:  # noqa: BLE001 - the tick logs registry health
+                continue
+            if not alive and epoch == self.epoch:
+                self.lease_lost = True
 
     def _set_registry_health(self, ok: bool, err: Exception | None = None) -> None:
         if ok != self.healthy_registry:
@@ -150,9 +177,12 @@ class RegistryPublisher:
 
     async def tick(self) -> None:
         reg, cfg = self.registry, self.config
-        if self.epoch is None or not await reg.heartbeat(
-            cfg.replica_id, self.epoch, cfg.lease_ttl_s
+        if (
+            self.epoch is None
+            or self.lease_lost
+            or not await reg.heartbeat(cfg.replica_id, self.epoch, cfg.lease_ttl_s)
         ):
+            self.lease_lost = False
             stats = self.engine.stats()
             self.epoch = await reg.register_replica(
                 cfg.replica_id, cfg.pool, cfg.deployment, stats.max_loras, cfg.lease_ttl_s

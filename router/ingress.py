@@ -107,7 +107,8 @@ def _remote_as_its_own_request(handle: DeploymentHandle, call: GenerateCall):
 
 # Helpers the routes use are defined above the class: Serve pickles the ingress
 # class by value when it is built, capturing the globals that exist at that point.
-app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None)
+# No /openapi.json: it would list the admin endpoints to anyone, without a key.
+app = FastAPI(title="lorafleet", docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @app.exception_handler(StarletteHTTPException)

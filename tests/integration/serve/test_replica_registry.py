@@ -254,3 +254,35 @@ def test_a_stale_copy_numbered_like_the_current_version_leaves_its_residency(red
         assert locations(redis_url, "demo-poet") == [("stale1", "gpu")]
 
     asyncio.run(go())
+
+
+def test_the_lease_outlives_a_tick_that_waits_for_a_slow_load(redis_url, demo):
+    """A pin whose load takes 2.5 leases: the keep-alive renews the lease meanwhile, so the
+    replica stays live (routable) under its first epoch. Before, the tick renewed only
+    at its start, the lease lapsed during the load and the replica left routing."""
+    engine, pub, refs = setup(redis_url, demo)
+    reg = Registry(redis_url)
+    stub_load = engine.load_adapter
+
+    async def slow_load(ref, to_gpu=False):
+        await asyncio.sleep(2.5 * pub.config.lease_ttl_s)
+        await stub_load(ref, to_gpu)
+
+    engine.load_adapter = slow_load
+
+    async def go():
+        await pub.tick()
+        reg.pin("demo-poet")
+        run = asyncio.create_task(pub.run())
+        try:
+            for _ in range(4):  # within the load, past the 1 s lease
+                await asyncio.sleep(0.5 * pub.config.lease_ttl_s)
+                assert [(r.replica_id, r.live) for r in reg.list_replicas()] == [("rep1", True)]
+            while ("pin", "demo-poet") not in engine.calls:
+                await asyncio.sleep(0.05)
+            assert pub.epoch == 1  # never registered again
+        finally:
+            run.cancel()
+
+    asyncio.run(go())
+    reg.close()

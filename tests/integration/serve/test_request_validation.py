@@ -127,7 +127,12 @@ def test_grpc_checks_the_key_before_the_request(cluster):
 
 @pytest.mark.parametrize(
     "method, path, status, code",
-    [("GET", "/v1/nope", 404, "not_found"), ("GET", "/v1/completions", 405, "method_not_allowed")],
+    [
+        ("GET", "/v1/nope", 404, "not_found"),
+        ("GET", "/v1/completions", 405, "method_not_allowed"),
+        ("GET", "/openapi.json", 404, "not_found"),  # it would list the admin endpoints
+        ("GET", "/docs", 404, "not_found"),
+    ],
 )
 def test_bad_routes_answer_in_the_openai_shape(cluster, method, path, status, code):
     r = httpx.request(method, f"{cluster.http}{path}", timeout=30)
