@@ -125,6 +125,11 @@ class ClusterArgs(BaseModel):
     kv_cache_tokens: int = Field(16384, ge=16)
     auth: bool = False
     """Require tenant API keys (Authorization: Bearer ...) on inference requests."""
+    prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+    """With auth: "tenant" keeps each tenant's prefix-cache blocks to itself (another
+    tenant cannot time whether a prompt is cached); "shared" lets tenants reuse each
+    other's blocks of the base model and public adapters (common system prompts computed
+    once, at that privacy cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
     demo_cache_dir: str = ""
@@ -370,6 +375,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         namespace=cfg.namespace,
         auth=cfg.auth,
         admin_key=cfg.admin_key,
+        prefix_cache_scope=cfg.prefix_cache_scope,
         max_model_len=cfg.max_model_len,
         max_lora_rank=cfg.max_lora_rank,
         max_loras=cfg.max_loras,

@@ -85,8 +85,10 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterRef | None = None,
+        cache_salt: str = "",
     ) -> AsyncIterator[RequestOutput]:
         """Stream incremental outputs; refusals raise before the first output.
+        cache_salt: see `LLMEngine.add_request`.
 
         Leaving the iteration early (break, cancel, client gone) aborts the request.
         """
@@ -97,7 +99,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         add = asyncio.get_running_loop().run_in_executor(
-            None, self._add, request_id, prompt_token_ids, params, adapter
+            None, self._add, request_id, prompt_token_ids, params, adapter, cache_salt
         )
         try:
             # Shielded: a caller who leaves (client gone) while a cold adapter loads cannot
@@ -130,10 +132,10 @@ class AsyncEngine:
             with self._engine_locked():
                 self.engine.abort(request_id)
 
-    def _add(self, request_id, prompt_token_ids, params, adapter) -> None:
+    def _add(self, request_id, prompt_token_ids, params, adapter, cache_salt="") -> None:
         if adapter is None:
             with self._engine_locked():
-                self.engine.add_request(request_id, prompt_token_ids, params)
+                self.engine.add_request(request_id, prompt_token_ids, params, cache_salt=cache_salt)
             return
         # The request wants its adapter from before the load until the scheduler takes
         # the count over at queueing: a registration in between (another request's, a
@@ -146,7 +148,7 @@ class AsyncEngine:
             self.engine.adapters.fetch(adapter)
             with self._engine_locked():
                 self.engine.add_request(
-                    request_id, prompt_token_ids, params, adapter, want_held=True
+                    request_id, prompt_token_ids, params, adapter, True, cache_salt
                 )
                 queued = True
         finally:

@@ -138,7 +138,8 @@ class LoraReplica:
         if adapter is not None:
             self.in_flight.start(adapter.name)
         try:
-            async for out in self.engine.generate(call.request_id, ids, params, adapter):
+            outputs = self.engine.generate(call.request_id, ids, params, adapter, call.cache_salt)
+            async for out in outputs:
                 last = out
                 yield out
             reason = last.finish_reason if last is not None else "error"

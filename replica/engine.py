@@ -71,8 +71,13 @@ class LLMEngine:
         params: SamplingParams,
         adapter: AdapterRef | None = None,
         want_held: bool = False,
+        cache_salt: str = "",
     ) -> None:
         """Queue a request. Raises before queueing if the request or its adapter is refused.
+
+        cache_salt: the request shares prefix-cache blocks only with requests of the same
+        salt (and adapter): the ingress salts with the tenant, so one tenant cannot time
+        whether another's prompts are cached (`Sequence.cache_salt`).
 
         want_held: the caller called adapters.want(adapter) for this request (so the CPU
         cache kept the adapter while the caller loaded it); the queued request takes
@@ -83,7 +88,7 @@ class LLMEngine:
             # the manager's loader thread in between must not drop the copy just loaded.
             self.adapters.want(adapter)
             try:
-                self.add_request(request_id, prompt_token_ids, params, adapter, want_held=True)
+                self.add_request(request_id, prompt_token_ids, params, adapter, True, cache_salt)
             except BaseException:
                 self.adapters.unwant(adapter)
                 raise
@@ -101,6 +106,7 @@ class LLMEngine:
             adapter=adapter,
             arrival=next(self._arrival),
             rng=SeedStream(params.seed) if params.seed is not None else None,
+            cache_salt=cache_salt,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq, want_held)

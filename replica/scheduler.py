@@ -217,7 +217,7 @@ class Scheduler:
         while len(hashes) <= i:
             j = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(block_hash(parent, seq.adapter_key, seq.tokens[j * bs : (j + 1) * bs]))
+            hashes.append(block_hash(parent, seq.prefix_key, seq.tokens[j * bs : (j + 1) * bs]))
         return hashes[i]
 
     def _take_cached(self, seq: Sequence) -> bool:

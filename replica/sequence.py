@@ -46,6 +46,9 @@ class Sequence:
     adapter: AdapterRef | None
     arrival: int
     rng: SeedStream | None = None
+    cache_salt: str = ""
+    """Mixed into the prefix-cache hashes of this sequence's blocks: sequences share KV
+    blocks only with sequences of the same salt (and adapter). "" for none."""
     status: Status = Status.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -80,6 +83,12 @@ class Sequence:
     def adapter_key(self) -> str:
         """adapter.key ("" for none); cached: the scheduler's queue reads it per look."""
         return self.adapter.key if self.adapter else ""
+
+    @cached_property
+    def prefix_key(self) -> str:
+        """What the prefix-cache hashes are keyed by besides the tokens: the adapter's key
+        and the cache salt (`replica.block_manager.block_hash`)."""
+        return f"{self.adapter_key}\x00{self.cache_salt}" if self.cache_salt else self.adapter_key
 
     @cached_property
     def prompt_array(self) -> np.ndarray:

@@ -32,6 +32,8 @@ class GenerateCall:
         adapter at resolution time; the request router reads them as hints.
     group: the id shared by the `n` choices of one request (None for n = 1); the
         request router keeps a group on one replica (`router.ranking`).
+    cache_salt: the prefix-cache salt (`LLMEngine.add_request`): the tenant, and the
+        request's own `cache_salt`, as the ingress's `prefix_cache_scope` says.
     """
 
     request_id: str
@@ -40,6 +42,7 @@ class GenerateCall:
     adapter: AdapterRef | None = None
     residency: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     group: str | None = None
+    cache_salt: str = ""
 
     @property
     def adapter_key(self) -> str | None:

@@ -81,6 +81,20 @@ def check_stop(stop: object) -> object:
     return stop
 
 
+MAX_CACHE_SALT_CHARS = 256
+CACHE_SALT_ALLOWED = (
+    f"allowed: null or a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"
+)
+
+
+def check_cache_salt(salt: str | None) -> str | None:
+    """cache_salt (vLLM's): a request shares prefix-cache blocks only with requests of the
+    same salt (`router.frontend.cache_salt_of`)."""
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise ValueError(f"got a string of {len(salt)} characters; {CACHE_SALT_ALLOWED}")
+    return salt
+
+
 def check_tool_choice(choice: object) -> object:
     """tool_choice: a string or an object (which values we honour is checked after)."""
     if isinstance(choice, str | dict):

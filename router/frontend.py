@@ -42,6 +42,24 @@ from router.logprobs import TokenTable
 
 Dispatch = Callable[[GenerateCall], AsyncGenerator[RequestOutput, None]]
 VERSION_RETRIES = 1
+PREFIX_CACHE_SCOPES = ("tenant", "shared")
+
+
+def cache_salt_of(tenant: str | None, salt: str | None, scope: str) -> str:
+    """The engine's prefix-cache salt of a request (`GenerateCall.cache_salt`).
+
+    scope "tenant": the caller's tenant (auth on) and the request's own salt, so tenants
+    never share KV blocks and one cannot learn from the time to first token whether
+    another sent a prompt; "shared": only the request's salt. Tenant names hold no NUL,
+    so the salt names its parts unambiguously. Example: ("acme", None) -> "acme\0";
+    ("acme", "u1") -> "acme\0u1"; (None, None) -> "" (no salt: blocks shared).
+    """
+    if scope not in PREFIX_CACHE_SCOPES:
+        raise ValueError(f"prefix_cache_scope={scope!r}; allowed: 'tenant' or 'shared'")
+    owner = tenant if scope == "tenant" and tenant else ""
+    if not owner and not salt:
+        return ""
+    return f"{owner}\x00{salt or ''}"
 
 
 def length_refusal(
@@ -125,11 +143,19 @@ class Frontend:
     resolver: adapter resolution + tenant auth.
     dispatch: sends one GenerateCall to a replica, yields its outputs.
     max_model_len: prompt + max_tokens allowed per request.
+    prefix_cache_scope: who shares prefix-cache blocks (`cache_salt_of`).
     """
 
     def __init__(
-        self, tokenizer, resolver: AdapterResolver, dispatch: Dispatch, max_model_len: int
+        self,
+        tokenizer,
+        resolver: AdapterResolver,
+        dispatch: Dispatch,
+        max_model_len: int,
+        prefix_cache_scope: str = "tenant",
     ):
+        cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
+        self.prefix_cache_scope = prefix_cache_scope
         self.tokenizer = tokenizer
         self.resolver = resolver
         self.dispatch = dispatch
@@ -223,9 +249,11 @@ class Frontend:
         *,
         prompt_field: str = "prompt",
         max_tokens_sent: bool = True,
+        cache_salt: str | None = None,
     ) -> Prepared:
         """prompt_field: the body field the prompt came from (named by a length refusal);
-        max_tokens_sent: False when params.max_tokens is a default the client never sent."""
+        max_tokens_sent: False when params.max_tokens is a default the client never sent;
+        cache_salt: the request's own prefix-cache salt (vLLM's field), if any."""
         too_long = length_refusal(
             len(prompt_ids), params.max_tokens, self.max_model_len, prompt_field, max_tokens_sent
         )
@@ -238,6 +266,7 @@ class Frontend:
             params=params,
             adapter=resolved.adapter,
             residency=resolved.residency,
+            cache_salt=cache_salt_of(resolved.tenant, cache_salt, self.prefix_cache_scope),
         )
         return Prepared(call=call, model=model, adapter=resolved.adapter)
 
@@ -267,10 +296,9 @@ class Frontend:
                 ):
                     raise err from None
             fresh = await self.resolver.resolve(api_key, prepared.model)
-            call = GenerateCall(
+            call = dataclasses.replace(
+                call,
                 request_id=f"{prepared.call.request_id}-r{attempt + 1}",
-                prompt_token_ids=call.prompt_token_ids,
-                params=call.params,
                 adapter=fresh.adapter,
                 residency=fresh.residency,
             )

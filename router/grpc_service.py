@@ -20,6 +20,7 @@ from ray.serve.grpc_util import RayServegRPCContext
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
+from router.body_checks import check_cache_salt
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
@@ -57,6 +58,14 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         repetition_penalty=repetition,
         logit_bias={token: shortest(bias) for token, bias in req.logit_bias.items()},
     )
+
+
+def cache_salt_of_request(req: pb.GenerateRequest) -> str | None:
+    """The request's cache_salt ("" is unset: proto3 strings have no null)."""
+    try:
+        return check_cache_salt(req.cache_salt or None)
+    except ValueError as e:
+        raise InvalidRequest(f"cache_salt: {e}", "cache_salt") from None
 
 
 def choices_of(req: pb.GenerateRequest) -> int:
@@ -101,7 +110,12 @@ class GrpcInferenceMixin:
             ids = await front.encode_prompt(prompt)
             params = sampling_of(request)
             prepared = await front.prepare(
-                api_key, request.model, ids, params, max_tokens_sent=request.max_tokens > 0
+                api_key,
+                request.model,
+                ids,
+                params,
+                max_tokens_sent=request.max_tokens > 0,
+                cache_salt=cache_salt_of_request(request),
             )
             streams = [front.generate(api_key, p) for p in prepared.choices(n)]
             async with aclosing(merge_streams(streams)) as merged:

@@ -54,7 +54,8 @@ class IngressSettings:
     """model_dir: the base model directory (the tokenizer is loaded from it).
     served_model_name: the base model's id in `model`. redis_url / namespace: the
     registry. auth: require tenant API keys. admin_key: key of the admin endpoints
-    ("" disables them). max_model_len: prompt + output tokens per request at most
+    ("" disables them). prefix_cache_scope: "tenant" or "shared" (`router.frontend.
+    cache_salt_of`). max_model_len: prompt + output tokens per request at most
     (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
     largest adapter rank (registration refuses larger). max_loras: the replicas' GPU
     adapter slots; published with the base model so that the registry refuses a pin that
@@ -68,6 +69,7 @@ class IngressSettings:
     namespace: str = "lorafleet"
     auth: bool = False
     admin_key: str = ""
+    prefix_cache_scope: str = "tenant"
     max_model_len: int = 0
     max_lora_rank: int = 64
     max_loras: int | None = None
@@ -161,7 +163,9 @@ class LoraIngress(GrpcInferenceMixin):
         )
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
         max_len = model_max_len(settings.model_dir, settings.max_model_len)
-        self.frontend = Frontend(tokenizer, resolver, self._dispatch, max_len)
+        self.frontend = Frontend(
+            tokenizer, resolver, self._dispatch, max_len, settings.prefix_cache_scope
+        )
 
     async def __del__(self) -> None:
         if self._served_task is not None:

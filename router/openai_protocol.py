@@ -45,6 +45,7 @@ from router.body_checks import (
     TEXT_ALLOWED,
     TOOL_CHOICE_ALLOWED,
     RefusedAt,
+    check_cache_salt,
     check_content,
     check_stop,
     check_tool_choice,
@@ -107,6 +108,8 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, AfterValidator(check_n)] = 1
+    cache_salt: Annotated[str | None, AfterValidator(check_cache_salt)] = None
+    """Extension (as in vLLM): share prefix-cache blocks only with requests of this salt."""
     """Choices to sample (1..MAX_N), each an engine request of its own (router/choices.py)."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""

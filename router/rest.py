@@ -216,7 +216,12 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         ids = await front.encode_prompt(req.prompt)
         params = req.to_sampling_params()
         prepared = await front.prepare(
-            api_key, req.model, ids, params, max_tokens_sent=req.max_tokens_sent
+            api_key,
+            req.model,
+            ids,
+            params,
+            max_tokens_sent=req.max_tokens_sent,
+            cache_salt=req.cache_salt,
         )
         choices = prepared.choices(req.n)
         started = await _start_all(front, api_key, choices)
@@ -280,6 +285,7 @@ async def chat_completions(
             params,
             prompt_field="messages",
             max_tokens_sent=req.max_tokens_sent,
+            cache_salt=req.cache_salt,
         )
         choices = prepared.choices(req.n)
         started = await _start_all(front, api_key, choices)

@@ -43,6 +43,26 @@ def test_mixed_batch_equals_each_request_alone(llama_dir, refs):
     assert len({tuple(v) for v in together.values()}) > 4  # adapters change outputs
 
 
+@pytest.mark.parametrize("adapter", [None, "qv8"])
+def test_cache_salts_keep_blocks_apart(llama_dir, refs, adapter):
+    """Requests share prefix-cache blocks (and park on each other's) only under one salt."""
+    engine = _engine(llama_dir)
+    ids = engine.tokenizer(PROMPTS[1]).input_ids
+    ref = refs[adapter] if adapter else None
+
+    def run(rid: str, salt: str) -> list[int]:
+        engine.add_request(rid, ids, GREEDY, ref, cache_salt=salt)
+        out = []
+        while engine.has_unfinished():
+            out += [t for o in engine.step() for t in o.new_token_ids]
+        return out
+
+    first = run("t1-a", "t1\x00")
+    assert run("t2", "t2\x00") == first and engine.blocks.prefix_hit_tokens == 0
+    assert run("none", "") == first and engine.blocks.prefix_hit_tokens == 0
+    assert run("t1-b", "t1\x00") == first and engine.blocks.prefix_hit_tokens > 0
+
+
 def test_same_prompt_two_adapters_share_no_blocks(llama_dir, refs):
     engine = _engine(llama_dir)
     prompt = PROMPTS[1]
