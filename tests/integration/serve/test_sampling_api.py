@@ -283,3 +283,37 @@ def test_echo_scores_the_prompt_as_hf_peft_does(cluster, max_tokens):
         assert lp.text_offset[0] == 0
         if max_tokens == 0:
             assert choice.finish_reason == "length"
+
+
+def test_tenants_share_no_prefix_blocks_unless_they_share_a_salt(cluster):
+    """auth on, prefix_cache_scope "tenant" (the default): a tenant's second request with a
+    long prompt takes its own blocks from the prefix cache, another tenant's takes none;
+    a request cache_salt separates one tenant's requests too (REST and gRPC)."""
+    prompt = "the same long system prompt " * 12
+
+    def hits() -> int:
+        return sum(s["prefix_hit_tokens"] for s in cluster.routing_stats().values())
+
+    def ask(tenant: str, **extra) -> None:
+        r = httpx.post(
+            f"{cluster.http}/v1/completions",
+            json={"model": "demo-poet", "prompt": prompt, "max_tokens": 1, **extra},
+            headers={"Authorization": f"Bearer {cluster.keys[tenant]}"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+
+    ask("ops")
+    before = hits()
+    ask("t2")  # another tenant: nothing reused
+    assert hits() == before
+    ask("ops", cache_salt="user-1")  # the same tenant under its own salt: nothing either
+    assert hits() == before
+    ask("ops")
+    assert hits() > before  # the same tenant, no salt: its blocks are reused
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    again = hits()
+    req = pb.GenerateRequest(model="demo-poet", prompt=prompt, max_tokens=1, cache_salt="user-1")
+    list(stub.Generate(req, metadata=meta))
+    assert hits() > again  # the salted ops request's blocks, reused over gRPC
