@@ -16,6 +16,7 @@ from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterIncompatible,
     AdapterLoadFailed,
+    AdapterNotFound,
     InvalidRequest,
     LoraFleetError,
 )
@@ -30,6 +31,29 @@ log = logging.getLogger("lorafleet.router")
 
 class ServedPublisher(Protocol):
     async def set_served(self, served: ServedBase) -> None: ...
+
+    async def get_adapter(self, name: str) -> AdapterRecord: ...
+
+
+async def publish_served(registry: ServedPublisher, served: ServedBase) -> None:
+    """Publish the served base model, refusing to serve over an adapter of its id.
+
+    Registration refuses the served base model's id as an adapter name, but only once a
+    cluster published it: an adapter registered under that id before the first start
+    would be shadowed (requests naming it resolve to the base model, a silent fallback),
+    so the ingress does not start until the operator renames one of them.
+    """
+    try:
+        await registry.get_adapter(served.model_id)
+    except AdapterNotFound:
+        await registry.set_served(served)
+        return
+    raise AdapterAlreadyExists(
+        f"an adapter named {served.model_id!r} is registered, and this cluster serves its "
+        "base model under that id, so requests naming the adapter would get the base "
+        f"model; allowed: unregister the adapter (lorafleet adapters unregister "
+        f"{served.model_id}) or serve the base model under another served_model_name"
+    )
 
 
 async def keep_served_published(

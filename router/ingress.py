@@ -152,7 +152,7 @@ class LoraIngress(GrpcInferenceMixin):
             )
             # Published for `lorafleet adapters register`, which checks adapters against it,
             # and for `pin` (CLI and /v1/pin_lora_adapter), which checks max_loras.
-            await registry.set_served(self.served)
+            await admin.publish_served(registry, self.served)
             self._served_task = asyncio.get_running_loop().create_task(
                 keep_served_published(registry, self.served, settings.served_republish_s)
             )

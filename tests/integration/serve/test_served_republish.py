@@ -35,3 +35,37 @@ def test_a_flushed_registry_gets_the_served_base_back(redis_url):
         return seen
 
     assert asyncio.run(scenario()) == [served, None, served]
+
+
+def test_the_base_model_is_not_published_over_an_adapter_of_its_id(redis_url, tmp_path):
+    """An adapter registered under the base model's id before any cluster published it
+    would be shadowed (its requests answered by the base model): the ingress refuses to
+    start, naming both ways out, and publishes nothing."""
+    import pytest
+
+    from cluster.registry import Registry
+    from deploy.demo import ensure_demo
+    from lora_core.errors import AdapterAlreadyExists
+    from router.admin import publish_served
+
+    demo = ensure_demo(tmp_path / "demo")
+    served = ServedBase.from_model_dir("demo-base", str(demo.model_dir), 64, 2)
+    sync = Registry(redis_url)
+    sync.register_adapter("demo-base", str(demo.adapters["demo-poet"]), public=True)
+
+    async def publish() -> ServedBase | None:
+        reg = AsyncRegistry(redis_url)
+        try:
+            await publish_served(reg, served)
+        finally:
+            await reg.close()
+
+    with pytest.raises(AdapterAlreadyExists) as e:
+        asyncio.run(publish())
+    assert "an adapter named 'demo-base' is registered" in str(e.value)
+    assert "lorafleet adapters unregister demo-base" in str(e.value)
+    assert sync.get_served() is None
+    sync.unregister_adapter("demo-base")
+    asyncio.run(publish())
+    assert sync.get_served() == served
+    sync.close()
