@@ -9,6 +9,7 @@ LoRA-affinity request router (and the LoRA autoscaling policy when `autoscaling`
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -132,6 +133,10 @@ class ClusterArgs(BaseModel):
     once, at that privacy cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
+    adapter_roots: tuple[str, ...] = ()
+    """Absolute directories POST /v1/load_lora_adapter may register adapters from (their
+    real paths, symlinks resolved; () = any absolute path). The admin CLI, which talks to
+    Redis itself, is not restricted."""
     demo_cache_dir: str = ""
     """Where the demo is generated ("" = ~/.cache/lorafleet or $LORAFLEET_CACHE)."""
     register_demo_adapters: bool = True
@@ -184,6 +189,14 @@ class ClusterArgs(BaseModel):
     @classmethod
     def _served_name(cls, name: str) -> str:
         return check_name("base model", name) if name else name
+
+    @field_validator("adapter_roots")
+    @classmethod
+    def _adapter_roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        for root in roots:
+            if not os.path.isabs(root):
+                raise ValueError(f"{root!r} is relative; allowed: absolute directories")
+        return roots
 
     @field_validator("admin_key")
     @classmethod
@@ -375,6 +388,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         namespace=cfg.namespace,
         auth=cfg.auth,
         admin_key=cfg.admin_key,
+        adapter_roots=cfg.adapter_roots,
         prefix_cache_scope=cfg.prefix_cache_scope,
         max_model_len=cfg.max_model_len,
         max_lora_rank=cfg.max_lora_rank,

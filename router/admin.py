@@ -98,11 +98,15 @@ def no_tenant(tenant: str) -> InvalidRequest:
 
 
 async def load_adapter(
-    registry: CatalogRegistry, served: ServedBase, req: LoadAdapterRequest
+    registry: CatalogRegistry,
+    served: ServedBase,
+    req: LoadAdapterRequest,
+    roots: tuple[str, ...] = (),
 ) -> dict[str, str | int]:
     """POST /v1/load_lora_adapter: validate and register req's adapter as its name's next
-    version. Errors are the registry's, each naming the body field at fault."""
-    _check_absolute(req.lora_path)
+    version. Errors are the registry's, each naming the body field at fault. roots: see
+    `check_adapter_path`."""
+    check_adapter_path(req.lora_path, roots)
     try:
         rec = await registry.register_adapter(
             req.lora_name,
@@ -118,18 +122,39 @@ async def load_adapter(
     return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
 
 
-def _check_absolute(path: str) -> None:
-    """AdapterLoadFailed (param lora_path) unless path is absolute: the registry resolves
-    a relative path or '~' against the ingress's working directory and home, which the
-    caller neither knows nor controls (the CLI may take them: they are the caller's own)."""
+def check_adapter_path(path: str, roots: tuple[str, ...]) -> None:
+    """AdapterLoadFailed (param lora_path) unless path is absolute and, with roots, its
+    real path (symlinks resolved) lies inside the real path of one of them.
+
+    Relative paths and '~' would be resolved against the ingress's working directory and
+    home, which the caller neither knows nor controls (the CLI may take them: they are
+    the caller's own). Roots keep the admin endpoint from reading directories elsewhere
+    on the ingress's host, also through a symlink planted inside a root.
+    Example: roots ("/srv/adapters",): "/srv/adapters/a" passes, "/srv/adapters/../etc"
+    and "/srv/adapters-old/a" do not."""
     if not os.path.isabs(path):
-        err = AdapterLoadFailed(
+        raise _path_refused(
             f"lora_path={path!r} is relative; allowed: an absolute path to a local directory "
             "holding adapter_config.json and adapter_model.safetensors (relative paths and "
             "'~' would be resolved on the ingress, not where the request was written)"
         )
-        err.param = "lora_path"
-        raise err
+    if not roots:
+        return
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if os.path.commonpath([real, top]) == top:
+            return
+    raise _path_refused(
+        f"lora_path={path!r} is outside the adapter roots; allowed: a directory under "
+        f"{', '.join(roots)} (symlinks resolved: the cluster's adapter_roots)"
+    )
+
+
+def _path_refused(message: str) -> AdapterLoadFailed:
+    err = AdapterLoadFailed(message)
+    err.param = "lora_path"
+    return err
 
 
 async def _at_fault(

@@ -54,7 +54,8 @@ class IngressSettings:
     """model_dir: the base model directory (the tokenizer is loaded from it).
     served_model_name: the base model's id in `model`. redis_url / namespace: the
     registry. auth: require tenant API keys. admin_key: key of the admin endpoints
-    ("" disables them). prefix_cache_scope: "tenant" or "shared" (`router.frontend.
+    ("" disables them). adapter_roots: where the load endpoint may register adapters
+    from (`router.admin.check_adapter_path`; () = anywhere). prefix_cache_scope: "tenant" or "shared" (`router.frontend.
     cache_salt_of`). max_model_len: prompt + output tokens per request at most
     (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
     largest adapter rank (registration refuses larger). max_loras: the replicas' GPU
@@ -70,6 +71,7 @@ class IngressSettings:
     auth: bool = False
     admin_key: str = ""
     prefix_cache_scope: str = "tenant"
+    adapter_roots: tuple[str, ...] = ()
     max_model_len: int = 0
     max_lora_rank: int = 64
     max_loras: int | None = None
@@ -158,6 +160,7 @@ class LoraIngress(GrpcInferenceMixin):
             )
         self.registry = registry
         self.replicas = replicas
+        self.adapter_roots = settings.adapter_roots
         resolver = AdapterResolver(
             registry, settings.served_model_name, settings.auth, settings.admin_key
         )
@@ -246,7 +249,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(self, request: Request) -> Response:
         async def act(req: LoadAdapterRequest):
-            return await admin.load_adapter(self.registry, self.served, req)
+            return await admin.load_adapter(self.registry, self.served, req, self.adapter_roots)
 
         return await self._admin(request, LoadAdapterRequest, act)
 

@@ -48,6 +48,8 @@ def test_defaults_match_cluster_yaml():
         ({"tensor_parallel_size": 2, "num_gpus_per_replica": 1}, "num_gpus_per_replica"),
         ({"tp_step_timeout_s": 0}, "tp_step_timeout_s"),
         ({"tp_step_timeout_s": "inf"}, "tp_step_timeout_s"),
+        ({"adapter_roots": ["adapters"]}, "adapter_roots: 'adapters' is relative; allowed"),
+        ({"prefix_cache_scope": "none"}, "prefix_cache_scope"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):

@@ -152,3 +152,32 @@ def test_a_relative_path_is_refused_before_the_registry_is_asked(path):
         "would be resolved on the ingress, not where the request was written)"
     )
     assert catalog.registrations == 0
+
+
+def test_adapter_roots_bound_where_the_endpoint_registers_from(tmp_path):
+    """With adapter_roots the real path (symlinks resolved) must lie inside a root: a
+    sibling directory sharing the root's name as a prefix, a '..' escape and a symlink
+    planted inside the root that points out are all refused (422, lora_path), before the
+    registry is asked."""
+    root, outside = tmp_path / "adapters", tmp_path / "adapters-old"
+    (root / "a1").mkdir(parents=True)
+    (outside / "a1").mkdir(parents=True)
+    (root / "link").symlink_to(outside / "a1")
+    roots = (str(root),)
+
+    def attempt(path) -> FakeCatalog:
+        catalog = FakeCatalog()
+        body = parse_body(LoadAdapterRequest, {"lora_name": "a1", "lora_path": str(path)})
+        asyncio.run(load_adapter(catalog, SERVED, body, roots))
+        return catalog
+
+    assert attempt(root / "a1").registrations == 1
+    assert attempt(f"{root}/x/../a1").registrations == 1
+    for path in (outside / "a1", f"{root}/../adapters-old/a1", root / "link"):
+        with pytest.raises(AdapterLoadFailed) as e:
+            attempt(path)
+        assert (status_for(e.value).http, e.value.param) == (422, "lora_path")
+        assert str(e.value) == (
+            f"lora_path={str(path)!r} is outside the adapter roots; allowed: a directory "
+            f"under {root} (symlinks resolved: the cluster's adapter_roots)"
+        )
