@@ -13,6 +13,7 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from router.errors import status_for
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -201,6 +202,24 @@ def test_bad_requests_are_refused(llama_dir):
     engine.add_request("ok", [1, 2], GREEDY)
     with pytest.raises(InvalidRequest, match="already in use"):
         engine.add_request("ok", [1, 2], GREEDY)
+
+
+def test_request_larger_than_the_whole_kv_cache_is_a_bad_request(llama_dir):
+    """A request that needs more KV than the cache holds can never run: it is refused as
+    invalid (400, naming the most max_tokens that fits), not as backpressure (429 with
+    Retry-After), which clients retry forever. A chat request without max_tokens hit this
+    on every call where kv_cache_tokens < max_model_len (the default is the whole room)."""
+    engine = _engine(llama_dir, num_kv_blocks=6)  # 24 tokens of KV, max_model_len 1024
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    with pytest.raises(InvalidRequest, match="holds 24 tokens.*max_tokens up to 19") as e:
+        engine.add_request("big", [1, 2, 3, 4, 5], params)
+    assert not e.value.retryable and e.value.param == "max_tokens"
+    assert status_for(e.value).http == 400
+    with pytest.raises(InvalidRequest, match="prompt: 24 tokens .*holds 24 tokens") as e:
+        engine.add_request("long", [1] * 24, GREEDY)
+    assert e.value.param == "prompt"
+    fits = SamplingParams(max_tokens=19, temperature=0.0, ignore_eos=True)
+    assert len(run_requests(engine, [("fits", "a b c", fits, None)])["fits"]) == 19
 
 
 def test_preemption_gives_the_same_tokens(llama_dir, refs):
