@@ -31,6 +31,11 @@ class Sequence:
     preemption). parked: running but waiting, computing nothing, for a block another
     running sequence is computing now (`replica.scheduler`); announced: this sequence
     has told the scheduler it is computing its blocks num_cached..announced-1.
+
+    text: the output decoded so far (cut at a stop string); emitted_text_len of it were
+    streamed. decoded_text: the text of the first decoded_upto output tokens, which end
+    in a complete character; decoded_from <= decoded_upto: where the detokenizer's next
+    window starts (`replica.detokenizer`).
     """
 
     request_id: str
@@ -52,6 +57,9 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     emitted_text_len: int = 0
+    decoded_from: int = 0
+    decoded_upto: int = 0
+    decoded_text: str = ""
     emitted_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
