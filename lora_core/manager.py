@@ -118,9 +118,11 @@ class AdapterManager:
                 self._run(actions, {key: weights})
 
     def can_admit(self, ref: AdapterRef) -> bool:
-        """acquire(ref) would succeed now (False: wait). AdapterNotFound/AdapterDraining: fail."""
+        """A request for ref may take its slot now: acquire(ref) would succeed and ref's
+        slot is not yielding to an adapter that waits for one (`SlotPool.yields_slot`).
+        False: wait. AdapterNotFound/AdapterDraining: fail."""
         with self._lock:
-            return self.pool.can_admit(ref.key)
+            return self.pool.can_admit(ref.key) and not self.pool.yields_slot(ref.key)
 
     def acquire(self, ref: AdapterRef) -> int:
         """The GPU slot holding ref for one more running request (copied in if needed)."""

@@ -22,6 +22,15 @@ wanted most recently (first wanted last: its requests come last in FIFO order), 
 the adapter of the longest-waiting request is not the one dropped while another can
 go. Example (max_loras=1, max_cpu_loras=3): a holds the slot, b then c are wanted,
 CPU [a, b, c]; add d -> drop c (LRU would drop b, the one needed first).
+
+Yielding: a slot frees only when its adapter's last running request ends, so adapters
+with steady traffic would keep every slot forever and a wanted adapter would wait
+forever. While a wanted live adapter has no slot and none is free or idle, the
+unpinned adapter in a slot with the fewest running requests yields it (`yields_slot`;
+the engine's admission check refuses its new requests): it drains, and the wanted
+adapter takes its slot. Example (max_loras=2): a runs 1 request, b 2, c is wanted ->
+a yields; a's request ends -> c takes slot 0; a is now wanted and b or c, whichever
+runs fewer, yields in turn.
 """
 
 from __future__ import annotations
@@ -152,6 +161,26 @@ class SlotPool:
         entry = self._live(key)
         return entry.slot is not None or self._slot_victim() is not None
 
+    def yields_slot(self, key: str) -> bool:
+        """True when new requests for `key`, which holds a slot, should wait so that its
+        slot goes to another adapter: a live adapter that queued requests want has no
+        slot, no other slot is free or idle, and key is the unpinned adapter in a slot
+        with the fewest running requests, the LRU one among equals (only it drains, the
+        others keep serving). See "Yielding" in the module docstring.
+        """
+        entry = self._entries.get(key)
+        if entry is None or entry.slot is None or entry.pinned or entry.draining:
+            return False
+        if not any(self._waits_for_slot(w) for w in self._wanted if w != key):
+            return False
+        if self._slot_victim(besides=key) is not None:
+            return False
+        # The fewest running, not the LRU: a release moves its adapter to the LRU end,
+        # so the LRU one changes as requests end and none would drain. The one chosen
+        # takes no new requests, so it stays the one until it or another reaches 0.
+        unpinned = (k for k in self._gpu_lru if not self._entries[k].pinned)
+        return min(unpinned, key=lambda k: self._entries[k].refcount) == key
+
     def stats(self) -> PoolStats:
         return PoolStats(
             slots=tuple(self._slots),
@@ -275,16 +304,22 @@ class SlotPool:
             raise AdapterDraining(entry.name)
         return entry
 
-    def _slot_victim(self) -> int | None:
-        """A free slot (lowest first), else the slot of the LRU idle unpinned adapter."""
+    def _slot_victim(self, besides: str | None = None) -> int | None:
+        """A free slot (lowest first), else the slot of the LRU idle unpinned adapter
+        (other than `besides`)."""
         for slot, key in enumerate(self._slots):
             if key is None:
                 return slot
         for key in self._gpu_lru:
             entry = self._entries[key]
-            if entry.refcount == 0 and not entry.pinned:
+            if entry.refcount == 0 and not entry.pinned and key != besides:
                 return entry.slot
         return None
+
+    def _waits_for_slot(self, key: str) -> bool:
+        """Queued requests want `key`, a live adapter outside the slots."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.slot is None and not entry.draining
 
     def _place(self, key: str, entry: _Entry) -> list[PoolAction]:
         slot = self._slot_victim()

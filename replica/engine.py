@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lora_core.errors import CapacityExceeded, InvalidRequest, LoraFleetError, NonFiniteLogits
+from lora_core.errors import InvalidRequest, LoraFleetError, NonFiniteLogits
 from lora_core.identity import AdapterRef
 from replica.block_manager import BlockManager
 from replica.config import EngineConfig
@@ -129,10 +129,26 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
                 f"the maximum context length {self.max_model_len}"
             )
-        if -(-total // self.config.block_size) > self.blocks.num_blocks:
-            raise CapacityExceeded(
-                f"request needs more KV than the whole cache ({self.blocks.num_blocks} blocks)"
+        self._check_fits_cache(len(ids), params.max_tokens)
+
+    def _check_fits_cache(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse a request that needs more KV than the whole cache: it can never run, so
+        it is invalid (400), not backpressure (429), which clients retry forever."""
+        room = self.blocks.num_blocks * self.config.block_size
+        if prompt_len + max_tokens <= room:
+            return
+        held = f"the KV cache holds {room} tokens (kv_cache_tokens)"
+        if prompt_len >= room:
+            raise InvalidRequest(
+                f"prompt: {prompt_len} tokens leave no room to generate: {held}; allowed: a "
+                f"prompt of at most {room - 1} tokens",
+                "prompt",
             )
+        raise InvalidRequest(
+            f"max_tokens: the prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) does not "
+            f"fit: {held}; allowed: max_tokens up to {room - prompt_len} for this prompt",
+            "max_tokens",
+        )
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its final output (finish_reason "abort") comes with the next step."""

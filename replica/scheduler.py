@@ -3,7 +3,9 @@
 Each step: running sequences first (decode tokens or the next prefill chunk), then
 waiting ones in arrival order while the step has budget, sequence room and KV
 blocks. A waiting request whose adapter cannot be made slot-resident now (every
-slot busy with running requests or pinned) is skipped, not blocking others; one whose
+slot busy with running requests or pinned) is skipped, not blocking others, and so are
+new requests of the adapter whose slot is yielding to it (`lora_core.pool`: otherwise
+adapters with steady traffic keep every slot and it waits forever); one whose
 adapter is gone (unloaded while it waited) fails alone (SchedulerOutput.failed); KV
 shortage blocks admission in FIFO order. When a running sequence needs a block and
 none is free, the latest-arrived running sequence is preempted: its blocks are

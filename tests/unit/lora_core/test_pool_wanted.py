@@ -78,3 +78,51 @@ def test_unwant_without_want_is_a_bug_and_counts_outlive_an_unload():
     assert pool.stats().wanted == () and pool.wanted("a") == 0
     with pytest.raises(ValueError):
         pool.unwant("a")
+
+
+def _two_busy() -> SlotPool:
+    """Two slots held by running requests: a runs one, b two."""
+    pool = SlotPool(2, 4)
+    for key in ("a", "b", "c"):
+        pool.add(key, key)
+    pool.acquire("a")
+    pool.acquire("b")
+    pool.acquire("b")
+    return pool
+
+
+def test_the_busy_adapter_running_fewest_yields_its_slot_to_a_wanted_one():
+    """The module docstring's example: only a (fewest running) yields; once its running
+    request ends, c gets a's slot, and then c (one running, b two) yields to a."""
+    pool = _two_busy()
+    assert not pool.yields_slot("a")  # nobody waits
+    pool.want("c")
+    assert pool.yields_slot("a") and not pool.yields_slot("b")
+    assert pool.can_admit("a")  # acquire would still succeed: yielding is advice
+    pool.release("b")  # b now runs one too, and a is the LRU of the two: a still drains
+    assert pool.yields_slot("a") and not pool.yields_slot("b")
+    pool.release("a")
+    assert pool.yields_slot("a") and pool.can_admit("c")  # a's idle slot is c's
+    pool.unwant("c")
+    assert pool.acquire("c")[0] == 0
+    pool.want("a")
+    assert pool.yields_slot("c") != pool.yields_slot("b")  # exactly one of them drains
+
+
+@pytest.mark.parametrize("case", ["free slot", "idle slot", "pinned", "draining", "resident"])
+def test_no_yield_when_the_wanted_adapter_has_another_way_in(case):
+    pool = _two_busy()
+    pool.want("c")
+    if case in ("free slot", "idle slot", "resident"):
+        pool.release("b")
+        pool.release("b")  # b is idle: c would take its slot, a keeps serving
+    if case == "free slot":
+        pool.unload("b")  # b's slot is empty now
+    elif case == "pinned":
+        pool.pin("a")  # a pinned never yields; b is the unpinned one left
+        assert pool.yields_slot("b")
+    elif case == "draining":
+        pool.unload("c")  # c's requests fail rather than wait
+    elif case == "resident":
+        pool.acquire("c")  # c already holds a slot
+    assert not pool.yields_slot("a")

@@ -180,3 +180,30 @@ def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind):
             text += detok.update(seq, final=last, stop_token=last and stop_token)[0]
         kept = ids[:-1] if stop_token else ids
         assert text == tok.backend_tokenizer.decode(kept, skip_special_tokens=True), ids
+
+
+def test_a_long_output_streams_exactly_its_whole_decode(llama_dir):
+    """3000 random ids (split characters and special tokens throughout), one per step:
+    the streamed text is the whole output decoded at once."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(llama_dir))
+    ids = [random.Random(2).randrange(len(tok)) for _ in range(3000)]
+    text, hit = _stream(Detokenizer(tok), ids, ())
+    assert not hit and text == tok.backend_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_stop_token_after_a_split_character_keeps_its_text_out():
+    """vLLM's stop-token rule with a character completed over two tokens: the bytes before
+    the stop token are text, the stop token is not."""
+    tok = _byte_tokenizer((b"ab", b"\xa9x"))
+    ab, c3, a9x = _ids(tok, (b"ab", b"\xc3", b"\xa9x"))
+    detok = Detokenizer(tok)
+    seq = Sequence("r", 0, [], SamplingParams(max_tokens=5), None, 0)
+    got = []
+    for token in (ab, c3, a9x):
+        seq.tokens.append(token)
+        got.append(detok.update(seq, final=False)[0])
+    seq.tokens.append(tok.convert_tokens_to_ids("</s>"))
+    got.append(detok.update(seq, final=True, stop_token=True)[0])
+    assert got == ["ab", "", "\u00e9x", ""] and seq.text == "ab\u00e9x"

@@ -13,6 +13,7 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from router.errors import status_for
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -221,6 +222,50 @@ def test_bad_requests_are_refused(llama_dir):
     engine.add_request("ok", [1, 2], GREEDY)
     with pytest.raises(InvalidRequest, match="already in use"):
         engine.add_request("ok", [1, 2], GREEDY)
+
+
+def test_request_larger_than_the_whole_kv_cache_is_a_bad_request(llama_dir):
+    """A request that needs more KV than the cache holds can never run: it is refused as
+    invalid (400, naming the most max_tokens that fits), not as backpressure (429 with
+    Retry-After), which clients retry forever. A chat request without max_tokens hit this
+    on every call where kv_cache_tokens < max_model_len (the default is the whole room)."""
+    engine = _engine(llama_dir, num_kv_blocks=6)  # 24 tokens of KV, max_model_len 1024
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    with pytest.raises(InvalidRequest, match="holds 24 tokens.*max_tokens up to 19") as e:
+        engine.add_request("big", [1, 2, 3, 4, 5], params)
+    assert not e.value.retryable and e.value.param == "max_tokens"
+    assert status_for(e.value).http == 400
+    with pytest.raises(InvalidRequest, match="prompt: 24 tokens .*holds 24 tokens") as e:
+        engine.add_request("long", [1] * 24, GREEDY)
+    assert e.value.param == "prompt"
+    fits = SamplingParams(max_tokens=19, temperature=0.0, ignore_eos=True)
+    assert len(run_requests(engine, [("fits", "a b c", fits, None)])["fits"]) == 19
+
+
+def test_busy_slots_yield_to_a_waiting_adapter(llama_dir, refs):
+    """Two slots kept busy by a steady stream of requests of two adapters (a new request
+    of each every other step, each running 8 steps) never had a moment with an idle
+    slot, so a request of a third adapter waited forever. Now the least recently used
+    busy adapter takes no new requests while another adapter waits for a slot: it
+    drains, the waiting request gets its slot, and both busy adapters keep serving."""
+    engine = _engine(llama_dir)
+    a, b, x = refs["qv8"], refs["mlp4"], refs["pattern"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    firsts: dict[str, int] = {}
+    for step in range(60):
+        if step % 2 == 0 and step < 50:
+            for ref in (a, b):
+                engine.add_request(f"{ref.name}-{step}", [5, 6, 7], params, ref)
+        if step == 8:
+            engine.add_request("x", [5, 6, 7], params, x)
+        for o in engine.step():
+            if o.new_token_ids:
+                firsts.setdefault(o.request_id, step)
+    assert "x" in firsts and firsts["x"] - 8 <= 12, firsts.get("x")
+    assert max(firsts[f"{r.name}-48"] for r in (a, b)) - 48 <= 12
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.adapters.stats().wanted == ()
 
 
 def test_preemption_gives_the_same_tokens(llama_dir, refs):
