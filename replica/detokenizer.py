@@ -51,7 +51,7 @@ class Detokenizer:
         text = seq.text + self._decode_new(seq, end, final)
         stops = seq.params.stop
         hit = False
-        if stops:
+        if stops and seq.num_output >= seq.params.min_tokens:  # none looked for before
             start = max(0, len(seq.text) - max(len(s) for s in stops))
             cut = min((i for i in (text.find(s, start) for s in stops) if i >= 0), default=-1)
             if cut >= 0:

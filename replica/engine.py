@@ -49,6 +49,7 @@ class LLMEngine:
         self.runner = p.runner
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = p.eos_token_ids
+        self._eos_tuple = tuple(sorted(self.eos_ids))
         self.vocab_size = p.vocab_size
         self._seqs: dict[str, Sequence] = {}
         self._arrival = itertools.count()
@@ -122,6 +123,13 @@ class LLMEngine:
                 f"logit_bias: token id {biased} out of range; allowed: token ids "
                 f"0 <= id < {self.vocab_size}",
                 "logit_bias",
+            )
+        stop_id = max(params.stop_token_ids, default=-1)
+        if stop_id >= self.vocab_size:
+            raise InvalidRequest(
+                f"stop_token_ids: token id {stop_id} out of range; allowed: token ids "
+                f"0 <= id < {self.vocab_size}",
+                "stop_token_ids",
             )
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
@@ -197,7 +205,8 @@ class LLMEngine:
         if not seqs:
             return outputs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]
-        sampled = sample(result.logits, params, streams, self.generator, history=seqs)
+        banned = [self._banned(s) for s in seqs]
+        sampled = sample(result.logits, params, streams, self.generator, seqs, banned)
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:
@@ -234,11 +243,20 @@ class LLMEngine:
             out, prompt_logprobs=seq.prompt_logprobs, prompt_top_logprobs=top
         )
 
+    def _banned(self, seq: Sequence) -> tuple[int, ...]:
+        """Tokens seq may not sample this step: below min_tokens, those that would stop it
+        (its stop_token_ids, and EOS unless ignore_eos)."""
+        p = seq.params
+        if seq.num_output >= p.min_tokens:
+            return ()
+        return p.stop_token_ids if p.ignore_eos else p.stop_token_ids + self._eos_tuple
+
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.tokens.append(token)
         p = seq.params
         reason = None
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+        stops = seq.num_output >= p.min_tokens  # vLLM's rule (the ban kept them out before)
+        if stops and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids)):
             reason = "stop"
         elif seq.num_output >= p.max_tokens:
             reason = "length"

@@ -1,5 +1,6 @@
-"""Per-request changes of the logits that decide which token is picked: logit_bias and the
-repetition / presence / frequency penalties (OpenAI and vLLM semantics).
+"""Per-request changes of the logits that decide which token is picked: logit_bias, the
+repetition / presence / frequency penalties (OpenAI and vLLM semantics) and the tokens a
+row may not sample this step (min_tokens' stop tokens: a bias of -inf).
 
 Semantics per row, in this order (vLLM's), on the raw logits, before greedy argmax and
 before temperature / top-k / top-p; count_j is how many times token j appears among the
@@ -56,21 +57,24 @@ def process_logits(
     logits: torch.Tensor,
     params: list[SamplingParams],
     history: Sequence[TokenHistory] | None,
+    banned: Sequence[tuple[int, ...]] | None = None,
 ) -> torch.Tensor:
     """logits: float32 [n, V] -> float32 [n, V]: `logits` itself when no row processes its
     logits, else a copy whose processed rows follow the module's semantics (the other rows
     are bit-identical). history: each row's tokens (needed when a row is penalised).
+    banned: each row's tokens whose logit becomes -inf (after logit_bias; None: none).
 
     Example: logits [[1., -1., 2.]], repetition 2 and tokens [0, 1] -> [[.5, -2., 2.]].
     """
-    rows = [i for i, p in enumerate(params) if p.processes_logits]
+    banned = banned or [()] * len(params)
+    rows = [i for i, p in enumerate(params) if p.processes_logits or banned[i]]
     if not rows:
         return logits
     penalised = [i for i in rows if params[i].penalised]
     if penalised:
         assert history is not None, "penalised rows need their token history"
     n, vocab = logits.shape
-    plan = _Plan.build(rows, penalised, params, history or (), n, vocab)
+    plan = _Plan.build(rows, penalised, params, history or (), n, vocab, banned)
     at = _STAGING.to_device(plan.words, logits.device)
     out = logits.clone(memory_format=torch.contiguous_format)  # viewed flat below
     flat = out.view(-1)
@@ -110,7 +114,8 @@ class _Plan:
         [0, num_seen)             flat indices row * V + token of the entries to penalise:
                                   every penalised row's generated tokens first (num_out of
                                   them), then the prompts of rows whose repetition is on
-        [num_seen, floats_at)     flat indices of the logit_bias pairs
+        [num_seen, floats_at)     flat indices of the logit_bias pairs, then of the
+                                  banned tokens (bias -inf)
         [floats_at, ...)          float32, two per word: factors [n, 3] (repetition,
                                   frequency, presence; rows without penalties 1, 0, 0),
                                   then the bias values
@@ -134,6 +139,7 @@ class _Plan:
         history: Sequence[TokenHistory],
         n: int,
         vocab: int,
+        banned: Sequence[tuple[int, ...]],
     ) -> _Plan:
         repeated = [i for i in penalised if params[i].repetition_penalty != 1.0]
         seen = [history[i].output_array for i in penalised]
@@ -143,6 +149,8 @@ class _Plan:
         num_seen = sum(lengths)
         bias_at = [i * vocab + t for i in rows for t, _ in params[i].logit_bias]
         biases = [b for i in rows for _, b in params[i].logit_bias]
+        bias_at += [i * vocab + t for i in rows for t in banned[i]]
+        biases += [-np.inf] * (len(bias_at) - len(biases))
         floats_at = num_seen + len(bias_at)
         words = np.empty(floats_at + (3 * n + len(biases) + 1) // 2, dtype=np.int64)
         if num_seen:

@@ -64,6 +64,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "stop": (lambda x: isinstance(x, str) or _is_str_list(x), "a string or a list of strings"),
     "stop_token_ids": (_is_int_list, "a list of token ids"),
     "ignore_eos": (lambda x: isinstance(x, bool), "true or false"),
+    "min_tokens": (is_int, "an integer 0 <= min_tokens <= max_tokens"),
     "logprobs": (lambda x: isinstance(x, bool), "true or false"),
     "top_logprobs": (
         is_int,

@@ -45,10 +45,12 @@ def sample(
     streams: list[SeedStream | None],
     generator: torch.Generator | None = None,
     history: Sequence[TokenHistory] | None = None,
+    banned: Sequence[tuple[int, ...]] | None = None,
 ) -> Sampled:
     """logits: float32 [n, V] -> the sampled token of each row, with logprobs if asked.
     Rows without a stream draw from generator (torch's default one when None). history:
-    each row's prompt and generated tokens (read only for penalised rows).
+    each row's prompt and generated tokens (read only for penalised rows). banned: token
+    ids each row may not sample this step (min_tokens' stop tokens; None: none).
 
     Semantics per row: first logit_bias and the penalties (`process_logits`); a greedy
     row then takes the argmax, a non-greedy row keeps the top_k most likely tokens of
@@ -61,7 +63,7 @@ def sample(
     finite, are drawn from zeros instead (so they cannot stall the rejection rounds) and
     reported in `non_finite`; -inf logits beside finite ones only mask their tokens.
     """
-    raw, logits = logits, process_logits(logits, params, history)
+    raw, logits = logits, process_logits(logits, params, history, banned)
     picked = logits.argmax(dim=-1)
     # argmax propagates NaN, so the picked logit is NaN, +inf or (no finite logit) -inf
     # exactly when the row is bad; -inf beside finite logits is a legitimate mask

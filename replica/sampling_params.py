@@ -8,6 +8,7 @@ answers with the same messages.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -35,6 +36,14 @@ stalled every request on its replica."""
 STOP_ALLOWED = (
     f"allowed: a non-empty string or a list of at most {MAX_STOPS} non-empty strings, "
     f"each of at most {MAX_STOP_CHARS} characters"
+)
+_SHORT = reprlib.Repr()  # refused values are echoed shortened
+_SHORT.maxlist = _SHORT.maxtuple = 8
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
+MAX_STOP_TOKEN_IDS = 64
+"""Stop token ids per request (each is banned from sampling below min_tokens)."""
+STOP_TOKEN_IDS_ALLOWED = (
+    f"allowed: a list of at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0)"
 )
 MAX_PENALTY = 2.0
 """|presence_penalty| and |frequency_penalty| at most (OpenAI's range)."""
@@ -69,7 +78,11 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 = off; -1, vLLM's "off", is read as 0).
     seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
     stop: strings that end generation (the stop string is not included in the text).
-    stop_token_ids: token ids that end generation (besides the tokenizer's EOS).
+    stop_token_ids: token ids that end generation (besides the tokenizer's EOS); at most
+        MAX_STOP_TOKEN_IDS (the engine checks them against its vocabulary).
+    min_tokens: tokens to generate at least (0 <= min_tokens <= max_tokens, vLLM's): until
+        then EOS and stop_token_ids are not sampled (their logits are -inf) and stop
+        strings are not looked for.
     ignore_eos: keep going past EOS (benchmarks).
     logprobs: return the log-probability of each sampled token.
     top_logprobs: also return the k most likely tokens at each sampled position
@@ -96,6 +109,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
@@ -145,10 +159,30 @@ class SamplingParams:
             raise InvalidRequest(
                 f"stop: a string of {len(longest)} characters; {STOP_ALLOWED}", "stop"
             )
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_stop_token_ids()
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequest(
+                f"min_tokens={self.min_tokens!r} with max_tokens={self.max_tokens!r}; "
+                "allowed: an integer 0 <= min_tokens <= max_tokens",
+                "min_tokens",
+            )
         self._check_top_logprobs()
         self._check_penalties()
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
+
+    def _check_stop_token_ids(self) -> None:
+        ids = self.stop_token_ids
+        ids = tuple(ids) if isinstance(ids, list | tuple) else None
+        if (
+            ids is None
+            or len(ids) > MAX_STOP_TOKEN_IDS
+            or not all(is_int(t) and t >= 0 for t in ids)
+        ):
+            raise InvalidRequest(
+                f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got {_SHORT.repr(self.stop_token_ids)}",
+                "stop_token_ids",
+            )
+        object.__setattr__(self, "stop_token_ids", ids)
 
     def _check_top_logprobs(self) -> None:
         k = self.top_logprobs

@@ -52,6 +52,8 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         top_p=shortest(req.top_p) or 1.0,
         top_k=req.top_k,
         seed=req.seed if req.HasField("seed") else None,
+        stop_token_ids=tuple(req.stop_token_ids),
+        min_tokens=req.min_tokens,
         stop=tuple(req.stop),
         presence_penalty=shortest(req.presence_penalty),
         frequency_penalty=shortest(req.frequency_penalty),

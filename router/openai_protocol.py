@@ -113,6 +113,11 @@ class _Sampling(BaseModel):
     """Choices to sample (1..MAX_N), each an engine request of its own (router/choices.py)."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
+    stop_token_ids: list[int] = []
+    """Extension (as in vLLM): token ids that end the choice (its text leaves them out)."""
+    min_tokens: int = 0
+    """Extension (as in vLLM): tokens to generate before EOS, stop_token_ids or stop
+    strings may end the choice."""
     logit_bias: LogitBias = {}
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -157,6 +162,8 @@ class _Sampling(BaseModel):
             logprobs=logprobs,
             top_logprobs=top,
             ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids),
+            min_tokens=self.min_tokens,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,

@@ -219,6 +219,15 @@ def offline_greedy_texts(cluster: Cluster, prompt: str, max_tokens: int) -> dict
 
 def offline_texts(cluster: Cluster, prompt: str, params, names: list[str]) -> dict[str, str]:
     """`offline_greedy_texts` with any SamplingParams, for the models in names."""
+    return {
+        name: text for name, (text, _) in offline_outputs(cluster, prompt, params, names).items()
+    }
+
+
+def offline_outputs(
+    cluster: Cluster, prompt: str, params, names: list[str]
+) -> dict[str, tuple[str, list[int]]]:
+    """(text, token ids) an offline engine generates for each model in names."""
     from replica.config import EngineConfig
     from replica.engine import LLMEngine
     from replica.offline import adapter_ref
@@ -230,11 +239,12 @@ def offline_texts(cluster: Cluster, prompt: str, params, names: list[str]) -> di
     for name in names:
         ref = None if name == cluster.base else adapter_ref(name, cluster.adapters[name], 64)
         engine.add_request(name, ids, params, ref)
-    texts = dict.fromkeys(names, "")
+    got: dict[str, tuple[str, list[int]]] = {name: ("", []) for name in names}
     while engine.has_unfinished():
         for out in engine.step():
-            texts[out.request_id] += out.new_text
-    return texts
+            text, ids = got[out.request_id]
+            got[out.request_id] = (text + out.new_text, ids + out.new_token_ids)
+    return got
 
 
 def misfit_adapters(cluster: Cluster, root: Path) -> dict[str, str]:

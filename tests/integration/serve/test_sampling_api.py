@@ -317,3 +317,33 @@ def test_tenants_share_no_prefix_blocks_unless_they_share_a_salt(cluster):
     req = pb.GenerateRequest(model="demo-poet", prompt=prompt, max_tokens=1, cache_salt="user-1")
     list(stub.Generate(req, metadata=meta))
     assert hits() > again  # the salted ops request's blocks, reused over gRPC
+
+
+def test_min_tokens_and_stop_token_ids_on_rest_and_grpc_equal_offline(cluster):
+    """vLLM's min_tokens and stop_token_ids (extra_body of the OpenAI client, and gRPC
+    fields 16 and 17) reach the engine: both answer what an offline engine with the same
+    SamplingParams generates, which differs from the answer without min_tokens."""
+    from tests.integration.serve.cluster_fixture import offline_outputs
+
+    free = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    _, plain = offline_outputs(cluster, PROMPT, free, ["demo-poet"])["demo-poet"]
+    stops = (plain[1],)  # greedy's second token ends the answer there without min_tokens
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, stop_token_ids=stops)
+    early = offline_texts(cluster, PROMPT, params, ["demo-poet"])["demo-poet"]
+    params = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.0, stop_token_ids=stops, min_tokens=4
+    )
+    want = offline_texts(cluster, PROMPT, params, ["demo-poet"])["demo-poet"]
+    assert want != early
+    rest = create(
+        cluster, "completions", temperature=0,
+        extra_body={"min_tokens": 4, "stop_token_ids": list(stops)},
+    )  # fmt: skip
+    assert rest.choices[0].text == want
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    req = pb.GenerateRequest(
+        model="demo-poet", prompt=PROMPT, max_tokens=MAX_TOKENS, min_tokens=4,
+        stop_token_ids=list(stops),
+    )  # fmt: skip
+    assert "".join(c.text for c in stub.Generate(req, metadata=meta)) == want

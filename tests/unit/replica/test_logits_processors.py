@@ -151,7 +151,7 @@ def test_the_plan_carries_everything_in_one_array():
         SamplingParams(presence_penalty=0.5, logit_bias=((7, 1.5),)),
     ]
     history = [History([3, 4, 4], 1), History([9, 5], 1)]
-    plan = _Plan.build([0, 1], [0, 1], params, history, n=2, vocab=10)
+    plan = _Plan.build([0, 1], [0, 1], params, history, n=2, vocab=10, banned=[(), ()])
     assert plan.words[: plan.num_seen].tolist() == [4, 4, 15, 3]
     assert plan.num_out == 3
     assert plan.words[plan.num_seen : plan.floats_at].tolist() == [17]

@@ -3,7 +3,7 @@
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams
+from replica.sampling_params import LOGIT_BIAS_ALLOWED, STOP_TOKEN_IDS_ALLOWED, SamplingParams
 from router.grpc_service import sampling_of, shortest
 from router.proto import lorafleet_pb2 as pb
 
@@ -45,6 +45,14 @@ def test_shortest_reads_float32_back_as_the_decimal_sent(x):
             {"logit_bias": {i: 1.0 for i in range(301)}},
             f"logit_bias: 301 token ids; {LOGIT_BIAS_ALLOWED}",
         ),
+        (
+            {"min_tokens": 3},
+            "min_tokens=3 with max_tokens=2; allowed: an integer 0 <= min_tokens <= max_tokens",
+        ),
+        (
+            {"stop_token_ids": list(range(65))},
+            f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got (0, 1, 2, 3, 4, 5, 6, 7, ...)",
+        ),
     ],
 )
 def test_grpc_messages_match_rest(fields, message):
@@ -60,6 +68,8 @@ def test_sampling_of_keeps_the_values():
 
 def test_penalties_top_k_and_logit_bias_are_mapped():
     req = pb.GenerateRequest(
+        min_tokens=3,
+        stop_token_ids=[9, 4],
         presence_penalty=-1.3,
         frequency_penalty=0.7,
         repetition_penalty=1.2,
@@ -73,6 +83,8 @@ def test_penalties_top_k_and_logit_bias_are_mapped():
         repetition_penalty=1.2,
         top_k=40,
         logit_bias=((7, 2.1), (50256, -100.0)),
+        min_tokens=3,
+        stop_token_ids=(9, 4),
     )
 
 

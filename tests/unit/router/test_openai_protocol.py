@@ -22,6 +22,7 @@ from router.openai_protocol import (
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ROOM = 1000
 """Chat's default max_tokens in these tests: the room a prompt leaves in the context."""
+USER_X = {"role": "user", "content": "x"}
 
 
 def sampling(model, body) -> SamplingParams:
@@ -72,6 +73,22 @@ def test_max_tokens_zero_only_with_echo(fields, message):
         CompletionRequest, {"model": "a", "prompt": "x", "max_tokens": 0, "echo": True}
     )
     assert req.to_sampling_params() == SamplingParams(max_tokens=0)
+
+
+@pytest.mark.parametrize("model", [CompletionRequest, ChatCompletionRequest])
+def test_min_tokens_and_stop_token_ids_map_to_sampling_params(model):
+    body = {"model": "a", "min_tokens": 2, "stop_token_ids": [7, 3], "max_tokens": 5}
+    body |= {"prompt": "x"} if model is CompletionRequest else {"messages": [USER_X]}
+    params = sampling(model, body)
+    assert (params.min_tokens, params.stop_token_ids) == (2, (7, 3))
+    for bad, message in (
+        ({"stop_token_ids": ["7"]}, "stop_token_ids.0: got a string"),
+        ({"min_tokens": 6}, "min_tokens=6 with max_tokens=5; allowed"),
+        ({"min_tokens": "2"}, "min_tokens: got a string"),
+    ):
+        with pytest.raises(InvalidRequest) as e:
+            sampling(model, body | bad)
+        assert str(e.value).startswith(message)
 
 
 def test_completion_defaults():
