@@ -223,19 +223,32 @@ class SyncExecutor:
         self.client.close()
 
 
+ASYNC_MAX_CONNECTIONS = 64
+"""Connections one asyncio client opens to Redis at most; more concurrent commands wait
+for a free one (within the command's deadline)."""
+
+
 class AsyncExecutor:
-    """Runs plans on an asyncio client (bound to the event loop that first uses it)."""
+    """Runs plans on an asyncio client (bound to the event loop that first uses it).
+
+    Its pool waits for a free connection: redis-py's default pool refuses a command
+    beyond its 100th concurrent connection ("Too many connections"), so an ingress
+    serving a few hundred requests at once answered some with 503 registry_unavailable
+    while Redis was healthy."""
 
     def __init__(self, url: str, ns: str, policy: RetryPolicy):
         self.url, self.ns, self.policy = url, ns, policy
-        self.client = _from_url(
-            redis.asyncio.Redis.from_url,
+        pool = _from_url(
+            redis.asyncio.BlockingConnectionPool.from_url,
             url,
+            max_connections=ASYNC_MAX_CONNECTIONS,
+            timeout=policy.deadline_s,
             decode_responses=True,
             retry=policy.async_retry(),
             socket_connect_timeout=policy.connect_timeout_s,
             socket_timeout=policy.socket_timeout_s,
         )
+        self.client = redis.asyncio.Redis.from_pool(pool)  # closing it closes the pool
         self._scripts = {name: self.client.register_script(src) for name, src in SCRIPTS.items()}
 
     async def run(self, plan: Plan[T]) -> T:

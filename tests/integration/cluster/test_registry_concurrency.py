@@ -79,3 +79,28 @@ def test_asyncio_tasks_report_and_remove(registry: Registry, redis_url, adapters
         await reg.close()
 
     asyncio.run(scenario())
+
+
+def test_many_more_concurrent_commands_than_connections_all_succeed(registry: Registry, redis_url):
+    """An ingress resolves one key per request: 400 resolutions at once on one asyncio
+    client all answer (the pool waits for a free connection; redis-py's default pool
+    refused every command beyond its 100th connection with "Too many connections", a
+    503 registry_unavailable while Redis was healthy), over at most 64 connections."""
+    from cluster.client import ASYNC_MAX_CONNECTIONS
+
+    registry.create_tenant("acme")
+    key = registry.issue_api_key("acme")
+
+    async def go() -> tuple[list[str | None], int]:
+        reg = AsyncRegistry(redis_url, namespace="t")
+        try:
+            got = await asyncio.gather(*(reg.resolve_key(key) for _ in range(400)))
+            pool = reg.client.connection_pool
+            opened = len(pool._available_connections) + len(pool._in_use_connections)
+        finally:
+            await reg.close()
+        return got, opened
+
+    got, opened = asyncio.run(go())
+    assert got == ["acme"] * 400
+    assert opened <= ASYNC_MAX_CONNECTIONS
