@@ -66,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_verb(verbs, "show", _show, "show one adapter", listing=True, named=ADAPTER)
     add_verb(verbs, "unregister", _unregister, "stop new requests; unload when idle",
              listing=False, named=ADAPTER)  # fmt: skip
-    p = add_verb(verbs, "pin", _pin, "keep NAME in GPU on replicas holding it", listing=False,
-                 named=ADAPTER)  # fmt: skip
+    p = add_verb(verbs, "pin", _pin, "load NAME into a GPU slot on every replica of the pool "
+                 "and keep it there", listing=False, named=ADAPTER)  # fmt: skip
     _pool(p, "replicas the pin binds")
     add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False, named=ADAPTER)
     p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False,

@@ -4,7 +4,7 @@
         [--public | --private] [--replace]
     lorafleet adapters list | show NAME | unregister NAME
     lorafleet adapters pin NAME [--pool P] | unpin NAME | warm NAME --replicas N [--pool P]
-    lorafleet replicas list
+    lorafleet replicas list | reap
     lorafleet tenants create NAME | delete NAME | list | grant NAME ADAPTER | revoke NAME ADAPTER
     lorafleet tenants key NAME | keys NAME | revoke-key NAME (KEY_ID | --all)
     lorafleet status
