@@ -30,6 +30,7 @@ from cluster.keys import Keys, check_name
 from cluster.records import ServedBase
 from cluster.registry import MAX_LORA_RANK
 from deploy.dashboard import install_dashboard
+from deploy.model_checks import check_model_fits
 from lora_core.errors import AdapterAlreadyExists, InvalidRequest
 from replica.config import EngineConfig
 from replica.deployment import ReplicaDeployment, ReplicaSettings
@@ -307,6 +308,7 @@ def build_app(args: dict) -> serve.Application:
     """The Serve app for cluster.yaml's args (see ClusterArgs)."""
     cfg = parse_args(args)
     model_dir, demo_adapters = prepare_model(cfg)
+    check_model_fits(engine_config(cfg, model_dir))  # before anything starts
     redis_url = cfg.redis_url
     if not redis_url:
         from deploy.local_redis import ensure_local_redis
@@ -329,9 +331,9 @@ def build_app(args: dict) -> serve.Application:
     return bind_app(cfg, model_dir, redis_url)
 
 
-def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Application:
-    base_name = served_model_name(cfg, model_dir)
-    engine = EngineConfig(
+def engine_config(cfg: ClusterArgs, model_dir: str) -> EngineConfig:
+    """The replicas' engine config."""
+    return EngineConfig(
         model=model_dir,
         dtype=cfg.dtype,
         device=cfg.device,
@@ -343,6 +345,11 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         tensor_parallel_size=cfg.tensor_parallel_size,
         tp_step_timeout_s=cfg.tp_step_timeout_s,
     )
+
+
+def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Application:
+    base_name = served_model_name(cfg, model_dir)
+    engine = engine_config(cfg, model_dir)
     replica = ReplicaSettings(
         engine=engine,
         redis_url=redis_url,

@@ -1,0 +1,47 @@
+"""build_app refuses, before anything starts, a model config the replicas would refuse at
+their start (Serve would retry them forever while the ingress answers): a tensor-parallel
+split the heads do not allow, a context past the model's positions, a KV cache too small
+for one request of the context length."""
+
+import json
+
+import pytest
+
+from deploy.model_checks import check_model_fits, kv_cache_room
+from lora_core.errors import InvalidRequest
+from replica.config import EngineConfig
+
+
+def engine(model_dir, **fields) -> EngineConfig:
+    return EngineConfig(model=str(model_dir), device="cpu", **fields)
+
+
+def test_a_fitting_config_passes_with_its_context_length(llama_dir):
+    native = json.loads((llama_dir / "config.json").read_text())["max_position_embeddings"]
+    assert check_model_fits(engine(llama_dir, kv_cache_tokens=native)) == native
+    assert check_model_fits(engine(llama_dir, max_model_len=64, kv_cache_tokens=64)) == 64
+
+
+def test_the_kv_cache_holds_whole_blocks(llama_dir):
+    assert kv_cache_room(engine(llama_dir, kv_cache_tokens=100, block_size=16)) == 112
+    assert kv_cache_room(engine(llama_dir, num_kv_blocks=3, block_size=16)) == 48
+
+
+def test_a_kv_cache_smaller_than_one_context_is_refused(llama_dir):
+    native = json.loads((llama_dir / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(InvalidRequest) as e:
+        check_model_fits(engine(llama_dir, kv_cache_tokens=32, block_size=16))
+    assert str(e.value) == (
+        f"kv_cache_tokens=32: the KV cache (32 tokens) cannot hold one request of the "
+        f"context length (the model's max_position_embeddings: {native}); allowed: "
+        f"kv_cache_tokens >= {native}, or max_model_len <= 32"
+    )
+    with pytest.raises(InvalidRequest, match=r"\(max_model_len: 64\)"):
+        check_model_fits(engine(llama_dir, max_model_len=64, kv_cache_tokens=48, block_size=16))
+
+
+def test_a_split_the_heads_do_not_allow_and_a_context_past_the_model_are_refused(llama_dir):
+    with pytest.raises(InvalidRequest, match="is not divisible by tensor_parallel_size=3"):
+        check_model_fits(engine(llama_dir, tensor_parallel_size=3))
+    with pytest.raises(InvalidRequest, match="exceeds the model's max_position_embeddings"):
+        check_model_fits(engine(llama_dir, max_model_len=10**6))
