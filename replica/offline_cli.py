@@ -169,16 +169,21 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from replica.offline import OfflineJob, parse_adapter_args  # lazy: torch is slow to import
 
+    tmp = None
     try:
         _check_writable(args.output)
+        tmp = _reserve(args.output)  # a file that cannot be made fails now, not after the run
         adapters = parse_adapter_args(args.adapter)
         lines = _read_lines(args.input)
         job = OfflineJob.from_args(args, adapters)
         results = job.run(lines, progress=not args.quiet)
-        _write_atomically(args.output, results)
+        _write_into(tmp, args.output, results)
     except (LoraFleetError, ValueError, OSError) as e:
         print(f"lorafleet generate: {e}", file=sys.stderr)
         return 1
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # gone already when the output was written
     return 0
 
 
@@ -192,18 +197,22 @@ def _check_writable(path: Path) -> None:
         raise ValueError(f"--output {path}: directory {parent} is not writable")
 
 
-def _write_atomically(path: Path, rows: list[dict]) -> None:
-    """Write beside path, then rename: a failure never leaves a half-written output."""
+def _reserve(path: Path) -> Path:
+    """Create the temporary file the output is written to, beside path."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    f = tmp.open("x")
     try:
-        with f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        tmp.open("x").close()
+    except OSError as e:
+        raise ValueError(f"--output {path}: cannot create a file beside it ({e.strerror})") from e
+    return tmp
+
+
+def _write_into(tmp: Path, path: Path, rows: list[dict]) -> None:
+    """Write tmp, then rename it to path: a failure never leaves a half-written output."""
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
 
 
 def _read_lines(path: Path) -> list[InputLine]:

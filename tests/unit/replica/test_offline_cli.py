@@ -318,3 +318,19 @@ def test_prompt_logprobs_equal_hf_peft(tmp_path, llama_dir, llama_adapters):
             assert "prompt_top_logprobs" not in g
     assert (got[0]["token_ids"], got[0]["finish_reason"]) == ([], "length")
     assert len(got[1]["token_ids"]) == 2 and len(got[1]["logprobs"]) == 2
+
+
+def test_an_output_that_cannot_be_created_fails_before_running(tmp_path, llama_dir, llama_adapters):
+    """/proc passes the writable check for root, yet no file can be made there: the run
+    fails at once naming --output (before, after generating everything, with a raw
+    errno message about a temporary file)."""
+    import os
+
+    if os.geteuid() != 0 or not os.access("/proc", os.W_OK):
+        pytest.skip("needs a directory that os.access calls writable but refuses files")
+    res, _ = _generate(
+        tmp_path, llama_dir, llama_adapters["qv8"], [OK], "--output", "/proc/o.jsonl"
+    )
+    _one_line_error(
+        res, "lorafleet generate: --output /proc/o.jsonl: cannot create a file beside it"
+    )

@@ -49,18 +49,21 @@ def test_a_long_prompt_is_tokenized_without_stalling_the_loop(tokenizer):
     took = time.monotonic() - started
     assert ids == tuple(tokenizer(prompt).input_ids)
     assert took > 1.0  # the work is long enough for a stall to show
-    assert worst < 0.5, f"the event loop stalled {worst:.2f} s of {took:.2f} s"
+    # on the loop it stalls for all of `took`; off it, for a share of a loaded machine
+    assert worst < max(0.5, took / 4), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
 
 
 def test_a_long_chat_is_rendered_without_stalling_the_loop(tokenizer):
     messages = [{"role": "user", "content": "a " * 2_000_000}]
     front = make_front(tokenizer, Dispatcher(), max_len=5_000_000)
+    started = time.monotonic()
     worst, ids = asyncio.run(_worst_tick_gap(front.encode_chat(messages)))
+    took = time.monotonic() - started
     expected = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     assert ids == tuple(expected)
-    assert worst < 0.5, f"the event loop stalled {worst:.2f} s"
+    assert worst < max(0.5, took / 4), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
 
 
 def test_concurrent_prompts_each_get_their_own_tokens(tokenizer):
