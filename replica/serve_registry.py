@@ -113,7 +113,12 @@ class RegistryPublisher:
     adapter_share: float | None = None
     active_reported: bool = False
     lease_lost: bool = False
-    """The keep-alive found this epoch's lease gone (the next tick registers again)."""
+    """The keep-alive found this registration's lease gone (the next tick registers again)."""
+    registrations: int = 0
+    """Registrations begun so far: the keep-alive's answer applies only to the
+    registration it asked about (a Redis restarted empty hands out epoch 1 again, so
+    epochs can repeat), and it asks nothing while one is being made."""
+    registering: bool = False
     desired: DesiredFollower = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,8 +160,8 @@ class RegistryPublisher:
         cfg = self.config
         while True:
             await asyncio.sleep(cfg.tick_s)
-            epoch = self.epoch
-            if epoch is None or self.lease_lost:
+            epoch, registration = self.epoch, self.registrations
+            if epoch is None or self.lease_lost or self.registering:
                 continue
             try:
                 alive = await self.registry.heartbeat(cfg.replica_id, epoch, cfg.lease_ttl_s)
@@ -164,7 +169,7 @@ class RegistryPublisher:
                 raise
             except Exception:  # noqa: BLE001 - the tick logs registry health
                 continue
-            if not alive and epoch == self.epoch:
+            if not alive and registration == self.registrations:
                 self.lease_lost = True
 
     def _set_registry_health(self, ok: bool, err: Exception | None = None) -> None:
@@ -183,10 +188,15 @@ class RegistryPublisher:
             or not await reg.heartbeat(cfg.replica_id, self.epoch, cfg.lease_ttl_s)
         ):
             self.lease_lost = False
-            stats = self.engine.stats()
-            self.epoch = await reg.register_replica(
-                cfg.replica_id, cfg.pool, cfg.deployment, stats.max_loras, cfg.lease_ttl_s
-            )
+            self.registrations += 1
+            self.registering = True
+            try:
+                stats = self.engine.stats()
+                self.epoch = await reg.register_replica(
+                    cfg.replica_id, cfg.pool, cfg.deployment, stats.max_loras, cfg.lease_ttl_s
+                )
+            finally:
+                self.registering = False
             if self.epoch <= self.last_epoch:
                 # Epochs only grow while Redis keeps its data: a smaller one means it
                 # restarted empty (or from an older snapshot), and adapter and desired-state
