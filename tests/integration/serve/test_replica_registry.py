@@ -93,28 +93,36 @@ def test_survives_a_redis_outage_and_re_registers(tmp_path, demo):
     engine, pub, refs = setup(url, demo, names=("demo-poet",))
     engine.gpu = engine.cpu = [refs["demo-poet"].key]
 
+    stops = [stop]
+
     async def go():
         task = asyncio.create_task(pub.run())
-        await asyncio.sleep(0.5)
-        assert pub.healthy_registry and pub.epoch == 1
-        stop()
-        await asyncio.sleep(0.8)
-        assert not pub.healthy_registry and not task.done()
-        url2, stop2 = start_redis(tmp_path / "r2", port=port)
-        # A fresh Redis lost everything: the adapter must be registered again.
-        reg = Registry(url2)
-        reg.register_adapter("demo-poet", str(demo.adapters["demo-poet"]), public=True)
-        reg.close()
-        for _ in range(60):
-            await asyncio.sleep(0.1)
-            if locations(url2, "demo-poet"):
-                break
-        assert pub.healthy_registry and pub.epoch == 1  # new Redis: epochs start over
-        assert locations(url2, "demo-poet") == [("rep1", "gpu")]
-        task.cancel()
-        stop2()
+        try:
+            await asyncio.sleep(0.5)
+            assert pub.healthy_registry and pub.epoch == 1
+            stop()
+            await asyncio.sleep(0.8)
+            assert not pub.healthy_registry and not task.done()
+            url2, stop2 = start_redis(tmp_path / "r2", port=port)
+            stops.append(stop2)
+            # A fresh Redis lost everything: the adapter must be registered again.
+            reg = Registry(url2)
+            reg.register_adapter("demo-poet", str(demo.adapters["demo-poet"]), public=True)
+            reg.close()
+            for _ in range(60):
+                await asyncio.sleep(0.1)
+                if locations(url2, "demo-poet"):
+                    break
+            assert pub.healthy_registry and pub.epoch == 1  # new Redis: epochs start over
+            assert locations(url2, "demo-poet") == [("rep1", "gpu")]
+        finally:
+            task.cancel()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:  # a failed assertion must not leave a redis-server behind
+        for stop_one in stops:
+            stop_one()
 
 
 def test_impossible_pin_blocks_neither_unload_nor_warm(redis_url, demo, caplog):
