@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -29,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.run_info import write_results  # noqa: E402
 from deploy.demo import _corpus, build_tokenizer  # noqa: E402
 from replica.detokenizer import Detokenizer  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
@@ -104,25 +103,17 @@ def main() -> int:
         )
         print(f"{length:>10} {new:>15.3f} {old:>20.3f} {old / new:>11.1f}x")
     if args.out:
-        result = {
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-            "config": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
-            "machine": {
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "loadavg_1m_at_start": load_at_start,
-                "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+        write_results(
+            args,
+            load_at_start,
+            {
+                "gpu_step_ms_h100_128x32": gpu,
+                "notes": "ms_per_step: median over --steps steps of one update per sequence; "
+                "full_decode: the detokenizer before the streams (every output id decoded each "
+                "step), same sequences, same run",
+                "results": rows,
             },
-            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "gpu_step_ms_h100_128x32": gpu,
-            "notes": "ms_per_step: median over --steps steps of one update per sequence; "
-            "full_decode: the detokenizer before the streams (every output id decoded each "
-            "step), same sequences, same run",
-            "results": rows,
-        }
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        )
     return 0
 
 

@@ -30,10 +30,7 @@ All workloads use 64 sequences and 2048 tokens per step (EngineConfig's defaults
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -42,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.run_info import write_results  # noqa: E402
 from lora_core.identity import AdapterRef  # noqa: E402
 from lora_core.pool import SlotPool  # noqa: E402
 from replica.block_manager import BlockManager  # noqa: E402
@@ -232,27 +230,18 @@ def main() -> int:
         )
         rows += mine
     if args.out:
-        result = {
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-            "config": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
-            "machine": {
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "processor": platform.processor() or platform.machine(),
-                "loadavg_1m_at_start": load_at_start,
-                "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+        write_results(
+            args,
+            load_at_start,
+            {
+                "notes": "ms_per_step: median schedule() time over --steps steps (offline: mean over "
+                "the run); looks_per_step: can_admit calls per step (max; offline: mean); old: the "
+                "full-scan scheduler before the per-adapter queue, on the same workload; new also "
+                "reports queued demand to the pool (want / unwant), as the engine's does",
+                "results": rows,
+                "ms_per_step_growth_largest_over_smallest": growth,
             },
-            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "notes": "ms_per_step: median schedule() time over --steps steps (offline: mean over "
-            "the run); looks_per_step: can_admit calls per step (max; offline: mean); old: the "
-            "full-scan scheduler before the per-adapter queue, on the same workload; new also "
-            "reports queued demand to the pool (want / unwant), as the engine's does",
-            "results": rows,
-            "ms_per_step_growth_largest_over_smallest": growth,
-        }
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        )
     return 0
 
 

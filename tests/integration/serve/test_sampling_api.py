@@ -24,6 +24,7 @@ from replica.sampling_params import SamplingParams
 from router.choices import MAX_N, N_ALLOWED
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
+from tests.hf_reference import hf_logp
 from tests.integration.serve.cluster_fixture import offline_texts, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -235,21 +236,6 @@ def test_grpc_choices_equal_the_rest_choices(cluster):
     assert e.value.details() == f"n: {MAX_N + 1}; {N_ALLOWED}"
 
 
-def _hf_prompt_logp(cluster, model: str, ids: list[int]):
-    """float32 [len(ids) - 1, V]: HF transformers (+ PEFT) log_softmax at positions 0..P-2."""
-    import torch
-    import transformers
-    from peft import PeftModel
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(cluster.demo.model_dir), dtype=torch.float32
-    )
-    if model != cluster.base:
-        hf = PeftModel.from_pretrained(hf, str(cluster.adapters[model]))
-    with torch.no_grad():
-        return torch.log_softmax(hf(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
-
-
 @pytest.mark.parametrize("max_tokens", [0, 3])
 def test_echo_scores_the_prompt_as_hf_peft_does(cluster, max_tokens):
     """lm-evaluation-harness' log-likelihood request (echo, logprobs 1, max_tokens 0 or
@@ -261,7 +247,7 @@ def test_echo_scores_the_prompt_as_hf_peft_does(cluster, max_tokens):
 
     tok = AutoTokenizer.from_pretrained(str(cluster.demo.model_dir))
     ids = tok(PROMPT).input_ids
-    logp = _hf_prompt_logp(cluster, "demo-poet", ids)
+    logp = hf_logp(cluster.demo.model_dir, cluster.adapters["demo-poet"], ids)[:-1]
     plain = create(cluster, "completions", temperature=0, max_tokens=max(max_tokens, 1))
     for prompt in (PROMPT, ids):
         c = openai.OpenAI(

@@ -11,23 +11,11 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from tests.hf_reference import hf_logp
 
 PROMPTS = ["hello world how are you", "the quick brown fox jumps over"]
 K = 5
 MAX_NEW = 6
-
-
-def _reference_logp(model_dir, adapter_path, tokens: list[int]) -> torch.Tensor:
-    """float32 [len(tokens), V] log_softmax of the HF model's logits at every position."""
-    import transformers
-    from peft import PeftModel
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_path is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_path))
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
-    return torch.log_softmax(logits, -1)
 
 
 def _run(engine: LLMEngine, requests) -> dict[str, dict[str, list]]:
@@ -58,7 +46,7 @@ def test_top_logprobs_equal_hf_reference(llama_dir, llama_adapters, adapter):
     out = got["asked"]
     assert len(out["ids"]) == len(out["lps"]) == len(out["top"]) == MAX_NEW
     path = llama_adapters[adapter] if adapter else None
-    logp = _reference_logp(llama_dir, path, prompt + out["ids"])[len(prompt) - 1 : -1]
+    logp = hf_logp(llama_dir, path, prompt + out["ids"])[len(prompt) - 1 : -1]
     picked = logp[torch.arange(MAX_NEW), out["ids"]]
     assert out["lps"] == pytest.approx(picked.tolist(), abs=1e-4)
     values, ids = logp.topk(K, dim=-1)

@@ -7,35 +7,15 @@ beside requests without them."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 MAX_NEW = 10
-
-
-def hf_generate(model_dir, adapter_path, prompt_ids, stop_ids, min_new: int) -> list[int]:
-    import transformers
-    from peft import PeftModel
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_path is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_path))
-    x = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=x,
-            attention_mask=torch.ones_like(x),
-            max_new_tokens=MAX_NEW,
-            min_new_tokens=min_new,
-            eos_token_id=list(stop_ids),
-            do_sample=False,
-        )
-    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("adapter", [None, "qv8"])
@@ -56,7 +36,10 @@ def test_min_tokens_and_stop_token_ids_equal_hf(
     got = run_requests(engine, [("min", PROMPT, params, ref), ("beside", PROMPT, free, ref)])
     ids = engine.tokenizer(PROMPT).input_ids
     path = llama_adapters[adapter] if adapter else None
-    want = hf_generate(llama_dir, path, ids, stops, min_tokens)
+    want = hf_greedy(
+        llama_dir, path, ids, max_new_tokens=MAX_NEW, min_new_tokens=min_tokens,
+        eos_token_id=list(stops),
+    )  # fmt: skip
     assert got["min"] == want
     assert got["beside"] == plain  # the ban is the row's own
     assert all(t not in stops for t in got["min"][:min_tokens])

@@ -290,7 +290,7 @@ def test_generate_help_gives_every_option_help_and_default():
 def test_prompt_logprobs_equal_hf_peft(tmp_path, llama_dir, llama_adapters):
     """`prompt_logprobs` k: one entry per prompt token, the first null, equal to an HF +
     PEFT forward's log_softmax; with max_tokens 0 nothing is generated."""
-    from tests.unit.replica.test_prompt_logprobs_vs_hf import _hf_logp
+    from tests.hf_reference import hf_logp
 
     rows = [
         {"prompt": "hello world again", "adapter": "qv8", "max_tokens": 0, "prompt_logprobs": 2},
@@ -306,7 +306,7 @@ def test_prompt_logprobs_equal_hf_peft(tmp_path, llama_dir, llama_adapters):
         (got[0], ids, llama_adapters["qv8"], 2),
         (got[1], rows[1]["prompt"], None, 0),
     ]:
-        logp = _hf_logp(llama_dir, adapter, prompt)[:-1]
+        logp = hf_logp(llama_dir, adapter, prompt)[:-1]
         want = logp[torch.arange(len(prompt) - 1), prompt[1:]].tolist()
         assert g["prompt_logprobs"][0] is None
         assert g["prompt_logprobs"][1:] == pytest.approx(want, abs=1e-4)

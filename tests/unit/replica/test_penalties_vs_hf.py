@@ -15,6 +15,7 @@ import torch
 from deploy.cli import main
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -59,25 +60,17 @@ def hf_generate(
     frequency: float = 0.0,
 ) -> list[int]:
     import transformers
-    from peft import PeftModel
 
     assert not (logit_bias and repetition_penalty != 1.0)  # see openai_processors
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_path is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_path))
-    model.eval()
-    x = torch.tensor([prompt_ids])
     processors = openai_processors(len(prompt_ids), logit_bias or {}, presence, frequency)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=x,
-            attention_mask=torch.ones_like(x),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            repetition_penalty=repetition_penalty,
-            logits_processor=transformers.LogitsProcessorList(processors),
-        )
-    return out[0, len(prompt_ids) :].tolist()
+    return hf_greedy(
+        model_dir,
+        adapter_path,
+        prompt_ids,
+        max_new_tokens=MAX_NEW,
+        repetition_penalty=repetition_penalty,
+        logits_processor=transformers.LogitsProcessorList(processors),
+    )
 
 
 CASES = {

@@ -10,22 +10,11 @@ import pytest
 import torch
 
 from replica.sampling_params import SamplingParams
+from tests.hf_reference import hf_logp
 from tests.unit.replica.engines import small_engine
 
 PROMPT = "the quick brown fox jumps over the lazy dog and runs far away from home"
 K = 3
-
-
-def _hf_logp(model_dir, adapter_path, tokens: list[int]) -> torch.Tensor:
-    """float32 [len(tokens), V] log_softmax of the HF model's logits at every position."""
-    import transformers
-    from peft import PeftModel
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if adapter_path is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_path))
-    with torch.no_grad():
-        return torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0].float(), -1)
 
 
 def _run(engine, requests) -> dict[str, dict]:
@@ -73,7 +62,7 @@ def test_chunked_prompt_in_the_prefix_cache_is_scored_by_its_own_forward(
     assert got["ids"] == warm["warm"]["ids"]
     lps, top = _prompt_lps(got["outs"])
     assert got["outs"][0].prompt_logprobs is not None  # with the first token
-    logp = _hf_logp(llama_dir, llama_adapters[adapter] if adapter else None, prompt)[:-1]
+    logp = hf_logp(llama_dir, llama_adapters[adapter] if adapter else None, prompt)[:-1]
     _check(lps, top, logp, prompt, K)
 
 
@@ -84,7 +73,7 @@ def test_max_tokens_zero_runs_the_prompt_only(llama_dir, llama_adapters, refs):
     got = _run(engine, [("p", prompt, params, refs["qv8"])])["p"]
     (out,) = got["outs"]
     assert (out.new_token_ids, out.finish_reason, out.num_output_tokens) == ([], "length", 0)
-    logp = _hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
+    logp = hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
     _check(out.prompt_logprobs, out.prompt_top_logprobs, logp, prompt, 0)
     assert not engine.has_unfinished() and engine.blocks.usage() == 0.0
 
@@ -112,7 +101,7 @@ def test_preempted_scoring_requests_score_each_token_once(llama_dir, llama_adapt
     assert engine.scheduler.num_preemptions > 0
     for i, (p, n) in enumerate(zip(prompts, names, strict=True)):
         lps, top = _prompt_lps(got[str(i)]["outs"])
-        logp = _hf_logp(llama_dir, llama_adapters[n] if n else None, p)[:-1]
+        logp = hf_logp(llama_dir, llama_adapters[n] if n else None, p)[:-1]
         _check(lps, top, logp, p, 2)
 
 
@@ -133,5 +122,5 @@ def test_a_tensor_parallel_driver_scores_prompts(llama_dir, llama_adapters, refs
         (out,) = _run(engine, [("p", prompt, params, refs["qv8"])])["p"]["outs"]
     finally:
         engine.close()
-    logp = _hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
+    logp = hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
     _check(out.prompt_logprobs, out.prompt_top_logprobs, logp, prompt, K)
