@@ -30,7 +30,9 @@ unpinned adapter in a slot with the fewest running requests yields it (`yields_s
 the engine's admission check refuses its new requests): it drains, and the wanted
 adapter takes its slot. Example (max_loras=2): a runs 1 request, b 2, c is wanted ->
 a yields; a's request ends -> c takes slot 0; a is now wanted and b or c, whichever
-runs fewer, yields in turn.
+runs fewer, yields in turn. An adapter placed in a slot first lets the requests queued
+for it by then take the slot (its turn): yielding right after the first of them would
+run one request per slot load, one at a time, while both adapters have many queued.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class _Entry:
     draining: bool = False
     slot: int | None = None
     in_cpu: bool = False
+    turn: int = 0
+    """Acquires still due to the requests queued for it when it was placed in its slot
+    (until then it does not yield: see "Yielding")."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ class SlotPool:
         others keep serving). See "Yielding" in the module docstring.
         """
         entry = self._entries.get(key)
-        if entry is None or entry.slot is None or entry.pinned or entry.draining:
+        if entry is None or entry.slot is None or entry.pinned or entry.draining or entry.turn:
             return False
         if not any(self._waits_for_slot(w) for w in self._wanted if w != key):
             return False
@@ -226,6 +231,7 @@ class SlotPool:
         """
         entry = self._live(key)
         actions = [] if entry.slot is not None else self._place(key, entry)
+        entry.turn = max(0, entry.turn - 1)
         entry.refcount += 1
         self._gpu_lru.move_to_end(key)
         self._cpu_lru.move_to_end(key)
@@ -339,6 +345,7 @@ class SlotPool:
             self._cache(key)
         self._counts["loads_from_cpu" if source == "cpu" else "loads_from_disk"] += 1
         entry.slot = slot
+        entry.turn = self._wanted.get(key, 0)  # an acquire's own request is still wanted
         self._slots[slot] = key
         self._gpu_lru[key] = None
         actions.append(PoolAction(LOAD_SLOT, key, slot, source))

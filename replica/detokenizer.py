@@ -32,6 +32,14 @@ def _holdback(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
+def _first_stop(text: str, old: int, stops: tuple[str, ...]) -> int:
+    """Where the first stop string that ends after text[:old] starts (-1: none). Only
+    those ending in the new text count, as in vLLM: one the output completed while below
+    min_tokens (when none is looked for) must not end the request later."""
+    found = (text.find(s, max(0, old - len(s) + 1)) for s in stops)
+    return min((i for i in found if i >= 0), default=-1)
+
+
 class Detokenizer:
     """tokenizer: a HF fast tokenizer (its `backend_tokenizer` drives the streams)."""
 
@@ -52,8 +60,7 @@ class Detokenizer:
         stops = seq.params.stop
         hit = False
         if stops and seq.num_output >= seq.params.min_tokens:  # none looked for before
-            start = max(0, len(seq.text) - max(len(s) for s in stops))
-            cut = min((i for i in (text.find(s, start) for s in stops) if i >= 0), default=-1)
+            cut = _first_stop(text, len(seq.text), stops)
             if cut >= 0:
                 text, hit, final = text[:cut], True, True
         seq.text = text

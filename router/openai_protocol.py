@@ -108,9 +108,9 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, AfterValidator(check_n)] = 1
+    """Choices to sample (1..MAX_N), each an engine request of its own (router/choices.py)."""
     cache_salt: Annotated[str | None, AfterValidator(check_cache_salt)] = None
     """Extension (as in vLLM): share prefix-cache blocks only with requests of this salt."""
-    """Choices to sample (1..MAX_N), each an engine request of its own (router/choices.py)."""
     ignore_eos: bool = False
     """Extension (as in vLLM): keep generating past EOS (benchmarks)."""
     stop_token_ids: list[int] = []

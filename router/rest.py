@@ -95,7 +95,7 @@ class Echo:
 def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None = None) -> Piece:
     """reader: the request's logprob reader, None when logprobs were not asked for;
     echo: the prompt to put first (given with a choice's first output only)."""
-    entries = reader.read_prompt(echo.ids, out) if reader is not None and echo else []
+    entries = reader.read_prompt(echo.ids, out, echo.text) if reader is not None and echo else []
     entries += reader.read(out) if reader is not None else []
     text = echo.text + out.new_text if echo else out.new_text
     return Piece(text, entries, out.finish_reason)

@@ -126,3 +126,20 @@ def test_no_yield_when_the_wanted_adapter_has_another_way_in(case):
     elif case == "resident":
         pool.acquire("c")  # c already holds a slot
     assert not pool.yields_slot("a")
+
+
+def test_an_adapter_placed_for_queued_requests_yields_only_after_they_took_it():
+    """a gets the free slot with 3 requests queued for it: all 3 may take the slot before
+    a yields to the waiting b (a request queued after the placement does not extend it)."""
+    pool = SlotPool(1, 4)
+    for key in ("a", "b"):
+        pool.add(key, key)
+    for _ in range(3):
+        pool.want("a")
+    pool.want("b")
+    for taken in range(3):
+        assert not pool.yields_slot("a") or taken == 0 and pool.slot_of("a") is None
+        pool.acquire("a")
+        pool.unwant("a")
+    pool.want("a")  # queued after a got its slot
+    assert pool.yields_slot("a")

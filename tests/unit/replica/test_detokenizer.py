@@ -207,3 +207,29 @@ def test_stop_token_after_a_split_character_keeps_its_text_out():
     seq.tokens.append(tok.convert_tokens_to_ids("</s>"))
     got.append(detok.update(seq, final=True, stop_token=True)[0])
     assert got == ["ab", "", "\u00e9x", ""] and seq.text == "ab\u00e9x"
+
+
+@pytest.mark.parametrize(
+    ("min_tokens", "expected"),
+    [
+        (4, ("xabcd", False)),  # "ab" ended at token 3, before min_tokens: never looked for
+        (3, ("x", True)),  # "ab" ends at token 3 = min_tokens: it stops there
+    ],
+)
+def test_a_stop_string_ended_below_min_tokens_is_not_found_later(min_tokens, expected):
+    """vLLM looks for a stop string only where it ends in the step's new text: one that
+    the output completed while below min_tokens does not end the request once
+    min_tokens is reached (it ended it then, after streaming the stop string)."""
+    tok = _byte_tokenizer(())
+    ids = _ids(tok, (b"x", b"a", b"b", b"c", b"d"))
+    seq = Sequence(
+        "r", 0, [], SamplingParams(max_tokens=5, stop=("ab",), min_tokens=min_tokens), None, 0
+    )
+    detok, text = Detokenizer(tok), ""
+    for i, token in enumerate(ids):
+        seq.tokens.append(token)
+        new, hit = detok.update(seq, final=i == len(ids) - 1)
+        text += new
+        if hit:
+            break
+    assert (text, hit) == expected and seq.text == text

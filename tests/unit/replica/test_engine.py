@@ -490,3 +490,18 @@ def test_overflowing_adapter_fails_its_requests_alone(llama_dir, refs, tmp_path)
         assert [t for o in outs[rid] for t in o.new_token_ids] == expected[rid]
         assert outs[rid][-1].finish_reason == "length"
     assert engine.stats().num_running == 0 and engine.blocks.usage() == 0.0
+
+
+def test_an_adapter_given_a_slot_runs_its_queued_requests_together(llama_dir, refs):
+    """One slot, 6 queued requests of each of two adapters: the adapter that gets the slot
+    admits all its requests queued by then in one batch, then yields to the other (2 slot
+    loads). Before, the adapter yielded after its first request, so each slot load ran one
+    request (12 loads, batch size 1) and tokens equal to the requests run alone."""
+    engine = _engine(llama_dir, max_loras=1)
+    a, b = refs["qv8"], refs["mlp4"]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    reqs = [(f"{r.name}-{i}", f"the {i} fox", params, r) for i in range(6) for r in (a, b)]
+    alone = {rid: run_requests(_engine(llama_dir), [(rid, p, s, r)])[rid] for rid, p, s, r in reqs}
+    got = run_requests(engine, reqs)
+    assert got == alone
+    assert engine.adapters.stats().slot_loads == 2

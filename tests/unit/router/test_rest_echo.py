@@ -150,3 +150,26 @@ def test_a_stream_echoes_the_prompt_once_per_choice_in_its_first_chunk(tokenizer
     ]
     assert [len(f["tokens"]) for f in firsts] == [len(ids) + 1] * 2
     assert all(f["token_logprobs"][0] is None for f in firsts)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "hi<|endoftext|>there",  # a special token spelled in the text (a chat-formatted prompt)
+        "<|user|>héllo<|end|> wörld",
+        [76, 132],  # token ids ending in the first byte of a two-byte character
+    ],
+)
+def test_echo_text_offsets_point_into_the_echoed_text(tokenizer, prompt):
+    """Every prompt token whose text the echo shows starts at its offset, and the first
+    generated token's offset is where the echoed prompt ends."""
+    body, calls = answer(
+        tokenizer, {"model": "a2", "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 2}
+    )
+    (choice,) = body["choices"]
+    lp, n = choice["logprobs"], len(calls[0].prompt_token_ids)
+    echoed = choice["text"][: -len("xy")]
+    assert lp["text_offset"][n] == len(echoed)
+    for token, offset in zip(lp["tokens"][:n], lp["text_offset"][:n], strict=True):
+        if not token.startswith("bytes:"):
+            assert echoed.startswith(token, offset), (token, offset, echoed)
