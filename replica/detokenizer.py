@@ -7,9 +7,12 @@ step, as this module did before, cost 0.18 us per output token per step on a 2-c
 about 12 ms of host time per decode step at 128 sequences of 500 tokens, more than the
 GPU step itself. The stream holds back ids that end inside a multi-byte character until
 it completes; at the request's end they are flushed as a full decode shows them
-(U+FFFD). The text is the same as decoding all output ids at once with special tokens
-skipped and without HF's `clean_up_tokenization_spaces` (which rewrites " ." as "." and
-would disagree with the tokens' own bytes that logprobs report; vLLM does not apply it).
+(U+FFFD). Each stream is primed with the prompt's last tokens, as vLLM does, so the text
+is what the output ids add to the prompt's text: for byte-level BPE one decode of the
+output ids, for sentencepiece-style decoders (which drop a text's first space) with the
+completion's first space kept. Special tokens are skipped, and HF's
+`clean_up_tokenization_spaces` is not applied (it rewrites " ." as "." and would disagree
+with the tokens' own bytes that logprobs report; vLLM does not apply it either).
 
 What is streamed also holds back any suffix that could still grow into a stop string.
 """
@@ -38,6 +41,10 @@ def _first_stop(text: str, old: int, stops: tuple[str, ...]) -> int:
     min_tokens (when none is looked for) must not end the request later."""
     found = (text.find(s, max(0, old - len(s) + 1)) for s in stops)
     return min((i for i in found if i >= 0), default=-1)
+
+
+PROMPT_CONTEXT = 4
+"""Prompt tokens a sequence's stream is primed with (`Detokenizer._stream`)."""
 
 
 class Detokenizer:
@@ -73,19 +80,35 @@ class Detokenizer:
         seq.emitted_text_len = max(seq.emitted_text_len, end_at)
         return new, hit
 
+    def _stream(self, seq: Sequence) -> DecodeStream:
+        """seq's stream, made on first use and primed with the prompt's last
+        PROMPT_CONTEXT tokens (their text discarded), as vLLM seeds its detokenizer: a
+        sentencepiece-style decoder drops the space of a text's first word, so decoded
+        alone "▁world" after the prompt "Hello" read "world", not " world". A prompt
+        ending inside a character gives no clean context: its stream starts unprimed."""
+        if seq.detok_stream is None:
+            stream = DecodeStream(skip_special_tokens=True)
+            tail = seq.tokens[max(0, seq.prompt_len - PROMPT_CONTEXT) : seq.prompt_len]
+            settled = True
+            for token in tail:
+                settled = stream.step(self._backend, token) is not None or (
+                    settled and self._backend.decode([token], skip_special_tokens=True) == ""
+                )
+            seq.detok_stream = stream if settled else DecodeStream(skip_special_tokens=True)
+        return seq.detok_stream
+
     def _decode_new(self, seq: Sequence, end: int, final: bool) -> str:
         """The text of output ids [seq.detok_fed, end) that is complete now (all of it
         when final)."""
-        if seq.detok_stream is None:
-            seq.detok_stream = DecodeStream(skip_special_tokens=True)
+        stream = self._stream(seq)
         pieces = []
         for i in range(seq.detok_fed, end):
             try:
-                piece = seq.detok_stream.step(self._backend, seq.tokens[seq.prompt_len + i])
+                piece = stream.step(self._backend, seq.tokens[seq.prompt_len + i])
             except Exception:  # noqa: BLE001 - a decoder whose text is not prefix-stable
                 # Rust's stream refuses a window whose text does not extend its prefix; go
                 # on from here with a fresh stream (without the context of earlier ids)
-                seq.detok_stream = DecodeStream(skip_special_tokens=True)
+                seq.detok_stream = stream = DecodeStream(skip_special_tokens=True)
                 piece = self._decode(seq, seq.detok_settled, i + 1)
             if piece is not None:
                 pieces.append(piece)

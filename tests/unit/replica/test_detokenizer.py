@@ -160,26 +160,35 @@ def _random_ids(tok, rng: random.Random, kind: str) -> list[int]:
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece"])
 def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind):
     """Random ids (split characters, byte-fallback pieces, special tokens), fed one per
-    step: the streamed text is one decode of all output ids, special tokens skipped; a
+    step: the streamed text is what the output ids add to the text of the prompt's last
+    tokens, special tokens skipped (for byte-level BPE: one decode of the output ids); a
     last stop token is left out."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(llama_dir)) if kind == "byte-level" else None
     tok = tok or _sentencepiece_tokenizer()
     detok, rng = Detokenizer(tok), random.Random(1)
+    decode = tok.backend_tokenizer.decode
     for _ in range(300):
         ids = _random_ids(tok, rng, kind)
         stop_token = rng.random() < 0.3
         if stop_token and kind == "sentencepiece":  # ending no run in half a character
             ids.append(tok.eos_token_id)
-        seq = Sequence("r", 2, [7, 8], SamplingParams(max_tokens=len(ids)), None, 0)
+        prompt = _random_ids(tok, rng, kind)[:6] if kind == "sentencepiece" else [7, 8]
+        if "\ufffd" in decode(prompt[-4:], skip_special_tokens=True):
+            prompt = [259]  # a word piece: the prompt's text ends in a whole character
+        params = SamplingParams(max_tokens=len(ids))
+        seq = Sequence("r", len(prompt), list(prompt), params, None, 0)
         text = ""
         for i, token in enumerate(ids):
             seq.tokens.append(token)
             last = i == len(ids) - 1
             text += detok.update(seq, final=last, stop_token=last and stop_token)[0]
         kept = ids[:-1] if stop_token else ids
-        assert text == tok.backend_tokenizer.decode(kept, skip_special_tokens=True), ids
+        # vLLM's text: what the output adds to the text of the prompt's last tokens
+        context = decode(prompt[-4:], skip_special_tokens=True)
+        whole = decode(prompt[-4:] + kept, skip_special_tokens=True)
+        assert whole.startswith(context) and text == whole[len(context) :], (prompt, ids)
 
 
 def test_a_long_output_streams_exactly_its_whole_decode(llama_dir):
@@ -233,3 +242,14 @@ def test_a_stop_string_ended_below_min_tokens_is_not_found_later(min_tokens, exp
         if hit:
             break
     assert (text, hit) == expected and seq.text == text
+
+
+def test_a_sentencepiece_completion_keeps_its_first_space():
+    """After the prompt "hello", the output "▁the" reads " the" (vLLM's text; decoded
+    alone, the decoder's first-space strip made it "the", so prompt + completion read
+    "hellothe")."""
+    tok = _sentencepiece_tokenizer()
+    hello, the = tok.convert_tokens_to_ids(["▁hello", "▁the"])
+    seq = Sequence("r", 2, [tok.bos_token_id, hello], SamplingParams(max_tokens=2), None, 0)
+    seq.tokens += [the, the]
+    assert Detokenizer(tok).update(seq, final=True) == (" the the", False)
