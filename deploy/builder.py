@@ -130,8 +130,9 @@ class ClusterArgs(BaseModel):
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
     """With auth: "tenant" keeps each tenant's prefix-cache blocks to itself (another
     tenant cannot time whether a prompt is cached); "shared" lets tenants reuse each
-    other's blocks of the base model and public adapters (common system prompts computed
-    once, at that privacy cost)."""
+    other's blocks of any model they may both use (the base model, public adapters,
+    adapters granted to several; common system prompts computed once, at that privacy
+    cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
     adapter_roots: tuple[str, ...] = ()

@@ -106,11 +106,11 @@ async def load_adapter(
     """POST /v1/load_lora_adapter: validate and register req's adapter as its name's next
     version. Errors are the registry's, each naming the body field at fault. roots: see
     `check_adapter_path`."""
-    check_adapter_path(req.lora_path, roots)
+    path = check_adapter_path(req.lora_path, roots)
     try:
         rec = await registry.register_adapter(
             req.lora_name,
-            req.lora_path,
+            path,
             base_model=req.base_model,
             tenant=req.tenant,
             public=req.public,
@@ -122,9 +122,11 @@ async def load_adapter(
     return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
 
 
-def check_adapter_path(path: str, roots: tuple[str, ...]) -> None:
-    """AdapterLoadFailed (param lora_path) unless path is absolute and, with roots, its
-    real path (symlinks resolved) lies inside the real path of one of them.
+def check_adapter_path(path: str, roots: tuple[str, ...]) -> str:
+    """The path to register: path itself, or with roots its real path (symlinks
+    resolved), which must lie inside the real path of one of them; else AdapterLoadFailed
+    (param lora_path). Registering the real path keeps a symlink swapped inside a root
+    after the check from pointing the replicas elsewhere.
 
     Relative paths and '~' would be resolved against the ingress's working directory and
     home, which the caller neither knows nor controls (the CLI may take them: they are
@@ -139,12 +141,12 @@ def check_adapter_path(path: str, roots: tuple[str, ...]) -> None:
             "'~' would be resolved on the ingress, not where the request was written)"
         )
     if not roots:
-        return
+        return path
     real = os.path.realpath(path)
     for root in roots:
         top = os.path.realpath(root)
         if os.path.commonpath([real, top]) == top:
-            return
+            return real
     raise _path_refused(
         f"lora_path={path!r} is outside the adapter roots; allowed: a directory under "
         f"{', '.join(roots)} (symlinks resolved: the cluster's adapter_roots)"

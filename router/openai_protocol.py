@@ -268,6 +268,9 @@ class ChatCompletionRequest(_Sampling):
         dict[str, Any], only_neutral(is_text_format, '{"type": "text"} or null')
     ] = {}
     tools: Annotated[list[Any], only_neutral(lambda t: not t, "[] or null")] = []
+    echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
+    """vLLM's chat echo (the last message before the reply) is not supported: refused
+    unless false, as ignoring it would change what the client gets."""
     tool_choice: Annotated[str | dict[str, Any], BeforeValidator(check_tool_choice)] = "none"
     """Only "none" (or "auto" without tools): no tool calls."""
 

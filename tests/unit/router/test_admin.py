@@ -3,6 +3,7 @@ raising what the real one raises; tests/integration/serve/test_request_validatio
 runs the real one)."""
 
 import asyncio
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -39,9 +40,11 @@ class FakeCatalog:
         self.error = error
         self.tenant_lookups = 0
         self.registrations = 0
+        self.paths: list[str] = []
 
     async def register_adapter(self, name, path, **fields):
         self.registrations += 1
+        self.paths.append(path)
         if self.error is not None:
             raise self.error
         return Rec(name, 3, "ab" * 32)
@@ -173,6 +176,7 @@ def test_adapter_roots_bound_where_the_endpoint_registers_from(tmp_path):
 
     assert attempt(root / "a1").registrations == 1
     assert attempt(f"{root}/x/../a1").registrations == 1
+    assert attempt(f"{root}/x/../a1").paths == [os.path.realpath(root / "a1")]  # as checked
     for path in (outside / "a1", f"{root}/../adapters-old/a1", root / "link"):
         with pytest.raises(AdapterLoadFailed) as e:
             attempt(path)

@@ -76,6 +76,7 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
     "model, body, message",
     [
         (CompletionRequest, completion(suffix="tail"), 'suffix: got "tail"; allowed: "" or null'),
+        (ChatCompletionRequest, chat(echo=True), "echo: got true; allowed: false or null"),
         (CompletionRequest, completion(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
         (
             CompletionRequest,
