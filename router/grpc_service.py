@@ -18,7 +18,8 @@ import numpy as np
 from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import SamplingParams
+from replica.outputs import RequestOutput
+from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from router.auth import bearer_key
 from router.body_checks import check_cache_salt
 from router.choices import check_n
@@ -54,6 +55,8 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         seed=req.seed if req.HasField("seed") else None,
         stop_token_ids=tuple(req.stop_token_ids),
         min_tokens=req.min_tokens,
+        logprobs=req.HasField("logprobs"),
+        top_logprobs=_top_count(req),
         stop=tuple(req.stop),
         presence_penalty=shortest(req.presence_penalty),
         frequency_penalty=shortest(req.frequency_penalty),
@@ -68,6 +71,25 @@ def cache_salt_of_request(req: pb.GenerateRequest) -> str | None:
         return check_cache_salt(req.cache_salt or None)
     except ValueError as e:
         raise InvalidRequest(f"cache_salt: {e}", "cache_salt") from None
+
+
+def _top_count(req: pb.GenerateRequest) -> int:
+    """logprobs k, checked as REST checks it (SamplingParams takes 0..MAX_TOP_LOGPROBS)."""
+    k = req.logprobs if req.HasField("logprobs") else 0
+    if k > MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"logprobs: {k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}", "logprobs"
+        )
+    return k
+
+
+def logprobs_of(out: RequestOutput) -> list[pb.TokenLogprob]:
+    """The chunk's logprobs: one per new token id (none unless asked for)."""
+    tops = out.new_top_logprobs or [()] * len(out.new_logprobs)
+    return [
+        pb.TokenLogprob(logprob=lp, top=[pb.TopToken(token_id=t, logprob=v) for t, v in top])
+        for lp, top in zip(out.new_logprobs, tops, strict=True)
+    ]
 
 
 def choices_of(req: pb.GenerateRequest) -> int:
@@ -127,6 +149,7 @@ class GrpcInferenceMixin:
                         token_ids=out.new_token_ids,
                         finish_reason=out.finish_reason or "",
                         index=index,
+                        logprobs=logprobs_of(out),
                     )
         except Exception as e:
             raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None

@@ -333,3 +333,21 @@ def test_min_tokens_and_stop_token_ids_on_rest_and_grpc_equal_offline(cluster):
         stop_token_ids=list(stops),
     )  # fmt: skip
     assert "".join(c.text for c in stub.Generate(req, metadata=meta)) == want
+
+
+def test_grpc_logprobs_equal_the_rest_logprobs(cluster):
+    """GenerateRequest.logprobs k (field 18): each chunk carries one TokenLogprob per token
+    id, equal (to float32) to REST's token_logprobs and top_logprobs for the same tokens."""
+    rest = create(cluster, "completions", temperature=0, logprobs=2)
+    lp = rest.choices[0].logprobs
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    req = pb.GenerateRequest(model="demo-poet", prompt=PROMPT, max_tokens=MAX_TOKENS, logprobs=2)
+    chunks = list(stub.Generate(req, metadata=meta))
+    got = [t for c in chunks for t in c.logprobs]
+    assert len(got) == sum(len(c.token_ids) for c in chunks) == len(lp.tokens)
+    assert [t.logprob for t in got] == pytest.approx(lp.token_logprobs, abs=1e-6)
+    assert [len(t.top) for t in got] == [2] * len(got)
+    for t, top in zip(got, lp.top_logprobs, strict=True):  # greedy: the sampled is the top one
+        want = sorted(top.values())[-2:]
+        assert sorted(x.logprob for x in t.top) == pytest.approx(want, abs=1e-6)

@@ -92,3 +92,28 @@ def test_penalties_top_k_and_logit_bias_are_mapped():
 def test_unset_and_zero_fields_mean_off(top_k):
     params = sampling_of(pb.GenerateRequest(top_k=top_k))
     assert params == SamplingParams(temperature=0.0) and not params.processes_logits
+
+
+def test_logprobs_map_to_sampling_params_and_chunks():
+    from replica.outputs import RequestOutput
+    from router.grpc_service import logprobs_of
+
+    assert sampling_of(pb.GenerateRequest()).logprobs is False
+    params = sampling_of(pb.GenerateRequest(logprobs=0))
+    assert (params.logprobs, params.top_logprobs) == (True, 0)
+    params = sampling_of(pb.GenerateRequest(logprobs=3))
+    assert (params.logprobs, params.top_logprobs) == (True, 3)
+    with pytest.raises(InvalidRequest) as e:
+        sampling_of(pb.GenerateRequest(logprobs=21))
+    assert (str(e.value), e.value.param) == (
+        "logprobs: 21 is out of range; allowed: 0 to 20",
+        "logprobs",
+    )
+    out = RequestOutput("r", [5, 6], "ab", [-0.5, -1.25], [((5, -0.5), (9, -2.0)), ((6, -1.25),)])
+    chunk = pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs_of(out))
+    assert [lp.logprob for lp in chunk.logprobs] == [-0.5, -1.25]
+    assert [[(t.token_id, t.logprob) for t in lp.top] for lp in chunk.logprobs] == [
+        [(5, -0.5), (9, -2.0)],
+        [(6, -1.25)],
+    ]
+    assert logprobs_of(RequestOutput("r", [5], "a")) == []
