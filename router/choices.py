@@ -13,6 +13,10 @@ Greedy (temperature 0) choices are equal, as with OpenAI and vLLM.
 
 Usage counts the prompt once (one prompt, however many samples of it) and sums the
 completion tokens of all choices (OpenAI bills "generated tokens across all choices").
+
+Batched prompts (completions' `prompt` as a list of strings or of token-id lists, as
+OpenAI, vLLM and lm-evaluation-harness send it) fan out the same way: prompt i's choice j
+is the response's choice i * n + j, and usage sums each prompt's own.
 """
 
 from __future__ import annotations
@@ -50,6 +54,52 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """`params` for choice `index`: the same but for its seed."""
     return dataclasses.replace(params, seed=choice_seed(params.seed, index))
+
+
+MAX_PROMPTS = 64
+"""Most prompts per batched completion, and most engine requests (prompts x n) per
+request: like MAX_N, it bounds what one call can take of the replicas."""
+PROMPT_ALLOWED = (
+    "allowed: a string, a list of token ids, or a batch of at most "
+    f"{MAX_PROMPTS} prompts (a list of strings, or a list of token-id lists)"
+)
+
+
+def check_prompt(prompt: object) -> object:
+    """completions' `prompt`: a string, a token-id list, or a non-empty batch of strings
+    or of token-id lists (JSON true is no token id)."""
+    if isinstance(prompt, str) or _ids(prompt):
+        return prompt
+    if isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS:
+        if all(isinstance(p, str) for p in prompt) or all(_ids(p) for p in prompt):
+            return prompt
+    raise ValueError(PROMPT_ALLOWED)
+
+
+def _ids(x: object) -> bool:
+    return isinstance(x, list) and all(is_int(t) for t in x)
+
+
+def batch_of(prompt: str | list) -> list[str | list[int]]:
+    """The prompts of a checked `prompt`: one (a string or a token-id list), or the batch."""
+    if isinstance(prompt, str) or _ids(prompt):
+        return [prompt]
+    return prompt
+
+
+def check_fan_out(prompts: int, n: int) -> None:
+    """Refuse more than MAX_PROMPTS engine requests for one request."""
+    if prompts * n > MAX_PROMPTS:
+        raise ValueError(
+            f"n: {prompts} prompts x n = {n} is {prompts * n} samples; allowed: at most "
+            f"{MAX_PROMPTS} per request (prompts x n)"
+        )
+
+
+def batch_usage(per_prompt: Sequence[Sequence[Usage]]) -> Usage:
+    """The response's usage of a batch: each prompt's `total_usage`, summed."""
+    usages = [total_usage(choices) for choices in per_prompt]
+    return Usage(sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages))
 
 
 def total_usage(per_choice: Sequence[Usage]) -> Usage:

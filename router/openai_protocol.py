@@ -55,14 +55,10 @@ from router.body_checks import (
     only_neutral,
     too_deep,
 )
-from router.choices import check_n
+from router.choices import batch_of, check_fan_out, check_n, check_prompt
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
-PROMPT_ALLOWED = (
-    "allowed: a string or a list of token ids; batched prompts (a list of strings) "
-    "are not supported, send one request per prompt"
-)
 
 
 def _top_count(k: int | None) -> int | None:
@@ -183,8 +179,8 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str | list[int]
-    """A string, or a list of token ids."""
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(check_prompt)]
+    """A string, a list of token ids, or a batch of them (`router.choices.batch_of`)."""
     max_tokens: int = 16
     """Tokens to generate at most: >= 1, or 0 with echo (the prompt only, to score it)."""
     logprobs: TopCount = None
@@ -195,13 +191,10 @@ class CompletionRequest(_Sampling):
     logprobs, whose first prompt token has a null logprob (OpenAI's legacy semantics)."""
     suffix: Annotated[str, only_neutral(lambda s: s == "", '"" or null')] = ""
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, prompt: object) -> object:
-        ids = isinstance(prompt, list) and all(type(t) is int for t in prompt)
-        if isinstance(prompt, str) or ids:
-            return prompt
-        raise ValueError(PROMPT_ALLOWED)
+    @model_validator(mode="after")
+    def _fan_out(self) -> Self:
+        check_fan_out(len(batch_of(self.prompt)), self.n)
+        return self
 
     @model_validator(mode="after")
     def _max_tokens_zero_needs_echo(self) -> Self:

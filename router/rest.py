@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
-from router.choices import total_usage
+from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.fanout import all_or_first_error, close_all, merge_streams
 from router.frontend import Frontend, Prepared
@@ -182,21 +182,27 @@ async def _collect_all(
     choices: list[Prepared],
     started,
     reader: Callable,
-    echo: Echo | None = None,
-) -> tuple[list[Piece], Usage]:
+    echoes: list[Echo | None] | None = None,
+) -> tuple[list[Piece], list[Usage]]:
     """Every choice of a non-streamed request, concurrently; the first error (after its
-    choice's own retry) aborts the others and is the answer."""
+    choice's own retry) aborts the others and is the answer. echoes: each choice's."""
+    echoes = echoes or [None] * len(choices)
     try:
         wholes = await all_or_first_error(
             [
                 _collect_whole(front, api_key, p, s, reader, echo)
-                for p, s in zip(choices, started, strict=True)
+                for p, s, echo in zip(choices, started, echoes, strict=True)
             ]
         )
     finally:
         # choices whose collection never began still hold their first output
         await close_all([outputs for outputs, _ in started])
-    return [w[0] for w in wholes], total_usage([w[1] for w in wholes])
+    return [w[0] for w in wholes], [w[1] for w in wholes]
+
+
+def _per_prompt(usages: list[Usage], n: int) -> list[list[Usage]]:
+    """Each prompt's choices' usages (prompt i's choices are i * n .. i * n + n - 1)."""
+    return [usages[i : i + n] for i in range(0, len(usages), n)]
 
 
 async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]):
@@ -212,33 +218,43 @@ def _merged(started: list[Started]) -> AsyncGenerator[tuple[int, RequestOutput],
 
 
 async def completions(front: Frontend, api_key: str | None, req: CompletionRequest) -> Response:
+    """One prompt or a batch: prompt i's choice j is the response's choice i * n + j."""
+    prompts = batch_of(req.prompt)
     try:
-        ids = await front.encode_prompt(req.prompt)
         params = req.to_sampling_params()
-        prepared = await front.prepare(
-            api_key,
-            req.model,
-            ids,
-            params,
-            max_tokens_sent=req.max_tokens_sent,
-            cache_salt=req.cache_salt,
-        )
-        choices = prepared.choices(req.n)
+        ids = [await front.encode_prompt(p) for p in prompts]
+        prepared = [
+            await front.prepare(
+                api_key,
+                req.model,
+                one,
+                params,
+                max_tokens_sent=req.max_tokens_sent,
+                cache_salt=req.cache_salt,
+            )
+            for one in ids
+        ]
+        choices = [c for p in prepared for c in p.choices(req.n)]
         started = await _start_all(front, api_key, choices)
     except Exception as e:
         return await refusal(front, api_key, e)
-    head = Head.now(prepared.call.request_id.replace("req-", "cmpl-"), req.model)
+    head = Head.now(prepared[0].call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp = req.logprobs is not None
-    echo = _echo(front, req.prompt, ids) if req.echo else None
+    echoes = [
+        _echo(front, p, one) if req.echo else None
+        for p, one in zip(prompts, ids, strict=True)
+        for _ in range(req.n)
+    ]
     if not req.stream:
         try:
-            wholes, usage = await _collect_all(
-                front, api_key, choices, started, lambda: _reader(front, want_lp), echo
+            wholes, usages = await _collect_all(
+                front, api_key, choices, started, lambda: _reader(front, want_lp), echoes
             )
         except Exception as e:
             return error_response(e)
+        usage = batch_usage(_per_prompt(usages, req.n))
         return JSONResponse(completion_body(head, wholes, usage, want_lp))
-    body = _completion_events(front, started, req, head, echo)
+    body = _completion_events(front, started, req, head, echoes)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
@@ -250,11 +266,11 @@ def _echo(front: Frontend, prompt: str | list[int], ids: tuple[int, ...]) -> Ech
 
 
 async def _completion_events(
-    front: Frontend, started, req: CompletionRequest, head: Head, echo: Echo | None
+    front: Frontend, started, req: CompletionRequest, head: Head, echoes: list[Echo | None]
 ):
     want_lp = req.logprobs is not None
     readers = [_reader(front, want_lp) for _ in started]
-    echoes = [echo] * len(started)  # each choice's first chunk echoes the prompt
+    echoes = list(echoes)  # each choice's first chunk echoes its prompt
     usages = [Usage() for _ in started]
     try:
         async with aclosing(_merged(started)) as merged:
@@ -264,7 +280,8 @@ async def _completion_events(
                 yield sse(completion_chunk(head, i, piece, want_lp))
                 usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            yield sse(usage_chunk(head, "text_completion", total_usage(usages)))
+            usage = batch_usage(_per_prompt(usages, req.n))
+            yield sse(usage_chunk(head, "text_completion", usage))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
     finally:  # a client that left aborts every choice now, wherever the stream was
@@ -294,12 +311,12 @@ async def chat_completions(
     head = Head.now(prepared.call.request_id.replace("req-", "chatcmpl-"), req.model)
     if not req.stream:
         try:
-            wholes, usage = await _collect_all(
+            wholes, usages = await _collect_all(
                 front, api_key, choices, started, lambda: _reader(front, req.logprobs)
             )
         except Exception as e:
             return error_response(e)
-        return JSONResponse(chat_body(head, wholes, usage, req.logprobs))
+        return JSONResponse(chat_body(head, wholes, total_usage(usages), req.logprobs))
     body = _chat_events(front, started, req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 

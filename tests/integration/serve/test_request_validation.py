@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from router.auth import INVALID_KEY
-from router.openai_protocol import PROMPT_ALLOWED
+from router.choices import PROMPT_ALLOWED
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
@@ -61,7 +61,7 @@ def completion(**fields) -> dict:
         (completion(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
         (completion(suffix="tail"), "suffix: "),
         (completion(stream_options={"include_usage": True}), "stream_options: allowed only"),
-        (completion(prompt=["a", "b"]), f"prompt: {PROMPT_ALLOWED}"),
+        (completion(prompt=["a", [1]]), f"prompt: {PROMPT_ALLOWED}"),
     ],
 )
 def test_rest_user_errors_are_400_naming_the_field(cluster, body, message):

@@ -351,3 +351,34 @@ def test_grpc_logprobs_equal_the_rest_logprobs(cluster):
     for t, top in zip(got, lp.top_logprobs, strict=True):  # greedy: the sampled is the top one
         want = sorted(top.values())[-2:]
         assert sorted(x.logprob for x in t.top) == pytest.approx(want, abs=1e-6)
+
+
+def test_a_batch_of_token_id_prompts_scores_each_as_alone(cluster):
+    """lm-evaluation-harness' local-completions payload: a batch of token-id prompts with
+    echo, logprobs 1 and max_tokens 0. Choice i scores prompt i exactly as the same
+    request with that prompt alone."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(cluster.demo.model_dir))
+    batch = [tok(p).input_ids for p in (PROMPT, "what is lorafleet", "a")]
+    body = {"model": "demo-poet", "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+
+    def post_body(prompt) -> dict:
+        r = httpx.post(
+            f"{cluster.http}/v1/completions", json={**body, "prompt": prompt}, headers=headers,
+            timeout=60,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    together = post_body(batch)
+    assert [c["index"] for c in together["choices"]] == [0, 1, 2]
+    for ids, choice in zip(batch, together["choices"], strict=True):
+        alone = post_body(ids)["choices"][0]
+        assert choice["text"] == alone["text"]
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(
+            alone["logprobs"]["token_logprobs"], abs=1e-5
+        )
+        assert len(choice["logprobs"]["tokens"]) == len(ids)
+    assert together["usage"]["prompt_tokens"] == sum(map(len, batch))

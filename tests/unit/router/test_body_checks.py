@@ -138,7 +138,7 @@ def test_neutral_values_clients_send_by_default_are_accepted(model, body):
     "body, param",
     [
         (completion(max_tokens="x"), "max_tokens"),
-        (completion(prompt=["a"]), "prompt"),
+        (completion(prompt=[["a"]]), "prompt"),
         ({"prompt": "x"}, "model"),
         (completion(stream_options={}), "stream_options"),
         (b"{not json", None),

@@ -6,9 +6,9 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
+from router.choices import PROMPT_ALLOWED
 from router.openai_protocol import (
     BIG_BODY,
-    PROMPT_ALLOWED,
     AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
@@ -106,7 +106,7 @@ def test_completion_defaults():
         ({"prompt": "x"}, "model"),
         ({"model": "", "prompt": "x"}, "model"),
         ({"model": "a"}, "prompt"),
-        ({"model": "a", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "a", "prompt": ["a", [2]]}, "prompt"),
         ({"model": "a", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "a", "prompt": "x", "temperature": 2.5}, "temperature"),
         ({"model": "a", "prompt": "x", "top_p": 0}, "top_p"),
@@ -182,11 +182,34 @@ def test_seed_range_is_int64(seed):
     assert sampling(CompletionRequest, {"model": "a", "prompt": "x", "seed": seed}).seed == seed
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], {"text": "x"}, 3])
-def test_batched_or_odd_prompts_get_one_clear_message(prompt):
+@pytest.mark.parametrize(
+    "prompt",
+    [["a", [1]], [[1, True]], [["a"]], {"text": "x"}, 3, ["a"] * 65, [[1]] * 65, [1, "a"]],
+)
+def test_odd_prompts_get_one_clear_message(prompt):
     with pytest.raises(InvalidRequest) as e:
         parse_body(CompletionRequest, {"model": "a", "prompt": prompt})
     assert str(e.value) == f"prompt: {PROMPT_ALLOWED}"
+
+
+@pytest.mark.parametrize(
+    "prompt, batch",
+    [("x", ["x"]), ([1, 2], [[1, 2]]), (["a", "b"], ["a", "b"]), ([[1, 2], [3]], [[1, 2], [3]])],
+)
+def test_a_prompt_or_a_batch_of_them(prompt, batch):
+    from router.choices import batch_of
+
+    assert batch_of(parse_body(CompletionRequest, {"model": "a", "prompt": prompt}).prompt) == batch
+
+
+def test_prompts_times_n_is_bounded():
+    parse_body(CompletionRequest, {"model": "a", "prompt": ["x"] * 4, "n": 16})
+    with pytest.raises(InvalidRequest) as e:
+        parse_body(CompletionRequest, {"model": "a", "prompt": ["x"] * 5, "n": 13})
+    assert (str(e.value), e.value.param) == (
+        "n: 5 prompts x n = 13 is 65 samples; allowed: at most 64 per request (prompts x n)",
+        "n",
+    )
 
 
 NULLS = ["temperature", "top_p", "seed", "stop", "user", "stream", "stream_options", "n"]

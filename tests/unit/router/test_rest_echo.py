@@ -173,3 +173,32 @@ def test_echo_text_offsets_point_into_the_echoed_text(tokenizer, prompt):
     for token, offset in zip(lp["tokens"][:n], lp["text_offset"][:n], strict=True):
         if not token.startswith("bytes:"):
             assert echoed.startswith(token, offset), (token, offset, echoed)
+
+
+def test_a_batch_of_prompts_answers_prompt_i_choice_j_at_i_times_n_plus_j(tokenizer):
+    """OpenAI's batched prompt (as lm-evaluation-harness sends it): each prompt gets n
+    choices, echoes its own text, and usage counts each prompt once."""
+    prompts = ["hello world", "the cat"]
+    body, calls = answer(tokenizer, {"model": "a2", "prompt": prompts, "n": 2, "echo": True})
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == [p + "xy" for p in prompts for _ in (0, 1)]
+    assert [list(c.prompt_token_ids) for c in calls] == [
+        tokenizer(p).input_ids for p in prompts for _ in (0, 1)
+    ]
+    lens = [len(tokenizer(p).input_ids) for p in prompts]
+    assert body["usage"] == {
+        "prompt_tokens": sum(lens),
+        "completion_tokens": 8,
+        "total_tokens": sum(lens) + 8,
+    }
+    chunks, _ = answer(
+        tokenizer,
+        {"model": "a2", "prompt": prompts, "echo": True, "stream": True,
+         "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    texts: dict[int, str] = {}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert texts == {0: "hello worldxy", 1: "the catxy"}
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(lens)
