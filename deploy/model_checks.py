@@ -9,30 +9,26 @@ from the model directory `build_app` already has, with the replicas' own rules.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lora_core.errors import InvalidRequest
 from replica.config import EngineConfig
-from replica.models.config import max_positions, resolve_max_model_len
+from replica.models.config import resolve_max_model_len
 from replica.models.loader import read_config
 
 
 def kv_cache_room(engine: EngineConfig) -> int:
-    """Tokens the replica's KV cache holds (whole blocks of kv_cache_tokens, rounded up,
-    as `replica.engine_setup` allocates them)."""
-    blocks = engine.num_kv_blocks or -(-engine.kv_cache_tokens // engine.block_size)
-    return blocks * engine.block_size
+    """Tokens the replica's KV cache holds (`EngineConfig.kv_blocks` whole blocks)."""
+    return engine.kv_blocks * engine.block_size
 
 
 def check_model_fits(engine: EngineConfig) -> int:
     """Refuse a tensor_parallel_size the model cannot be split over, a max_model_len past
     the model's positions, and a context the KV cache cannot hold (a request of that
     length could never run: vLLM refuses it at start too) -> the served max_model_len."""
-    model_dir = Path(engine.model)
-    read_config(model_dir).check_tensor_parallel(engine.tensor_parallel_size)
-    native = max_positions(json.loads((model_dir / "config.json").read_text()))
-    max_len = resolve_max_model_len(engine.max_model_len, native)
+    model = read_config(Path(engine.model))
+    model.check_tensor_parallel(engine.tensor_parallel_size)
+    max_len = resolve_max_model_len(engine.max_model_len, model.max_position_embeddings)
     room = kv_cache_room(engine)
     if max_len > room:
         given = "max_model_len" if engine.max_model_len else "the model's max_position_embeddings"

@@ -85,6 +85,12 @@ class EngineConfig:
                 f"tp_step_timeout_s={timeout!r}; allowed: a finite number of seconds > 0"
             )
 
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks the block manager hands out: num_kv_blocks, else kv_cache_tokens in
+        whole blocks, rounded up."""
+        return self.num_kv_blocks or -(-self.kv_cache_tokens // self.block_size)
+
 
 def _at_least(name: str, value: int, low: int) -> None:
     if not isinstance(value, int) or value < low:

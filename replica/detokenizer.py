@@ -87,15 +87,22 @@ class Detokenizer:
         alone "▁world" after the prompt "Hello" read "world", not " world". A prompt
         ending inside a character gives no clean context: its stream starts unprimed."""
         if seq.detok_stream is None:
-            stream = DecodeStream(skip_special_tokens=True)
             tail = seq.tokens[max(0, seq.prompt_len - PROMPT_CONTEXT) : seq.prompt_len]
-            settled = True
-            for token in tail:
-                settled = stream.step(self._backend, token) is not None or (
-                    settled and self._backend.decode([token], skip_special_tokens=True) == ""
-                )
-            seq.detok_stream = stream if settled else DecodeStream(skip_special_tokens=True)
+            seq.detok_stream = self._primed(tail)
         return seq.detok_stream
+
+    def _primed(self, tail: list[int]) -> DecodeStream:
+        """A stream that has decoded tail (its text discarded); unprimed when tail's text
+        ends inside a character (U+FFFD) or the decoder refuses the window."""
+        stream = DecodeStream(skip_special_tokens=True)
+        if not tail or self._backend.decode(tail, skip_special_tokens=True).endswith("\ufffd"):
+            return stream
+        try:
+            for token in tail:
+                stream.step(self._backend, token)
+        except Exception:  # noqa: BLE001 - see _decode_new: a decoder not prefix-stable
+            return DecodeStream(skip_special_tokens=True)
+        return stream
 
     def _decode_new(self, seq: Sequence, end: int, final: bool) -> str:
         """The text of output ids [seq.detok_fed, end) that is complete now (all of it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -117,20 +118,8 @@ class LLMEngine:
             raise InvalidRequest("prompt is empty; allowed: at least one token")
         if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
             raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        biased = params.logit_bias[-1][0] if params.logit_bias else -1  # ids come sorted
-        if biased >= self.vocab_size:
-            raise InvalidRequest(
-                f"logit_bias: token id {biased} out of range; allowed: token ids "
-                f"0 <= id < {self.vocab_size}",
-                "logit_bias",
-            )
-        stop_id = max(params.stop_token_ids, default=-1)
-        if stop_id >= self.vocab_size:
-            raise InvalidRequest(
-                f"stop_token_ids: token id {stop_id} out of range; allowed: token ids "
-                f"0 <= id < {self.vocab_size}",
-                "stop_token_ids",
-            )
+        self._check_in_vocab("logit_bias", [t for t, _ in params.logit_bias])
+        self._check_in_vocab("stop_token_ids", params.stop_token_ids)
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -138,6 +127,17 @@ class LLMEngine:
                 f"the maximum context length {self.max_model_len}"
             )
         self._check_fits_cache(len(ids), params.max_tokens)
+
+    def _check_in_vocab(self, field: str, ids: Iterable[int]) -> None:
+        """Refuse a token id (of a field SamplingParams checked to hold ids >= 0) past the
+        model's vocabulary, naming the largest."""
+        largest = max(ids, default=-1)
+        if largest >= self.vocab_size:
+            raise InvalidRequest(
+                f"{field}: token id {largest} out of range; allowed: token ids "
+                f"0 <= id < {self.vocab_size}",
+                field,
+            )
 
     def _check_fits_cache(self, prompt_len: int, max_tokens: int) -> None:
         """Refuse a request that needs more KV than the whole cache: it can never run, so

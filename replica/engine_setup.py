@@ -86,7 +86,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
     model, model_dir = load_model(config.model, dtype, device, tp)
     cfg = model.config
     max_len = resolve_max_model_len(config.max_model_len, cfg.max_position_embeddings)
-    num_blocks = config.num_kv_blocks or -(-config.kv_cache_tokens // config.block_size)
+    num_blocks = config.kv_blocks
     # One block more than the block manager hands out: the scratch block that padding
     # rows of CUDA-graph decode steps read and write.
     kv_heads = cfg.num_kv_heads // tp.size

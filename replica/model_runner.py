@@ -83,7 +83,7 @@ class ModelRunner:
         ids, pos, slots, lora = [], [], [], []
         rows, sample_seqs, prefills = [], [], []
         decode_tables, decode_lens = [], []
-        scoring = _PromptRows()
+        scoring, done = _PromptRows(), []
         for seq, n in scheduled:
             start = len(ids)
             first = seq.num_computed
@@ -102,7 +102,7 @@ class ModelRunner:
             if first + n < len(seq.tokens):
                 continue
             if seq.params.max_tokens == 0:
-                scoring.done.append(seq)
+                done.append(seq)
             else:
                 rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
@@ -124,7 +124,7 @@ class ModelRunner:
             prompt_rows=self._tensor(scoring.rows) if scoring.rows else None,
             prompt_targets=self._tensor(scoring.targets) if scoring.rows else None,
             prompt_seqs=scoring.seqs,
-            done=scoring.done,
+            done=done,
         )
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
@@ -189,7 +189,6 @@ class _PromptRows:
         self.rows: list[int] = []
         self.targets: list[int] = []
         self.seqs: list[tuple[Sequence, int]] = []
-        self.done: list[Sequence] = []
 
     def add(self, seq: Sequence, start: int, first: int, n: int) -> None:
         """seq's chunk of positions [first, first + n) sits at rows start.. of the step."""

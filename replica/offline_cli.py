@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from replica.sampling_params import (
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_TOP_LOGPROBS,
+    SHORT,
     is_int,
 )
 
@@ -95,12 +95,6 @@ LINE_FIELDS = frozenset(("id", "metadata", *FIELD_TYPES))
 # `prompt_logprobs` are not echoed.
 ASKING_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 RESULT_FIELDS = ("token_ids", "text", "finish_reason", *ASKING_FIELDS, "prompt_top_logprobs")
-
-
-# Refused values are echoed shortened: a 1M-token prompt list must not become a
-# megabyte-long error line.
-_SHORT = reprlib.Repr()
-_SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 8, 60, 60, 60
 
 
 @dataclass(frozen=True)
@@ -256,5 +250,5 @@ def _parse_line(text: str, i: int) -> dict:
             and not check(row[name])
             and not (name in NULL_IS_DEFAULT and row[name] is None)
         ):
-            raise ValueError(f"line {i}: {name}={_SHORT.repr(row[name])}; allowed: {allowed}")
+            raise ValueError(f"line {i}: {name}={SHORT.repr(row[name])}; allowed: {allowed}")
     return row

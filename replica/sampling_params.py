@@ -37,9 +37,11 @@ STOP_ALLOWED = (
     f"allowed: a non-empty string or a list of at most {MAX_STOPS} non-empty strings, "
     f"each of at most {MAX_STOP_CHARS} characters"
 )
-_SHORT = reprlib.Repr()  # refused values are echoed shortened
-_SHORT.maxlist = _SHORT.maxtuple = 8
-_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
+SHORT = reprlib.Repr()
+"""Refused values are echoed shortened by it: a 1M-token list must not become a
+megabyte-long error message (here and in the offline runner's)."""
+SHORT.maxlist = SHORT.maxtuple = 8
+SHORT.maxstring = SHORT.maxother = SHORT.maxlong = 60
 MAX_STOP_TOKEN_IDS = 64
 """Stop token ids per request (each is banned from sampling below min_tokens)."""
 STOP_TOKEN_IDS_ALLOWED = (
@@ -179,7 +181,7 @@ class SamplingParams:
             or not all(is_int(t) and t >= 0 for t in ids)
         ):
             raise InvalidRequest(
-                f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got {_SHORT.repr(self.stop_token_ids)}",
+                f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got {SHORT.repr(self.stop_token_ids)}",
                 "stop_token_ids",
             )
         object.__setattr__(self, "stop_token_ids", ids)

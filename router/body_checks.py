@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import AfterValidator
 
+from replica.sampling_params import MAX_TOP_LOGPROBS
+
 TEXT_ALLOWED = "allowed: Unicode text (surrogates \\ud800-\\udfff only as pairs)"
 CONTENT_ALLOWED = (
     'allowed: content as a string or a list of {"type": "text", "text": "..."} parts '
@@ -79,6 +81,13 @@ def check_stop(stop: object) -> object:
         if not isinstance(item, str):
             raise RefusedAt(f"got {json_kind(item)}; {STOP_ALLOWED}", (str(i),))
     return stop
+
+
+def check_top_count(k: int | None) -> int | None:
+    """logprobs / top_logprobs k: None or 0..MAX_TOP_LOGPROBS (REST and gRPC)."""
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}")
+    return k
 
 
 MAX_CACHE_SALT_CHARS = 256

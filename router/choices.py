@@ -96,9 +96,10 @@ def check_fan_out(prompts: int, n: int) -> None:
         )
 
 
-def batch_usage(per_prompt: Sequence[Sequence[Usage]]) -> Usage:
-    """The response's usage of a batch: each prompt's `total_usage`, summed."""
-    usages = [total_usage(choices) for choices in per_prompt]
+def batch_usage(per_choice: Sequence[Usage], n: int) -> Usage:
+    """The response's usage of a batch of prompts with n choices each (prompt i's are
+    per_choice[i * n : i * n + n]): each prompt's `total_usage`, summed."""
+    usages = [total_usage(per_choice[i : i + n]) for i in range(0, len(per_choice), n)]
     return Usage(sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages))
 
 

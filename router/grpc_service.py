@@ -19,9 +19,9 @@ from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
 from replica.outputs import RequestOutput
-from replica.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
-from router.body_checks import check_cache_salt
+from router.body_checks import check_cache_salt, check_top_count
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
@@ -74,13 +74,11 @@ def cache_salt_of_request(req: pb.GenerateRequest) -> str | None:
 
 
 def _top_count(req: pb.GenerateRequest) -> int:
-    """logprobs k, checked as REST checks it (SamplingParams takes 0..MAX_TOP_LOGPROBS)."""
-    k = req.logprobs if req.HasField("logprobs") else 0
-    if k > MAX_TOP_LOGPROBS:
-        raise InvalidRequest(
-            f"logprobs: {k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}", "logprobs"
-        )
-    return k
+    """logprobs k (0 when unset), checked as REST checks it."""
+    try:
+        return check_top_count(req.logprobs) if req.HasField("logprobs") else 0
+    except ValueError as e:
+        raise InvalidRequest(f"logprobs: {e}", "logprobs") from None
 
 
 def logprobs_of(out: RequestOutput) -> list[pb.TokenLogprob]:

@@ -33,7 +33,6 @@ from pydantic import (
 from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import (
-    MAX_TOP_LOGPROBS,
     SamplingParams,
     bad_token_key,
     logit_bias_of_json,
@@ -49,6 +48,7 @@ from router.body_checks import (
     check_content,
     check_stop,
     check_tool_choice,
+    check_top_count,
     invalid_text,
     is_text_format,
     json_kind,
@@ -61,13 +61,7 @@ from router.choices import batch_of, check_fan_out, check_n, check_prompt
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
 
 
-def _top_count(k: int | None) -> int | None:
-    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"{k} is out of range; allowed: 0 to {MAX_TOP_LOGPROBS}")
-    return k
-
-
-TopCount = Annotated[int | None, AfterValidator(_top_count)]
+TopCount = Annotated[int | None, AfterValidator(check_top_count)]
 """How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
 
 

@@ -200,11 +200,6 @@ async def _collect_all(
     return [w[0] for w in wholes], [w[1] for w in wholes]
 
 
-def _per_prompt(usages: list[Usage], n: int) -> list[list[Usage]]:
-    """Each prompt's choices' usages (prompt i's choices are i * n .. i * n + n - 1)."""
-    return [usages[i : i + n] for i in range(0, len(usages), n)]
-
-
 async def _chain(first: RequestOutput | None, rest: AsyncIterator[RequestOutput]):
     if first is not None:
         yield first
@@ -252,7 +247,7 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
             )
         except Exception as e:
             return error_response(e)
-        usage = batch_usage(_per_prompt(usages, req.n))
+        usage = batch_usage(usages, req.n)
         return JSONResponse(completion_body(head, wholes, usage, want_lp))
     body = _completion_events(front, started, req, head, echoes)
     return StreamingResponse(body, media_type="text/event-stream")
@@ -280,7 +275,7 @@ async def _completion_events(
                 yield sse(completion_chunk(head, i, piece, want_lp))
                 usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
-            usage = batch_usage(_per_prompt(usages, req.n))
+            usage = batch_usage(usages, req.n)
             yield sse(usage_chunk(head, "text_completion", usage))
     except Exception as e:
         yield sse(openai_error_body(unwrap(e)))
