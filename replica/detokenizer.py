@@ -3,9 +3,9 @@
 Each sequence's output ids go through a `tokenizers.decoders.DecodeStream`, which decodes
 only a short window of the newest ids per step (vLLM's incremental scheme, in Rust): a
 step costs the same at the 10th and the 10,000th token. Decoding the whole output every
-step, as this module did before, cost 0.18 us per output token per step on a 2-core CPU:
-about 12 ms of host time per decode step at 128 sequences of 500 tokens, more than the
-GPU step itself. The stream holds back ids that end inside a multi-byte character until
+step, as this module did before, cost 4.5 / 14.8 / 54.5 ms per step at 128 sequences of
+128 / 512 / 2048 output tokens on a 2-core CPU, against 0.45-0.53 ms now and an 18.6 ms
+H100 decode step (`benchmarks/detokenizer_cpu.py`, `results/detokenizer_cpu.json`). The stream holds back ids that end inside a multi-byte character until
 it completes; at the request's end they are flushed as a full decode shows them
 (U+FFFD). Each stream is primed with the prompt's last tokens, as vLLM does, so the text
 is what the output ids add to the prompt's text: for byte-level BPE one decode of the
