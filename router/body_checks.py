@@ -90,6 +90,18 @@ def check_top_count(k: int | None) -> int | None:
     return k
 
 
+def check_max_tokens(max_tokens: int, scores_prompt: bool, how: str) -> int:
+    """max_tokens: >= 1, or 0 where the request returns its prompt only, e.g. to score it
+    (scores_prompt; how names what allows 0: REST's "echo: true", gRPC's
+    "prompt_logprobs set")."""
+    if max_tokens >= 1 or (scores_prompt and max_tokens == 0):
+        return max_tokens
+    raise ValueError(
+        f"max_tokens: got {max_tokens}; allowed: an integer >= 1, or 0 with {how} (the "
+        "prompt only, e.g. to score it with logprobs)"
+    )
+
+
 MAX_CACHE_SALT_CHARS = 256
 CACHE_SALT_ALLOWED = (
     f"allowed: null or a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"

@@ -18,10 +18,10 @@ import numpy as np
 from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
-from replica.outputs import RequestOutput
+from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
-from router.body_checks import check_cache_salt, check_top_count
+from router.body_checks import check_cache_salt, check_max_tokens, check_top_count
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
@@ -43,12 +43,13 @@ def shortest(x: float) -> float:
 
 
 def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
-    """Unset fields mean their default: 0 is max_tokens 16 and top_p 1 (neither takes 0),
-    and off for top_k and the presence / frequency penalties; repetition_penalty is
-    optional, so an explicit 0 is refused as REST refuses it."""
+    """Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k
+    and the presence / frequency penalties; max_tokens and repetition_penalty are
+    optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
+    with prompt_logprobs, as REST allows it with echo)."""
     repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
     return SamplingParams(
-        max_tokens=req.max_tokens or 16,
+        max_tokens=_max_tokens(req),
         temperature=shortest(req.temperature),
         top_p=shortest(req.top_p) or 1.0,
         top_k=req.top_k,
@@ -62,6 +63,7 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         frequency_penalty=shortest(req.frequency_penalty),
         repetition_penalty=repetition,
         logit_bias={token: shortest(bias) for token, bias in req.logit_bias.items()},
+        prompt_logprobs=_prompt_count(req),
     )
 
 
@@ -81,13 +83,50 @@ def _top_count(req: pb.GenerateRequest) -> int:
         raise InvalidRequest(f"logprobs: {e}", "logprobs") from None
 
 
-def logprobs_of(out: RequestOutput) -> list[pb.TokenLogprob]:
-    """The chunk's logprobs: one per new token id (none unless asked for)."""
-    tops = out.new_top_logprobs or [()] * len(out.new_logprobs)
+def _prompt_count(req: pb.GenerateRequest) -> int | None:
+    """prompt_logprobs k (None when unset), checked as logprobs k is."""
+    try:
+        return check_top_count(req.prompt_logprobs) if req.HasField("prompt_logprobs") else None
+    except ValueError as e:
+        raise InvalidRequest(f"prompt_logprobs: {e}", "prompt_logprobs") from None
+
+
+def _max_tokens(req: pb.GenerateRequest) -> int:
+    """max_tokens (16 when unset): >= 1, or 0 with prompt_logprobs (REST's rule for echo)."""
+    if not req.HasField("max_tokens"):
+        return 16
+    try:
+        return check_max_tokens(
+            req.max_tokens, req.HasField("prompt_logprobs"), "prompt_logprobs set"
+        )
+    except ValueError as e:
+        raise InvalidRequest(str(e), "max_tokens") from None
+
+
+def token_logprobs(lps: list[float], tops: list[TopLogprobs] | None) -> list[pb.TokenLogprob]:
+    """One TokenLogprob per logprob, with its position's most likely tokens (tops: None or
+    [] when none were asked for)."""
     return [
         pb.TokenLogprob(logprob=lp, top=[pb.TopToken(token_id=t, logprob=v) for t, v in top])
-        for lp, top in zip(out.new_logprobs, tops, strict=True)
+        for lp, top in zip(lps, tops or [()] * len(lps), strict=True)
     ]
+
+
+def chunk_of(index: int, out: RequestOutput, prompt_ids: tuple[int, ...]) -> pb.GenerateChunk:
+    """Choice `index`'s chunk for one engine output: its new tokens (with their logprobs
+    when asked for) and, on its first output when prompt_logprobs was asked for, the
+    prompt's ids and scores."""
+    chunk = pb.GenerateChunk(
+        text=out.new_text,
+        token_ids=out.new_token_ids,
+        finish_reason=out.finish_reason or "",
+        index=index,
+        logprobs=token_logprobs(out.new_logprobs, out.new_top_logprobs),
+    )
+    if out.prompt_logprobs is not None:
+        chunk.prompt_token_ids.extend(prompt_ids)
+        chunk.prompt_logprobs.extend(token_logprobs(out.prompt_logprobs, out.prompt_top_logprobs))
+    return chunk
 
 
 def choices_of(req: pb.GenerateRequest) -> int:
@@ -136,19 +175,13 @@ class GrpcInferenceMixin:
                 request.model,
                 ids,
                 params,
-                max_tokens_sent=request.max_tokens > 0,
+                max_tokens_sent=request.HasField("max_tokens"),
                 cache_salt=cache_salt_of_request(request),
             )
             streams = [front.generate(api_key, p) for p in prepared.choices(n)]
             async with aclosing(merge_streams(streams)) as merged:
                 async for index, out in merged:
-                    yield pb.GenerateChunk(
-                        text=out.new_text,
-                        token_ids=out.new_token_ids,
-                        finish_reason=out.finish_reason or "",
-                        index=index,
-                        logprobs=logprobs_of(out),
-                    )
+                    yield chunk_of(index, out, ids)
         except Exception as e:
             raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
 

@@ -46,6 +46,7 @@ from router.body_checks import (
     RefusedAt,
     check_cache_salt,
     check_content,
+    check_max_tokens,
     check_stop,
     check_tool_choice,
     check_top_count,
@@ -192,12 +193,8 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _max_tokens_zero_needs_echo(self) -> Self:
-        if self.max_tokens >= 1 or (self.echo and self.max_tokens == 0):
-            return self
-        raise ValueError(
-            f"max_tokens: got {self.max_tokens}; allowed: an integer >= 1, or 0 with echo: "
-            "true (the prompt only, e.g. to score it with logprobs)"
-        )
+        check_max_tokens(self.max_tokens, self.echo, "echo: true")
+        return self
 
     def to_sampling_params(self) -> SamplingParams:
         params = self.sampling_params(

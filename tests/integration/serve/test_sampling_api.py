@@ -382,3 +382,50 @@ def test_a_batch_of_token_id_prompts_scores_each_as_alone(cluster):
         )
         assert len(choice["logprobs"]["tokens"]) == len(ids)
     assert together["usage"]["prompt_tokens"] == sum(map(len, batch))
+
+
+@pytest.mark.parametrize("prompt_kind, max_tokens, n, k", [("text", 0, 1, 2), ("ids", 3, 2, 1)])
+def test_grpc_prompt_logprobs_equal_the_rest_echo_logprobs(cluster, prompt_kind, max_tokens, n, k):
+    """GenerateRequest.prompt_logprobs k (field 19): each choice's first chunk carries the
+    prompt's ids and one TokenLogprob per prompt token after the first, equal (to float32)
+    to REST's echo logprobs of the same request; max_tokens 0 then scores the prompt only
+    (one chunk per choice), and is refused without prompt_logprobs as REST refuses it
+    without echo."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(cluster.demo.model_dir))(PROMPT).input_ids
+    prompt = {"prompt": PROMPT} if prompt_kind == "text" else {"prompt_token_ids": ids}
+    rest = create(
+        cluster, "completions", temperature=0, max_tokens=max_tokens, n=n, echo=True, logprobs=k
+    ).choices
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc))
+    meta = (("authorization", f"Bearer {cluster.keys['ops']}"),)
+    generated = {"logprobs": k} if max_tokens else {}
+    req = pb.GenerateRequest(
+        model="demo-poet", max_tokens=max_tokens, n=n, prompt_logprobs=k, **prompt, **generated
+    )
+    chunks = list(stub.Generate(req, metadata=meta))
+    for i in range(n):
+        mine = [c for c in chunks if c.index == i]
+        assert list(mine[0].prompt_token_ids) == ids
+        assert all(not c.prompt_token_ids and not c.prompt_logprobs for c in mine[1:])
+        scores = list(mine[0].prompt_logprobs) + [t for c in mine for t in c.logprobs]
+        lp = rest[i].logprobs
+        assert len(mine[0].prompt_logprobs) == len(ids) - 1
+        assert len(scores) == len(lp.token_logprobs) - 1
+        assert [t.logprob for t in scores] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+        for t, top in zip(scores, lp.top_logprobs[1:], strict=True):
+            assert len(t.top) == k
+            want = sorted(top.values(), reverse=True)[:k]  # REST's adds the token's own
+            assert [x.logprob for x in t.top] == pytest.approx(want, abs=1e-5)
+        assert "".join(c.text for c in mine) == rest[i].text.removeprefix(PROMPT)
+        assert mine[-1].finish_reason == rest[i].finish_reason
+        assert len(mine) == 1 or max_tokens
+    bad = pb.GenerateRequest(model="demo-poet", max_tokens=0, **prompt)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(bad, metadata=meta))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "max_tokens: got 0; allowed: an integer >= 1, or 0 with prompt_logprobs set (the "
+        "prompt only, e.g. to score it with logprobs)"
+    )

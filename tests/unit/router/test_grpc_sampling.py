@@ -96,7 +96,7 @@ def test_unset_and_zero_fields_mean_off(top_k):
 
 def test_logprobs_map_to_sampling_params_and_chunks():
     from replica.outputs import RequestOutput
-    from router.grpc_service import logprobs_of
+    from router.grpc_service import chunk_of
 
     assert sampling_of(pb.GenerateRequest()).logprobs is False
     params = sampling_of(pb.GenerateRequest(logprobs=0))
@@ -110,10 +110,73 @@ def test_logprobs_map_to_sampling_params_and_chunks():
         "logprobs",
     )
     out = RequestOutput("r", [5, 6], "ab", [-0.5, -1.25], [((5, -0.5), (9, -2.0)), ((6, -1.25),)])
-    chunk = pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs_of(out))
+    chunk = chunk_of(0, out, (1, 2))
     assert [lp.logprob for lp in chunk.logprobs] == [-0.5, -1.25]
     assert [[(t.token_id, t.logprob) for t in lp.top] for lp in chunk.logprobs] == [
         [(5, -0.5), (9, -2.0)],
         [(6, -1.25)],
     ]
-    assert logprobs_of(RequestOutput("r", [5], "a")) == []
+    assert not chunk_of(0, RequestOutput("r", [5], "a"), (1, 2)).logprobs
+    assert not chunk.prompt_token_ids and not chunk.prompt_logprobs
+
+
+@pytest.mark.parametrize("k", [0, 3, 20])
+def test_prompt_logprobs_k_maps_to_sampling_params(k):
+    assert sampling_of(pb.GenerateRequest()).prompt_logprobs is None
+    params = sampling_of(pb.GenerateRequest(prompt_logprobs=k))
+    assert (params.prompt_logprobs, params.logprobs, params.max_tokens) == (k, False, 16)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"prompt_logprobs": 21}, "prompt_logprobs: 21 is out of range; allowed: 0 to 20"),
+        (
+            {"prompt_logprobs": 2**32 - 1},
+            "prompt_logprobs: 4294967295 is out of range; allowed: 0 to 20",
+        ),
+        (
+            {"max_tokens": 0},
+            "max_tokens: got 0; allowed: an integer >= 1, or 0 with prompt_logprobs set (the "
+            "prompt only, e.g. to score it with logprobs)",
+        ),
+        (
+            {"max_tokens": 0, "logprobs": 1},
+            "max_tokens: got 0; allowed: an integer >= 1, or 0 with prompt_logprobs set (the "
+            "prompt only, e.g. to score it with logprobs)",
+        ),
+    ],
+)
+def test_prompt_logprobs_and_max_tokens_0_are_checked_as_rest_checks_them(fields, message):
+    with pytest.raises(InvalidRequest) as e:
+        sampling_of(pb.GenerateRequest(**fields))
+    assert (str(e.value), e.value.param) == (message, next(iter(fields)))
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_max_tokens_0_with_prompt_logprobs_scores_the_prompt_only(k):
+    params = sampling_of(pb.GenerateRequest(max_tokens=0, prompt_logprobs=k))
+    assert (params.max_tokens, params.prompt_logprobs) == (0, k)
+    assert sampling_of(pb.GenerateRequest(max_tokens=5)).max_tokens == 5
+
+
+def test_the_first_chunk_carries_the_prompt_ids_and_scores():
+    from replica.outputs import RequestOutput
+    from router.grpc_service import chunk_of
+
+    out = RequestOutput("r", finish_reason="length", num_prompt_tokens=3)
+    out.prompt_logprobs = [-1.5, -0.25]
+    out.prompt_top_logprobs = [((4, -0.5), (8, -1.5)), ((9, -0.25), (1, -3.0))]
+    chunk = chunk_of(2, out, (7, 8, 9))
+    assert (chunk.index, chunk.finish_reason, list(chunk.token_ids)) == (2, "length", [])
+    assert list(chunk.prompt_token_ids) == [7, 8, 9]
+    assert [t.logprob for t in chunk.prompt_logprobs] == [-1.5, -0.25]
+    assert [[(t.token_id, t.logprob) for t in lp.top] for lp in chunk.prompt_logprobs] == [
+        [(4, -0.5), (8, -1.5)],
+        [(9, -0.25), (1, -3.0)],
+    ]
+    out.prompt_top_logprobs = None  # k = 0: the logprobs alone
+    assert [list(t.top) for t in chunk_of(0, out, (7, 8, 9)).prompt_logprobs] == [[], []]
+    out.prompt_logprobs = []  # a prompt of one token has nothing to score
+    chunk = chunk_of(0, out, (7,))
+    assert list(chunk.prompt_token_ids) == [7] and not chunk.prompt_logprobs
