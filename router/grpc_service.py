@@ -5,7 +5,8 @@ methods share `Frontend` with REST, so resolution, auth, routing and the error t
 are the same. `n` choices are n engine requests, as on REST (`router.choices`), their
 chunks interleaved, each naming its choice; the first error of any choice ends the call
 and aborts the others. Errors set the status from `router.errors` on the Serve gRPC
-context and raise; a client cancel cancels this generator, which cancels the replica
+context and raise (a retry hint becomes the retry-after trailer in the proxy:
+`router.grpc_proxy`); a client cancel cancels this generator, which cancels the replica
 calls and aborts the requests in the engine.
 """
 
@@ -143,11 +144,10 @@ def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
     context.set_code(status.grpc_code)
     details = public_message(exc)
     if status.retry_after_s is not None:
-        retry = str(max(1, round(status.retry_after_s)))
-        # Serve's gRPC proxy drops trailing metadata when the call ends in an error, so
-        # the hint also rides in the details, which always reach the client.
-        details = f"{details} (retry after {retry} s)"
-        context.set_trailing_metadata([("retry-after", retry)])
+        # Serve's gRPC proxy drops a deployment's trailing metadata when the call ends in
+        # an error: the hint rides in the details, which the proxy's handlers copy into
+        # the retry-after trailer (router.grpc_proxy).
+        details = f"{details} (retry after {max(1, round(status.retry_after_s))} s)"
     context.set_details(details)
     return exc
 

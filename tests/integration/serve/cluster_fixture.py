@@ -174,9 +174,7 @@ def start_serve(attempts: int = 3) -> tuple[int, int]:
                 http_options={"host": "127.0.0.1", "port": http_port},
                 grpc_options={
                     "port": grpc_port,
-                    "grpc_servicer_functions": [
-                        "router.proto.lorafleet_pb2_grpc.add_InferenceServicer_to_server"
-                    ],
+                    "grpc_servicer_functions": ["router.grpc_proxy.add_inference_servicer"],
                 },
             )
             return http_port, grpc_port

@@ -1,6 +1,7 @@
 """Backpressure end to end: a replica at its ongoing + queued limit answers 429/503 with
 Retry-After and the OpenAI error JSON (REST) or RESOURCE_EXHAUSTED / UNAVAILABLE with a
-retry hint (gRPC); the requests that fit are served; nothing is a 500."""
+retry hint in the details and the retry-after trailer (gRPC); the requests that fit are
+served; nothing is a 500."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_grpc_over_capacity_is_unavailable_or_exhausted(tight):
             ]
             return "ok", chunks[-1].finish_reason
         except grpc.aio.AioRpcError as e:
-            return e.code(), e.details()
+            return e.code(), e.details(), e.trailing_metadata()
 
     async def go():
         async with grpc.aio.insecure_channel(tight.grpc) as channel:
@@ -80,9 +81,11 @@ def test_grpc_over_capacity_is_unavailable_or_exhausted(tight):
     assert "ok" in kinds, results
     refused = [r for r in results if r[0] != "ok"]
     assert refused, results
-    for code, details in refused:
+    for code, details, trailers in refused:
         assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), code
-        assert "queue limit" in details and "(retry after 1 s)" in details, details
+        assert "queue limit" in details and details.endswith(" (retry after 1 s)"), details
+        # the client reads the retry time from the trailers too, as REST's Retry-After
+        assert ("retry-after", "1") in tuple(trailers), trailers
 
 
 def test_n_choices_count_as_n_requests_against_the_limits(tight):

@@ -7,6 +7,7 @@ import pytest
 
 from lora_core.errors import AdapterNotFound, CapacityExceeded, InvalidRequest, RegistryUnavailable
 from replica.sampling_params import SamplingParams
+from router.grpc_proxy import retry_hint
 from router.grpc_service import _fail, grpc_api_key, sampling_of
 from router.openai_protocol import CompletionRequest, parse_body
 from router.proto import lorafleet_pb2 as pb
@@ -17,7 +18,6 @@ class FakeContext:
     def __init__(self, metadata=()):
         self.metadata = list(metadata)
         self.code = self.details = None
-        self.trailing = []
 
     def invocation_metadata(self):
         return self.metadata
@@ -27,9 +27,6 @@ class FakeContext:
 
     def set_details(self, details):
         self.details = details
-
-    def set_trailing_metadata(self, md):
-        self.trailing = md
 
 
 @pytest.mark.parametrize(
@@ -49,19 +46,23 @@ def test_rest_error_response(exc, status, retry_after):
 
 
 @pytest.mark.parametrize(
-    "exc, code, trailing",
+    "exc, code, hint",
     [
-        (AdapterNotFound("x"), grpc.StatusCode.NOT_FOUND, []),
-        (CapacityExceeded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, [("retry-after", "1")]),
-        (RegistryUnavailable("down"), grpc.StatusCode.UNAVAILABLE, [("retry-after", "1")]),
-        (ValueError("secret"), grpc.StatusCode.INTERNAL, []),
+        (AdapterNotFound("x"), grpc.StatusCode.NOT_FOUND, None),
+        (CapacityExceeded("full", retry_after_s=2.6), grpc.StatusCode.RESOURCE_EXHAUSTED, "3"),
+        (RegistryUnavailable("down"), grpc.StatusCode.UNAVAILABLE, "1"),
+        (ValueError("secret"), grpc.StatusCode.INTERNAL, None),
     ],
 )
-def test_grpc_status(exc, code, trailing):
+def test_grpc_status(exc, code, hint):
+    """The retry time ends the details (Serve's proxy drops a failed call's trailers; its
+    handlers turn the hint into the retry-after trailer: test_grpc_proxy.py)."""
     ctx = FakeContext()
     assert _fail(ctx, exc) is exc
-    assert (ctx.code, ctx.trailing) == (code, trailing)
-    assert "secret" not in ctx.details
+    assert ctx.code == code and "secret" not in ctx.details
+    assert retry_hint(ctx.details) == hint
+    if hint is not None:
+        assert ctx.details == f"{exc} (retry after {hint} s)"
 
 
 def test_grpc_metadata_key_and_sampling_defaults():
