@@ -40,6 +40,9 @@ def free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # as redis-server binds: a cluster stopped a moment ago leaves its Redis port's
+        # closed connections in TIME_WAIT (~60 s), which would fail a plain bind
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -4,7 +4,7 @@
 a lone surrogate, which no tokenizer or UTF-8 encoder accepts, so the body is refused
 where it is parsed instead of failing deep inside tokenization. `only_neutral` refuses
 fields we cannot honour unless they hold their neutral value, which clients send as
-defaults. The `check_*` shape checks run before pydantic's own types see a union-typed
+defaults; `refuse_unhonoured` does the same for vLLM's fields the body models leave out. The `check_*` shape checks run before pydantic's own types see a union-typed
 field, whose errors would name the union's members (`content.str`, `list[TextPart]`,
 "and 2 more") instead of what is allowed.
 """
@@ -182,11 +182,92 @@ def only_neutral(neutral: Callable[[Any], bool], allowed: str) -> AfterValidator
 
     def check(value: Any) -> Any:
         if not neutral(value):
-            raise ValueError(f"got {json.dumps(value)}; allowed: {allowed} (not supported)")
+            raise ValueError(_not_supported(value, allowed))
         return value
 
     return AfterValidator(check)
 
 
+def _not_supported(value: object, allowed: str) -> str:
+    return f"got {json.dumps(value)}; allowed: {allowed} (not supported)"
+
+
 def is_text_format(fmt: dict[str, object]) -> bool:
     return fmt in ({}, {"type": "text"})
+
+
+def _zero(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
+def _false(value: object) -> bool:
+    return value is False
+
+
+def _true(value: object) -> bool:
+    return value is True
+
+
+def _empty(value: object) -> bool:
+    return value in ([], {})
+
+
+def _nothing(value: object) -> bool:  # null (checked before) is the only neutral value
+    return False
+
+
+Unhonoured = dict[str, tuple[Callable[[object], bool], str]]
+"""field -> (is its value neutral, the neutral values for the message)."""
+
+UNHONOURED_SAMPLING: Unhonoured = {
+    "min_p": (_zero, "0 or null"),
+    "use_beam_search": (_false, "false or null"),
+    "include_stop_str_in_output": (_false, "false or null"),
+    "skip_special_tokens": (_true, "true or null"),
+    "return_tokens_as_token_ids": (_false, "false or null"),
+    "prompt_logprobs": (_nothing, "null"),
+    "truncate_prompt_tokens": (_nothing, "null"),
+    "allowed_token_ids": (_nothing, "null"),
+    "bad_words": (_empty, "[] or null"),
+    "logits_processors": (_empty, "[] or null"),
+    "structured_outputs": (_nothing, "null"),
+    "guided_json": (_nothing, "null"),
+    "guided_regex": (_nothing, "null"),
+    "guided_choice": (_nothing, "null"),
+    "guided_grammar": (_nothing, "null"),
+}
+"""Fields of vLLM's OpenAI server (and OpenAI's) that change what the client gets and that
+lorafleet does not implement. They are not fields of the body models, whose unknown fields
+are ignored, so without this check a client relying on one (a JSON schema, min_p, beam
+search) would silently get output made without it."""
+
+UNHONOURED_COMPLETION: Unhonoured = UNHONOURED_SAMPLING | {
+    "response_format": (
+        lambda f: isinstance(f, dict) and is_text_format(f),
+        '{"type": "text"} or null',
+    ),
+}
+UNHONOURED_CHAT: Unhonoured = UNHONOURED_SAMPLING | {
+    "functions": (_empty, "[] or null"),
+    "function_call": (lambda c: c in ("none", "auto"), '"none", "auto" or null'),
+    "continue_final_message": (_false, "false or null"),
+    "add_generation_prompt": (_true, "true or null"),
+    "chat_template": (_nothing, "null"),
+    "chat_template_kwargs": (_empty, "{} or null"),
+    "documents": (_nothing, "null"),
+    "modalities": (lambda m: m == ["text"], '["text"] or null'),
+    "audio": (_nothing, "null"),
+}
+
+
+def refuse_unhonoured(body: object, fields: Unhonoured) -> object:
+    """A body-level check: ValueError naming the first field of `fields` whose value is
+    neither null nor neutral. Example: {"min_p": 0.1} -> "min_p: got 0.1; allowed: 0 or
+    null (not supported)"."""
+    if not isinstance(body, dict):
+        return body
+    for name, (neutral, allowed) in fields.items():
+        value = body.get(name)
+        if value is not None and not neutral(value):
+            raise ValueError(f"{name}: {_not_supported(value, allowed)}")
+    return body

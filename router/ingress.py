@@ -1,6 +1,7 @@
 """The ingress deployment: OpenAI REST (FastAPI) + gRPC, a thin shell over `Frontend`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and the
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (and
+/v1/models/{model}), GET /health, and the
 admin endpoints (admin key required) POST /v1/load_lora_adapter,
 /v1/unload_lora_adapter, /v1/pin_lora_adapter, /v1/unpin_lora_adapter,
 /v1/warm_lora_adapter. Requests go to the replica deployment's handle, whose
@@ -245,6 +246,23 @@ class LoraIngress(GrpcInferenceMixin):
         data = [model_card(base, None, "lorafleet")]
         data += [model_card(r.name, base, "lorafleet") for r in refs]
         return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(self, model: str, request: Request) -> Response:
+        """OpenAI's retrieve: the card of one model the caller may use; an unknown,
+        forbidden or draining one is the same 404 as on the inference routes."""
+        resolver = self.frontend.resolver
+        try:
+            resolved = await resolver.resolve(_key(request), model)
+        except Exception as e:
+            return rest.error_response(e)
+        parent = None if resolved.adapter is None else resolver.base_name
+        return JSONResponse(model_card(model, parent, "lorafleet"))
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        """vLLM's liveness route (no key needed): 200 while this ingress answers."""
+        return Response(status_code=200)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(self, request: Request) -> Response:

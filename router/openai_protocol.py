@@ -1,7 +1,8 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(best_of other than n, suffix, chat's response_format and tools) are refused
+(best_of other than n, suffix, chat's response_format and tools, and the
+vLLM fields of `body_checks.UNHONOURED_*`: min_p, guided_json, ...) are refused
 unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
 presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
 extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
@@ -16,7 +17,7 @@ import asyncio
 import dataclasses
 import json
 import sys
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -43,6 +44,8 @@ from router.body_checks import (
     NUMBER_TOO_LONG,
     TEXT_ALLOWED,
     TOOL_CHOICE_ALLOWED,
+    UNHONOURED_CHAT,
+    UNHONOURED_COMPLETION,
     RefusedAt,
     check_cache_salt,
     check_content,
@@ -54,6 +57,7 @@ from router.body_checks import (
     is_text_format,
     json_kind,
     only_neutral,
+    refuse_unhonoured,
     too_deep,
 )
 from router.choices import batch_of, check_fan_out, check_n, check_prompt
@@ -127,6 +131,14 @@ class _Sampling(BaseModel):
             "of n (not supported)"
         )
 
+    unhonoured: ClassVar[dict] = {}
+    """Fields outside the model refused unless neutral (`body_checks.UNHONOURED_SAMPLING`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unhonoured(cls, body: object) -> object:
+        return refuse_unhonoured(body, cls.unhonoured)
+
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, body: object) -> object:
@@ -173,6 +185,8 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
+
+    unhonoured: ClassVar[dict] = UNHONOURED_COMPLETION
 
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(check_prompt)]
     """A string, a list of token ids, or a batch of them (`router.choices.batch_of`)."""
@@ -235,11 +249,14 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        # one line per part, as vLLM joins them for a template that takes string content
+        return "\n".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
+
+    unhonoured: ClassVar[dict] = UNHONOURED_CHAT
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)

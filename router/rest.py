@@ -55,8 +55,8 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 ROUTES = (
-    "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST "
-    "/v1/{load,unload,pin,unpin,warm}_lora_adapter"
+    "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET "
+    "/v1/models/{model}, GET /health, POST /v1/{load,unload,pin,unpin,warm}_lora_adapter"
 )
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from router.auth import INVALID_KEY
 from router.choices import PROMPT_ALLOWED
+from router.openai_responses import model_card
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
@@ -147,6 +148,15 @@ def test_unsupported_fields_are_refused_unless_neutral(cluster):
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
     neutral = {"response_format": {"type": "text"}, "tools": [], "presence_penalty": 0}
     assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
+    # vLLM's fields that change the output: ignoring them would answer as if not sent
+    for path, body, field in [
+        ("/v1/completions", completion(min_p=0.5, stream=True), "min_p"),
+        ("/v1/chat/completions", {**chat, "guided_json": {"type": "object"}}, "guided_json"),
+    ]:
+        r = post(cluster, path, body)
+        assert (r.status_code, r.json()["error"]["param"]) == (400, field), r.text
+    neutral = {"min_p": 0, "skip_special_tokens": True, "guided_json": None}
+    assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
 
 
 def test_chat_max_tokens_defaults_to_the_room_left(cluster):
@@ -231,6 +241,27 @@ def test_a_bad_key_gets_one_message_everywhere(cluster):
         with pytest.raises(grpc.RpcError) as e:
             grpc_generate(cluster, key="bad", model=model)
         assert (e.value.code(), e.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, INVALID_KEY)
+
+
+def test_retrieve_a_model_answers_as_inference_does(cluster):
+    """GET /v1/models/{model} (OpenAI's retrieve): the caller's card, or the inference
+    routes' 404 for a forbidden adapter, byte for byte the one of an unknown name."""
+
+    def retrieve(model, key="t1"):
+        token = cluster.keys.get(key, "lf-not-a-key")
+        url = f"{cluster.http}/v1/models/{model}"
+        return httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    assert retrieve("t1-private").json() == model_card("t1-private", cluster.base, "lorafleet")
+    assert retrieve(cluster.base, key="t2").json() == model_card(cluster.base, None, "lorafleet")
+    forbidden, unknown = retrieve("t1-private", key="t2"), retrieve("no/such-adapter", key="t2")
+    assert (forbidden.status_code, unknown.status_code) == (404, 404)
+    assert forbidden.content == unknown.content.replace(b"no/such-adapter", b"t1-private")
+    assert forbidden.content == post(cluster, "/v1/completions", completion(model="t1-private"),
+                                     key="t2").content  # fmt: skip
+    assert retrieve("demo-poet", key="bad").json()["error"]["message"] == INVALID_KEY
+    health = httpx.get(f"{cluster.http}/health", timeout=30)  # vLLM's; no key needed
+    assert (health.status_code, health.content) == (200, b"")
 
 
 def test_warm_replicas_zero_clears_and_bounds_agree(cluster):

@@ -104,6 +104,27 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
             chat(tool_choice="auto", tools=[{"type": "function"}]),
             "tools: ",
         ),
+        (CompletionRequest, completion(min_p=0.1), "min_p: got 0.1; allowed: 0 or null"),
+        (CompletionRequest, completion(use_beam_search=True), "use_beam_search: got true"),
+        (
+            CompletionRequest,
+            completion(response_format={"type": "json_object"}),
+            "response_format:",
+        ),
+        (CompletionRequest, completion(prompt_logprobs=0), "prompt_logprobs: got 0; allowed: null"),
+        (CompletionRequest, completion(skip_special_tokens=False), "skip_special_tokens: got"),
+        (
+            ChatCompletionRequest,
+            chat(include_stop_str_in_output=True),
+            "include_stop_str_in_output:",
+        ),
+        (ChatCompletionRequest, chat(guided_json={"type": "object"}), "guided_json: got {"),
+        (ChatCompletionRequest, chat(structured_outputs={"regex": "a"}), "structured_outputs: "),
+        (ChatCompletionRequest, chat(functions=[{"name": "f"}]), "functions: got [{"),
+        (ChatCompletionRequest, chat(function_call={"name": "f"}), "function_call: got {"),
+        (ChatCompletionRequest, chat(continue_final_message=True), "continue_final_message"),
+        (ChatCompletionRequest, chat(add_generation_prompt=False), "add_generation_prompt: "),
+        (ChatCompletionRequest, chat(modalities=["text", "audio"]), "modalities: got ["),
     ],
 )
 def test_fields_that_would_change_output_are_refused(model, body, message):
@@ -128,6 +149,12 @@ def test_fields_that_would_change_output_are_refused(model, body, message):
         (ChatCompletionRequest, chat(response_format={}, tools=None, tool_choice="none")),
         (ChatCompletionRequest, chat(tool_choice="auto")),
         (ChatCompletionRequest, chat(tool_choice=None, response_format=None)),
+        (CompletionRequest, completion(min_p=0, use_beam_search=False, skip_special_tokens=True)),
+        (CompletionRequest, completion(min_p=0.0, prompt_logprobs=None, response_format=None)),
+        (CompletionRequest, completion(bad_words=[], guided_json=None, structured_outputs=None)),
+        (ChatCompletionRequest, chat(functions=[], function_call="none", modalities=["text"])),
+        (ChatCompletionRequest, chat(add_generation_prompt=True, continue_final_message=False)),
+        (ChatCompletionRequest, chat(chat_template_kwargs={}, include_stop_str_in_output=False)),
     ],
 )
 def test_neutral_values_clients_send_by_default_are_accepted(model, body):

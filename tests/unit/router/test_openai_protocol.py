@@ -252,7 +252,7 @@ def test_chat_request_messages_and_max_completion_tokens():
     )
     assert req.chat_dicts() == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "hello"},
+        {"role": "user", "content": "he\nllo"},  # vLLM's join: one line per text part
     ]
     assert req.to_sampling_params(ROOM).max_tokens == 9
     assert req.to_sampling_params(ROOM).logprobs
