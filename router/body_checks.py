@@ -4,7 +4,8 @@
 a lone surrogate, which no tokenizer or UTF-8 encoder accepts, so the body is refused
 where it is parsed instead of failing deep inside tokenization. `only_neutral` refuses
 fields we cannot honour unless they hold their neutral value, which clients send as
-defaults; `refuse_unhonoured` does the same for vLLM's fields the body models leave out. The `check_*` shape checks run before pydantic's own types see a union-typed
+defaults; `refuse_unhonoured` does the same for vLLM's fields the body models leave
+out. The `check_*` shape checks run before pydantic's own types see a union-typed
 field, whose errors would name the union's members (`content.str`, `list[TextPart]`,
 "and 2 more") instead of what is allowed.
 """
