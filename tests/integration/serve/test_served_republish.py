@@ -69,3 +69,32 @@ def test_the_base_model_is_not_published_over_an_adapter_of_its_id(redis_url, tm
     asyncio.run(publish())
     assert sync.get_served() == served
     sync.close()
+
+
+def test_republishing_does_not_shadow_an_adapter_registered_meanwhile(redis_url, tmp_path, caplog):
+    """Redis restarted empty, and an adapter was registered under the base model's id
+    before the next round (nothing refused it: no served record): the round publishes
+    nothing and logs an error naming the adapter, every round, instead of shadowing it."""
+    import logging
+
+    from cluster.registry import Registry
+    from deploy.demo import ensure_demo
+
+    demo = ensure_demo(tmp_path / "demo")
+    served = ServedBase.from_model_dir("demo-base", str(demo.model_dir), 64, 2)
+    sync = Registry(redis_url)
+    sync.register_adapter("demo-base", str(demo.adapters["demo-poet"]))
+
+    async def rounds() -> None:
+        reg = AsyncRegistry(redis_url)
+        task = asyncio.create_task(keep_served_published(reg, served, every_s=0.02))
+        await asyncio.sleep(0.15)
+        task.cancel()
+        await reg.close()
+
+    with caplog.at_level(logging.ERROR, logger="lorafleet.router"):
+        asyncio.run(rounds())
+    assert sync.get_served() is None
+    assert len(caplog.records) >= 2
+    assert "an adapter named 'demo-base' is registered" in caplog.records[0].getMessage()
+    sync.close()
