@@ -27,10 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         verbs, "register", _register, "validate and register a PEFT adapter directory", listing=True
     )
     add_max_lora_rank(p)
-    p.add_argument("name", help="adapter name (what clients put in `model`)")
-    p.add_argument("path", help="PEFT adapter directory (adapter_config.json + weights)")
+    p.add_argument("name", metavar="NAME", help="adapter name (what clients put in `model`)")
+    p.add_argument(
+        "path", metavar="PATH", help="PEFT adapter directory (adapter_config.json + weights)"
+    )
     p.add_argument(
         "--base-model",
+        metavar="ID",
         default=None,
         help="base model id (default: the cluster's; without a cluster, the adapter config's)",
     )
@@ -72,7 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False, named=ADAPTER)
     p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False,
                  named=ADAPTER)  # fmt: skip
-    p.add_argument("--replicas", type=int, required=True, help="copies (0 clears the target)")
+    p.add_argument(
+        "--replicas", metavar="N", type=int, required=True, help="copies (0 clears the target)"
+    )
     _pool(p, "replicas that count towards N")
 
 
