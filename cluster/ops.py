@@ -195,28 +195,32 @@ def served_name_refused(name: str) -> InvalidRequest:
     )
 
 
+def served_shadows(name: str, state: str) -> AdapterAlreadyExists:
+    """The refusal of serving the base model under name while an adapter in state
+    ("active" / "draining") is registered under it."""
+    if state == "draining":
+        state, out = (
+            " (draining)",
+            f"wait until its replicas unload it (lorafleet adapters show {name} lists them)",
+        )
+    else:
+        state, out = "", f"unregister the adapter (lorafleet adapters unregister {name})"
+    return AdapterAlreadyExists(
+        f"an adapter named {name!r} is registered{state}, and this cluster serves its "
+        "base model under that id, so requests naming the adapter would get the base "
+        f"model; allowed: {out}, or serve the base model under another served_model_name"
+    )
+
+
 def publish_served(served: ServedBase) -> Plan[None]:
     """Store served unless an adapter record (active or draining) holds its id:
     AdapterAlreadyExists then, and nothing is written."""
 
     def _parse(raw: str) -> None:
         reply = json.loads(raw)
-        if reply[0] != "exists":
-            _status("", reply)
-            return
-        name = served.model_id
-        if reply[2] == "draining":
-            state, out = (
-                " (draining)",
-                f"wait until its replicas unload it (lorafleet adapters show {name} lists them)",
-            )
-        else:
-            state, out = "", f"unregister the adapter (lorafleet adapters unregister {name})"
-        raise AdapterAlreadyExists(
-            f"an adapter named {name!r} is registered{state}, and this cluster serves its "
-            "base model under that id, so requests naming the adapter would get the base "
-            f"model; allowed: {out}, or serve the base model under another served_model_name"
-        )
+        if reply[0] == "exists":
+            raise served_shadows(served.model_id, reply[2])
+        _status("", reply)
 
     return Plan("publish_served", (served.model_id, served.to_json()), _parse)
 

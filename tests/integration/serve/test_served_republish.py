@@ -98,3 +98,27 @@ def test_republishing_does_not_shadow_an_adapter_registered_meanwhile(redis_url,
     assert len(caplog.records) >= 2
     assert "an adapter named 'demo-base' is registered" in caplog.records[0].getMessage()
     sync.close()
+
+
+def test_serve_run_refuses_a_shadowed_adapter_before_anything_starts(redis_url, tmp_path):
+    """build_app's early check: one error before deploying, instead of a traceback for
+    every ingress start Serve retries; an unreachable registry is left to the ingress."""
+    import pytest
+
+    from cluster.registry import Registry
+    from deploy.builder import refuse_shadowed_adapter
+    from deploy.demo import ensure_demo
+    from lora_core.errors import AdapterAlreadyExists
+    from tests.redis_fixture import free_port
+
+    demo = ensure_demo(tmp_path / "demo")
+    sync = Registry(redis_url, "ns")
+    refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    sync.register_adapter("demo-base", str(demo.adapters["demo-poet"]))
+    refuse_shadowed_adapter(redis_url, "other-ns", "demo-base")
+    with pytest.raises(AdapterAlreadyExists, match="lorafleet adapters unregister demo-base"):
+        refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    refuse_shadowed_adapter(f"redis://127.0.0.1:{free_port()}/0", "ns", "demo-base")
+    sync.unregister_adapter("demo-base")
+    refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    sync.close()
