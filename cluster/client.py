@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -154,12 +154,22 @@ def check_url(url: str) -> str:
 def _from_url(make: Any, url: str, **options: Any) -> Any:
     """make(url, **options), with a malformed URL refused as a ValueError naming it."""
     try:
+        _check_db(url)
         return make(url, **options)
     except ValueError as e:
         raise ValueError(
             f"redis url {redact(url)!r} is invalid ({e}); allowed: "
             "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS) or unix:///PATH"
         ) from e
+
+
+def _check_db(url: str) -> None:
+    """redis-py reads a path that is not a number (`redis://host/l`, a typo of /1) as no
+    path at all, database 0: a command would then read and write another database."""
+    parts = urlsplit(url)
+    db = unquote(parts.path).strip("/")
+    if parts.scheme.lower() in ("redis", "rediss") and db and not re.fullmatch("[0-9]+", db):
+        raise ValueError(f"database {db!r} is not a number")
 
 
 class SyncExecutor:

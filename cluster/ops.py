@@ -187,6 +187,44 @@ def set_served(keys: Keys, served: ServedBase) -> Plan[None]:
     return Plan(None, ("SET", keys.served, served.to_json()), lambda _: None)
 
 
+def served_name_refused(name: str) -> InvalidRequest:
+    """The refusal of an adapter named after the served base model."""
+    return InvalidRequest(
+        f"adapter name {name!r} is the base model's id (requests for it get the base "
+        "model); allowed: any other name"
+    )
+
+
+def served_shadows(name: str, state: str) -> AdapterAlreadyExists:
+    """The refusal of serving the base model under name while an adapter in state
+    ("active" / "draining") is registered under it."""
+    if state == "draining":
+        state, out = (
+            " (draining)",
+            f"wait until its replicas unload it (lorafleet adapters show {name} lists them)",
+        )
+    else:
+        state, out = "", f"unregister the adapter (lorafleet adapters unregister {name})"
+    return AdapterAlreadyExists(
+        f"an adapter named {name!r} is registered{state}, and this cluster serves its "
+        "base model under that id, so requests naming the adapter would get the base "
+        f"model; allowed: {out}, or serve the base model under another served_model_name"
+    )
+
+
+def publish_served(served: ServedBase) -> Plan[None]:
+    """Store served unless an adapter record (active or draining) holds its id:
+    AdapterAlreadyExists then, and nothing is written."""
+
+    def _parse(raw: str) -> None:
+        reply = json.loads(raw)
+        if reply[0] == "exists":
+            raise served_shadows(served.model_id, reply[2])
+        _status("", reply)
+
+    return Plan("publish_served", (served.model_id, served.to_json()), _parse)
+
+
 def get_served(keys: Keys) -> Plan[ServedBase | None]:
     return Plan(None, ("GET", keys.served), lambda v: ServedBase.from_json(v) if v else None)
 
@@ -245,6 +283,8 @@ def register_adapter(
                 f"adapter {record.name!r} already exists (version {reply[1]}); "
                 "allowed: pass replace (--replace) to register a new version"
             )
+        if reply[0] == "served":
+            raise served_name_refused(record.name)
         version, owner, public = _status(record.name, reply)
         return dataclasses.replace(record, version=int(version), owner=owner, public=public == "1")
 

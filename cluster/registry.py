@@ -37,7 +37,7 @@ from cluster.records import (
 )
 from cluster.registry_fleet import FleetApi, Reply, T
 from lora_core.base_shape import BaseShape
-from lora_core.errors import AdapterIncompatible, AdapterLoadFailed, AdapterNotFound, InvalidRequest
+from lora_core.errors import AdapterIncompatible, AdapterLoadFailed, AdapterNotFound
 from lora_core.identity import AdapterRef
 
 API_KEY_PREFIX = "lf-"
@@ -52,10 +52,7 @@ def hash_key(api_key: str) -> str:
 
 def _check_served(name: str, base_model: str | None, served: ServedBase) -> None:
     if name == served.model_id:
-        raise InvalidRequest(
-            f"adapter name {name!r} is the base model's id (requests for it get the base "
-            "model); allowed: any other name"
-        )
+        raise ops.served_name_refused(name)
     if base_model is not None and base_model != served.model_id:
         raise AdapterIncompatible(
             "base_model",
@@ -106,7 +103,9 @@ class _Api(FleetApi):
         Refused before anything is written: invalid directory (AdapterIncompatible /
         AdapterLoadFailed from lora_core's validation, rank over max_lora_rank, or a
         shape that does not fit `base` when given), an existing name without replace
-        (AdapterAlreadyExists), an unknown tenant (InvalidRequest). tenant becomes the
+        (AdapterAlreadyExists), an unknown tenant (InvalidRequest), the id of the base
+        model the cluster serves (InvalidRequest; checked in the writing script too, so a
+        cluster publishing it meanwhile cannot shadow the adapter). tenant becomes the
         owner (always authorized). Returns the stored record.
 
         tenant / public None: a replace keeps the adapter's owner / public flag (a new
@@ -156,9 +155,19 @@ class _Api(FleetApi):
         return self._run_built(build)
 
     def set_served(self, served: ServedBase) -> Reply[None]:
-        """Publish the base model this cluster serves (the deployment does this at start)."""
+        """Store served as the base model this cluster serves, unchecked (tests, tools);
+        deployments use publish_served."""
         check_name("base model", served.model_id)
         return self._run(ops.set_served(self.keys, served))
+
+    def publish_served(self, served: ServedBase) -> Reply[None]:
+        """Publish the base model this cluster serves (the deployment does this at start
+        and again every few seconds). AdapterAlreadyExists: an adapter (active or
+        draining) is registered under its id, which requests would then resolve to the
+        base model; nothing is written. Check and write are one script, and registration
+        refuses the served id in its own, so no interleaving leaves both."""
+        check_name("base model", served.model_id)
+        return self._run(ops.publish_served(served))
 
     def get_served(self) -> Reply[ServedBase | None]:
         """The base model this cluster serves, or None before a deployment published it."""

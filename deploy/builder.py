@@ -31,7 +31,12 @@ from cluster.records import ServedBase
 from cluster.registry import MAX_LORA_RANK
 from deploy.dashboard import install_dashboard
 from deploy.model_checks import check_model_fits
-from lora_core.errors import AdapterAlreadyExists, InvalidRequest
+from lora_core.errors import (
+    AdapterAlreadyExists,
+    AdapterNotFound,
+    InvalidRequest,
+    RegistryUnavailable,
+)
 from replica.config import EngineConfig
 from replica.deployment import ReplicaDeployment, ReplicaSettings
 from router.ingress import IngressSettings, LoraIngress
@@ -305,6 +310,24 @@ def register_demo(
         registry.close()
 
 
+def refuse_shadowed_adapter(redis_url: str, namespace: str, base_name: str) -> None:
+    """Refuse, before anything starts, to serve the base model under the id of a registered
+    adapter (AdapterAlreadyExists). The ingress's publish is the atomic check; without this
+    one the refusal came as a traceback of every ingress start Serve retried. A registry
+    that does not answer is left to the ingress's own check."""
+    from cluster import ops
+    from cluster.registry import Registry
+
+    registry = Registry(redis_url, namespace)
+    try:
+        state = registry.get_adapter(base_name).state
+    except (AdapterNotFound, RegistryUnavailable):
+        return
+    finally:
+        registry.close()
+    raise ops.served_shadows(base_name, state)
+
+
 def build_app(args: dict) -> serve.Application:
     """The Serve app for cluster.yaml's args (see ClusterArgs)."""
     cfg = parse_args(args)
@@ -321,6 +344,7 @@ def build_app(args: dict) -> serve.Application:
             file=sys.stderr,
             flush=True,
         )
+    refuse_shadowed_adapter(redis_url, cfg.namespace, served_model_name(cfg, model_dir))
     if demo_adapters and cfg.register_demo_adapters:
         served = ServedBase.from_model_dir(
             served_model_name(cfg, model_dir), model_dir, cfg.max_lora_rank

@@ -72,11 +72,25 @@ def read_safetensors_header(path: str | Path, data: bytes | None = None) -> dict
     if not isinstance(header, dict):
         raise _corrupt(path, "header is not a JSON object")
     data_bytes = size - 8 - length
-    return {
-        name: _tensor_info(path, name, entry, data_bytes)
-        for name, entry in header.items()
-        if name != "__metadata__"
-    }
+    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    infos = {name: _tensor_info(path, name, entry, data_bytes) for name, entry in tensors.items()}
+    _check_tiling(path, [entry["data_offsets"] for entry in tensors.values()], data_bytes)
+    return infos
+
+
+def _check_tiling(path: Path, offsets: list[list[int]], data_bytes: int) -> None:
+    """The tensors must tile the data bytes exactly, in offset order: safetensors' loader
+    (what replicas load with) refuses a gap, an overlap or trailing bytes, so a file that
+    passed here without this check was registered and then failed every load.
+    Example: [0, 8], [8, 20] tile 20 data bytes; [0, 8], [12, 20] leave a gap at 8."""
+    end = 0
+    for begin, stop in sorted(offsets):
+        if begin != end:
+            what = "gap" if begin > end else "overlap"
+            raise _corrupt(path, f"tensor data has a {what} at data byte {end}")
+        end = stop
+    if end != data_bytes:
+        raise _corrupt(path, f"tensors cover {end} of the {data_bytes} data bytes (trailing bytes)")
 
 
 # Float formats: (unsigned view of one element, mask of its exponent bits). A value is

@@ -142,7 +142,9 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top-p", type=float, default=1.0, help="per-line default (default %(default)s)"
     )
-    p.add_argument("--seed", type=int, default=None, help="per-line default (default %(default)s)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="per-line default (default: none, unseeded)"
+    )
     p.add_argument(
         "--max-num-seqs", type=int, default=64, help="sequences per batch (default %(default)s)"
     )

@@ -16,7 +16,6 @@ from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterIncompatible,
     AdapterLoadFailed,
-    AdapterNotFound,
     InvalidRequest,
     LoraFleetError,
 )
@@ -30,30 +29,21 @@ log = logging.getLogger("lorafleet.router")
 
 
 class ServedPublisher(Protocol):
-    async def set_served(self, served: ServedBase) -> None: ...
-
-    async def get_adapter(self, name: str) -> AdapterRecord: ...
+    async def publish_served(self, served: ServedBase) -> None: ...
 
 
 async def publish_served(registry: ServedPublisher, served: ServedBase) -> None:
-    """Publish the served base model, refusing to serve over an adapter of its id.
+    """Publish the served base model, refusing to serve over an adapter of its id
+    (AdapterAlreadyExists, naming both ways out; nothing is published).
 
     Registration refuses the served base model's id as an adapter name, but only once a
     cluster published it: an adapter registered under that id before the first start
     would be shadowed (requests naming it resolve to the base model, a silent fallback),
-    so the ingress does not start until the operator renames one of them.
+    so the ingress does not start until the operator renames one of them. The check and
+    the write are one registry script, as registration's check and write are, so an
+    ingress starting while `adapters register` runs (or two ingresses) never leave both.
     """
-    try:
-        await registry.get_adapter(served.model_id)
-    except AdapterNotFound:
-        await registry.set_served(served)
-        return
-    raise AdapterAlreadyExists(
-        f"an adapter named {served.model_id!r} is registered, and this cluster serves its "
-        "base model under that id, so requests naming the adapter would get the base "
-        f"model; allowed: unregister the adapter (lorafleet adapters unregister "
-        f"{served.model_id}) or serve the base model under another served_model_name"
-    )
+    await registry.publish_served(served)
 
 
 async def keep_served_published(
@@ -62,11 +52,15 @@ async def keep_served_published(
     """Publish the served base model again every every_s: a Redis that restarted empty
     (or was flushed) would otherwise lose it until the ingress restarts, and meanwhile
     `adapters register` skips its shape and rank checks and pins skip the slot check.
-    Errors are logged and retried: the registry may be down for a while."""
+    Errors are logged and retried: the registry may be down for a while. An adapter
+    registered under the base model's id while the record was gone is logged as an
+    error each round (requests naming it get the base model until it is unregistered)."""
     while True:
         await asyncio.sleep(every_s)
         try:
-            await registry.set_served(served)
+            await publish_served(registry, served)
+        except AdapterAlreadyExists as e:
+            log.error("%s", e)
         except Exception as e:  # an outage: the next round tries again
             log.debug("publishing the served base model failed: %s", e)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from cluster.catalog import config_base_model
 from cluster.cli.common import (
@@ -13,10 +15,15 @@ from cluster.cli.common import (
     print_table,
     utc_time,
 )
+from cluster.keys import check_name
 from cluster.records import PIN_POOLS, AdapterListing
 from cluster.registry import LIST_PAGE, Registry
+from lora_core.validate import WEIGHTS_FILE
 
 ADAPTER = "adapter name"
+# A registration reads, hashes and scans every byte of the weights (~3 s for 1.6 GB from
+# the page cache, far longer from network storage): above this it says so first.
+ANNOUNCE_BYTES = 256 << 20
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,10 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         verbs, "register", _register, "validate and register a PEFT adapter directory", listing=True
     )
     add_max_lora_rank(p)
-    p.add_argument("name", help="adapter name (what clients put in `model`)")
-    p.add_argument("path", help="PEFT adapter directory (adapter_config.json + weights)")
+    p.add_argument("name", metavar="NAME", help="adapter name (what clients put in `model`)")
+    p.add_argument(
+        "path", metavar="PATH", help="PEFT adapter directory (adapter_config.json + weights)"
+    )
     p.add_argument(
         "--base-model",
+        metavar="ID",
+        type=_base_model,
         default=None,
         help="base model id (default: the cluster's; without a cluster, the adapter config's)",
     )
@@ -72,8 +83,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_verb(verbs, "unpin", _unpin, "remove NAME's pin", listing=False, named=ADAPTER)
     p = add_verb(verbs, "warm", _warm, "desire N GPU-resident copies of NAME", listing=False,
                  named=ADAPTER)  # fmt: skip
-    p.add_argument("--replicas", type=int, required=True, help="copies (0 clears the target)")
+    p.add_argument(
+        "--replicas", metavar="N", type=int, required=True, help="copies (0 clears the target)"
+    )
     _pool(p, "replicas that count towards N")
+
+
+def _base_model(text: str) -> str:
+    # the ids a cluster publishes and `set_base_shape` stores follow the name rule; an
+    # empty one was recorded as "no base model"
+    try:
+        return check_name("base model", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}, or leave the option out") from None
+
+
+def _announce(path: str) -> None:
+    """One line on stderr before the validation of big weights, which is silent for long."""
+    try:
+        size = (Path(path).expanduser() / WEIGHTS_FILE).stat().st_size
+    except OSError:
+        return  # the registration names what is wrong with the path
+    if size >= ANNOUNCE_BYTES:
+        print(
+            f"lorafleet: validating and hashing {size / 2**30:.1f} GiB of weights in {path}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _pool(p: argparse.ArgumentParser, what: str) -> None:
@@ -94,6 +130,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
         limit = DEFAULT_MAX_LORA_RANK if limit is None else limit
         base_id = args.base_model or config_base_model(args.path)
         base = reg.get_base_shape(base_id) if base_id else None
+    _announce(args.path)
     rec = reg.register_adapter(
         args.name,
         args.path,

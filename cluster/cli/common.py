@@ -36,6 +36,7 @@ def connection_parent() -> argparse.ArgumentParser:
     url = env_default("LORAFLEET_REDIS_URL", DEFAULT_URL)
     p.add_argument(
         "--redis-url",
+        metavar="URL",
         default=url,
         # the default may come from the environment: --help must not print its password
         help="registry Redis (env LORAFLEET_REDIS_URL; default "
@@ -129,7 +130,7 @@ def add_verb(
     p = sub.add_parser(name, parents=parents, help=help, description=help)
     p.set_defaults(func=lambda args: run(handler, args))
     if named:
-        p.add_argument("name", help=named)
+        p.add_argument("name", metavar="NAME", help=named)
     return p
 
 

@@ -25,15 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_verb(
         verbs, "revoke-key", _revoke_key, "revoke an API key (or --all) at once", listing=False
     )
-    p.usage = "%(prog)s [options] name (key_id | --all)"
-    p.add_argument("name", help=TENANT)
+    p.usage = "%(prog)s [options] NAME (KEY_ID | --all)"
+    p.formatter_class = _FlagHelp
+    p.add_argument("name", metavar="NAME", help=TENANT)
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("key_id", nargs="?", help="id from `tenants keys` (or a unique prefix)")
+    which.add_argument(
+        "key_id", metavar="KEY_ID", nargs="?", help="id from `tenants keys` (or a unique prefix)"
+    )
     which.add_argument("--all", action=_AllKeys, help="revoke every key of the tenant")
     for verb, handler in (("grant", _grant), ("revoke", _revoke)):
         what = f"{verb} a tenant's access to an adapter"
         p = add_verb(verbs, verb, handler, what, listing=False, named=TENANT)
-        p.add_argument("adapter", help="adapter name")
+        p.add_argument("adapter", metavar="ADAPTER", help="adapter name")
 
 
 class _AllKeys(argparse.Action):
@@ -49,6 +52,16 @@ class _AllKeys(argparse.Action):
         if value is not True:
             parser.error("give a KEY_ID or --all, not both")
         setattr(namespace, self.dest, True)
+
+
+class _FlagHelp(argparse.HelpFormatter):
+    """Shows `--all` as the flag it is: its optional value (see _AllKeys) is no option
+    of the user's, and argparse would print it as `--all []`."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _AllKeys):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
 
 
 def _create(reg: Registry, args: argparse.Namespace) -> int:

@@ -6,14 +6,18 @@ from __future__ import annotations
 BODIES: dict[str, str] = {
     # ARGV: ns, name, replace, owner, public ('1'/'0', '' = keep), content_hash, path,
     #       rank, base_model, target_modules (JSON), created, owner given ('1'/'0').
-    # A replace is a new version of the same adapter: owner and public are kept unless
-    # given, and so are its grants. A draining name was unregistered: registering it again
+    # 'served' when name is the served base model's id (checked here, in the same script
+    # as the write, so a cluster starting meanwhile cannot leave the adapter shadowed;
+    # publish_served is its twin). A replace is a new version of the same adapter: owner
+    # and public are kept unless given, and so are its grants. A draining name was unregistered: registering it again
     # makes a new adapter, so the old grants go (they must not open it to old grantees).
     "register_adapter": r"""
 local name, owner, public = ARGV[2], ARGV[4], ARGV[5]
 if owner ~= '' and redis.call('EXISTS', k('tenant', owner)) == 0 then
   return ret('no_tenant', owner)
 end
+local served = redis.call('GET', k('served'))
+if served and cjson.decode(served).model_id == name then return ret('served', name) end
 local old = hmap(redis.call('HGETALL', k('adapter', name)))
 local exists = old.name ~= nil
 local draining = old.state == 'draining'
@@ -38,6 +42,16 @@ if exists then
   bump(name, 'replaced')
 end
 return ret('ok', v, owner, public)
+""",
+    # ARGV: ns, model id, ServedBase JSON. Publishes the served base model unless an
+    # adapter record (active or draining) holds its id: requests naming that adapter
+    # would get the base model. Refused: ('exists', version, state), nothing written.
+    # One script with register_adapter's served check: either one sees the other's write.
+    "publish_served": r"""
+local rec = redis.call('HMGET', k('adapter', ARGV[2]), 'version', 'state')
+if rec[1] then return ret('exists', rec[1], rec[2]) end
+redis.call('SET', k('served'), ARGV[3])
+return ret('ok')
 """,
     # ARGV: ns, name
     "unregister_adapter": r"""

@@ -201,6 +201,8 @@ def test_usage_errors_exit_2(cli):
         ("adapters", "warm", "a"),
         ("adapters", "pin", "a", "--pool", "x"),
         ("tenants", "grant", "t"),
+        ("adapters", "register", "a", "/p", "--base-model", ""),  # was recorded as no base
+        ("adapters", "register", "a", "/p", "--base-model", "a b"),
     ):
         proc = cli(*argv)
         assert proc.returncode == 2, argv
@@ -316,3 +318,19 @@ def test_register_an_empty_path_says_it_is_empty(cli, redis_url):
         "and adapter_model.safetensors"
     )
     assert dump_redis(redis_url) == before
+
+
+def test_register_of_big_weights_says_so_first(cli, adapters, tmp_path, redis_url):
+    """Validation reads, hashes and scans every weight byte, silently: above 256 MiB a
+    line on stderr says what is going on (here a sparse file, refused afterwards)."""
+    import shutil
+
+    big = shutil.copytree(adapters["a"], tmp_path / "big")
+    with open(big / "adapter_model.safetensors", "r+b") as f:
+        f.truncate(300 << 20)
+    proc = cli("adapters", "register", "x", str(big))
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert lines[0] == f"lorafleet: validating and hashing 0.3 GiB of weights in {big}"
+    assert len(lines) == 2 and lines[1].startswith("lorafleet: error: ")
+    assert ok(cli("adapters", "register", "a", str(adapters["a"]))).startswith("registered a ")

@@ -153,6 +153,7 @@ def test_server_that_is_not_redis(http_port: int):
         ("garbage", "garbage", "Redis URL must specify one of the following schemes"),
         (f"redis://:{PASSWORD}@[::1:6379", "redis://***@[::1:6379", "Invalid IPv6 URL"),
         ("redis://127.0.0.1:port/0", "redis://127.0.0.1:port/0", "Port could not be cast"),
+        ("redis://127.0.0.1:6379/l", "redis://127.0.0.1:6379/l", "database 'l' is not a number"),
     ],
 )
 def test_malformed_url(url: str, shown: str, why: str):

@@ -69,3 +69,56 @@ def test_the_base_model_is_not_published_over_an_adapter_of_its_id(redis_url, tm
     asyncio.run(publish())
     assert sync.get_served() == served
     sync.close()
+
+
+def test_republishing_does_not_shadow_an_adapter_registered_meanwhile(redis_url, tmp_path, caplog):
+    """Redis restarted empty, and an adapter was registered under the base model's id
+    before the next round (nothing refused it: no served record): the round publishes
+    nothing and logs an error naming the adapter, every round, instead of shadowing it."""
+    import logging
+
+    from cluster.registry import Registry
+    from deploy.demo import ensure_demo
+
+    demo = ensure_demo(tmp_path / "demo")
+    served = ServedBase.from_model_dir("demo-base", str(demo.model_dir), 64, 2)
+    sync = Registry(redis_url)
+    sync.register_adapter("demo-base", str(demo.adapters["demo-poet"]))
+
+    async def rounds() -> None:
+        reg = AsyncRegistry(redis_url)
+        task = asyncio.create_task(keep_served_published(reg, served, every_s=0.02))
+        await asyncio.sleep(0.15)
+        task.cancel()
+        await reg.close()
+
+    with caplog.at_level(logging.ERROR, logger="lorafleet.router"):
+        asyncio.run(rounds())
+    assert sync.get_served() is None
+    assert len(caplog.records) >= 2
+    assert "an adapter named 'demo-base' is registered" in caplog.records[0].getMessage()
+    sync.close()
+
+
+def test_serve_run_refuses_a_shadowed_adapter_before_anything_starts(redis_url, tmp_path):
+    """build_app's early check: one error before deploying, instead of a traceback for
+    every ingress start Serve retries; an unreachable registry is left to the ingress."""
+    import pytest
+
+    from cluster.registry import Registry
+    from deploy.builder import refuse_shadowed_adapter
+    from deploy.demo import ensure_demo
+    from lora_core.errors import AdapterAlreadyExists
+    from tests.redis_fixture import free_port
+
+    demo = ensure_demo(tmp_path / "demo")
+    sync = Registry(redis_url, "ns")
+    refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    sync.register_adapter("demo-base", str(demo.adapters["demo-poet"]))
+    refuse_shadowed_adapter(redis_url, "other-ns", "demo-base")
+    with pytest.raises(AdapterAlreadyExists, match="lorafleet adapters unregister demo-base"):
+        refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    refuse_shadowed_adapter(f"redis://127.0.0.1:{free_port()}/0", "ns", "demo-base")
+    sync.unregister_adapter("demo-base")
+    refuse_shadowed_adapter(redis_url, "ns", "demo-base")
+    sync.close()

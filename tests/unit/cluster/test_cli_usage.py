@@ -16,8 +16,8 @@ def _verb(command: str, verb: str):
     "argv,message",
     [
         (("acme", "--all", "64b7f6"), "error: give a KEY_ID or --all, not both"),
-        (("acme", "64b7f6", "--all"), "error: argument --all: not allowed with argument key_id"),
-        (("acme",), "error: one of the arguments key_id --all is required"),
+        (("acme", "64b7f6", "--all"), "error: argument --all: not allowed with argument KEY_ID"),
+        (("acme",), "error: one of the arguments KEY_ID --all is required"),
     ],
 )
 def test_revoke_key_needs_exactly_one_of_id_and_all(capsys, argv, message):
@@ -25,7 +25,7 @@ def test_revoke_key_needs_exactly_one_of_id_and_all(capsys, argv, message):
         build_parser().parse_args(["tenants", "revoke-key", *argv])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: lorafleet tenants revoke-key [options] name (key_id | --all)\n")
+    assert err.startswith("usage: lorafleet tenants revoke-key [options] NAME (KEY_ID | --all)\n")
     assert err.splitlines()[-1] == f"lorafleet tenants revoke-key: {message}"
 
 
@@ -50,6 +50,22 @@ def _verbs() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("command,verb", _verbs())
 def test_every_argument_has_help(command, verb):
     assert all(action.help for action in _verb(command, verb)._actions)
+
+
+@pytest.mark.parametrize("command,verb", _verbs())
+def test_help_shows_no_argparse_placeholders(command, verb):
+    """No `[]` (an optional value with an empty metavar: `--all []`), no lower-case
+    positional the help text calls by its upper-case name (NAME, KEY_ID)."""
+    text = _verb(command, verb).format_help()
+    assert "[]" not in text and "==SUPPRESS==" not in text
+    usage = text.split("\n\n")[0]
+    positionals = [a for a in _verb(command, verb)._actions if not a.option_strings]
+    assert all(a.metavar and a.metavar.isupper() and a.metavar in usage for a in positionals)
+
+
+def test_revoke_key_help_shows_all_as_a_flag():
+    lines = _verb("tenants", "revoke-key").format_help().splitlines()
+    assert "  --all                 revoke every key of the tenant" in lines
 
 
 @pytest.mark.parametrize("command,verb", _verbs())

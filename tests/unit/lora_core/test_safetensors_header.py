@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lora_core.errors import AdapterLoadFailed
@@ -80,3 +81,32 @@ def test_bad_entries_refused(tmp_path: Path, entry: object, why: str) -> None:
 def test_missing_file_refused(tmp_path: Path) -> None:
     with pytest.raises(AdapterLoadFailed, match="cannot read"):
         read_safetensors_header(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize(
+    "entries, data, why",
+    [
+        ({"a": [0, 8]}, 12, "cover 8 of the 12 data bytes"),
+        ({"a": [0, 8], "b": [12, 20]}, 20, "gap at data byte 8"),
+        ({"a": [0, 8], "b": [4, 12]}, 12, "overlap at data byte 8"),
+        ({"a": [4, 12]}, 12, "gap at data byte 0"),
+    ],
+)
+def test_data_not_tiled_exactly_refused(tmp_path: Path, entries: dict, data: int, why: str):
+    """What safetensors' own loader refuses ("incomplete metadata, file not fully
+    covered", "invalid offset"), so admission refuses it too."""
+    header = json.dumps(
+        {n: {"dtype": "F32", "shape": [(e - b) // 4], "data_offsets": [b, e]}
+         for n, (b, e) in entries.items()}
+    ).encode()  # fmt: skip
+    path = _write(tmp_path / "x.safetensors", header, b"\0" * data)
+    with pytest.raises(SafetensorError):
+        safe_open(str(path), "pt")
+    with pytest.raises(AdapterLoadFailed, match=why):
+        read_safetensors_header(path)
+
+
+def test_zero_size_tensors_tile(tmp_path: Path) -> None:
+    save_file({"a": torch.ones(2), "e": torch.zeros(0), "z": torch.ones(3)},
+              str(tmp_path / "x.safetensors"))  # fmt: skip
+    assert set(read_safetensors_header(tmp_path / "x.safetensors")) == {"a", "e", "z"}

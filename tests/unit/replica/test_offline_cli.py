@@ -285,6 +285,7 @@ def test_generate_help_gives_every_option_help_and_default():
         assert action.help, action.dest
         if action.default not in (None, False, [], argparse.SUPPRESS) and action.dest != "help":
             assert "(default %(default)s)" in action.help, action.dest
+    assert "default None" not in sub.format_help()  # --seed's default reads "unseeded"
 
 
 def test_prompt_logprobs_equal_hf_peft(tmp_path, llama_dir, llama_adapters):
