@@ -12,7 +12,8 @@
 Every verb takes --redis-url (env LORAFLEET_REDIS_URL, default redis://127.0.0.1:6379/0),
 --namespace (env LORAFLEET_NAMESPACE, default lorafleet) and --redis-timeout (env
 LORAFLEET_REDIS_TIMEOUT, default 3: the seconds one Redis command may take, retries
-included); an empty variable counts as unset. Listings, `adapters register` and `tenants key` take --json.
+included); an empty variable counts as unset. Listings, `adapters register` and
+`tenants key` take --json.
 Exit codes: 0 success, 1 error (one line on stderr), 2 usage error (argparse), 130
 interrupted (Ctrl-C), 141 stdout closed before the output was written (`| head`; nothing
 on stderr).

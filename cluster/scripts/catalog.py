@@ -9,8 +9,9 @@ BODIES: dict[str, str] = {
     # 'served' when name is the served base model's id (checked here, in the same script
     # as the write, so a cluster starting meanwhile cannot leave the adapter shadowed;
     # publish_served is its twin). A replace is a new version of the same adapter: owner
-    # and public are kept unless given, and so are its grants. A draining name was unregistered: registering it again
-    # makes a new adapter, so the old grants go (they must not open it to old grantees).
+    # and public are kept unless given, and so are its grants. A draining name was
+    # unregistered: registering it again makes a new adapter, so the old grants go (they
+    # must not open it to old grantees).
     "register_adapter": r"""
 local name, owner, public = ARGV[2], ARGV[4], ARGV[5]
 if owner ~= '' and redis.call('EXISTS', k('tenant', owner)) == 0 then
