@@ -325,8 +325,9 @@ async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, hea
         async with aclosing(_merged(started)) as merged:
             async for i, out in merged:
                 p = piece_of(out, readers[i])
-                delta = {"content": p.text} if p.text else {}
-                yield sse(chat_chunk(head, i, delta, p, req.logprobs))
+                # "content" even when empty (a token that ends inside a UTF-8 character,
+                # a finish without text), as vLLM sends it: clients read delta.content
+                yield sse(chat_chunk(head, i, {"content": p.text}, p, req.logprobs))
                 usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
             yield sse(usage_chunk(head, "chat.completion.chunk", total_usage(usages)))

@@ -36,9 +36,9 @@ class SlowDispatch:
         )
 
 
-def events(tokenizer, handler, model, body) -> list[dict]:
+def events(tokenizer, handler, model, body, dispatch=None) -> list[dict]:
     resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
-    front = Frontend(tokenizer, resolver, SlowDispatch(1.05), 64)
+    front = Frontend(tokenizer, resolver, dispatch or SlowDispatch(1.05), 64)
 
     async def go():
         response = await handler(front, None, parse_body(model, body))
@@ -72,3 +72,29 @@ def test_every_chunk_of_a_stream_has_the_same_id_and_created(tokenizer, handler,
         (chunks[0]["id"], "a2", chunks[0]["created"])
     }
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 4
+
+
+class SplitCharDispatch:
+    """ "é" (two UTF-8 bytes) over two outputs: the first one's text is still empty."""
+
+    async def __call__(self, call):
+        yield RequestOutput(call.request_id, [7], "", num_prompt_tokens=2, num_output_tokens=1)
+        yield RequestOutput(
+            call.request_id,
+            [8],
+            "é",
+            finish_reason="length",
+            num_prompt_tokens=2,
+            num_output_tokens=2,
+        )
+
+
+def test_a_chat_chunk_without_text_yet_has_empty_content_as_vllm(tokenizer):
+    """A token ending inside a UTF-8 character adds no text: its chunk's delta is
+    {"content": ""} (vLLM's), not {} (which clients reading delta.content trip over)."""
+    body = {**STREAM, "messages": [{"role": "user", "content": "hi"}]}
+    chunks = events(
+        tokenizer, rest.chat_completions, ChatCompletionRequest, body, SplitCharDispatch()
+    )
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": ""}, {"content": "é"}]
