@@ -17,7 +17,7 @@ from typing import Protocol
 from lora_core.errors import AdapterDraining, AdapterNotFound, RegistryUnavailable, Unauthorized
 from lora_core.identity import AdapterRef
 
-MISSING_KEY = "missing API key; send 'Authorization: Bearer <key>'"
+MISSING_KEY = "missing API key; send 'Authorization: Bearer <key>'"  # key_refusal(None)
 # Adapter names per registry script of a /v1/models listing (the CLI's LIST_PAGE): one
 # script over a 10k catalog holds Redis ~50 ms, and any caller may list in a loop.
 MODELS_PAGE = 256
@@ -47,14 +47,34 @@ class Resolved:
     tenant: str | None = None
 
 
+class NotBearer(str):
+    """`bearer_key`'s answer for an Authorization header of another scheme ("Token abc",
+    "Basic ...", a bare key): never a key. Its text is the header's scheme ("" for a
+    value without one, which may be the key itself and is never echoed). With auth on
+    it is refused naming the scheme (`key_refusal`); with auth off it is ignored, as
+    any key is."""
+
+
 def bearer_key(authorization: str | None) -> str | None:
-    """The key of an `Authorization: Bearer <key>` header (None when absent or empty)."""
-    if not authorization:
+    """The key of an `Authorization: Bearer <key>` header; None when the header is absent
+    or its key empty; a `NotBearer` for another scheme.
+    Example: "Bearer abc" -> "abc"; "Token abc" -> NotBearer("Token"); "abc" -> NotBearer("")."""
+    if not authorization or not authorization.strip():
         return None
     scheme, _, key = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
+    if scheme.lower() != "bearer":
+        return NotBearer(scheme if key.strip() else "")
+    return key.strip() or None
+
+
+def key_refusal(api_key: str | None, wanted: str = "send 'Authorization: Bearer <key>'") -> str:
+    """Why `api_key` cannot authenticate anyone: missing, or a header of another scheme.
+    wanted: what the caller should send instead."""
+    if api_key is None:
+        return f"missing API key; {wanted}"
+    if not api_key:
+        return f"the Authorization header names no scheme; {wanted}"
+    return f"unsupported Authorization scheme {api_key[:32]!r}; {wanted}"
 
 
 class AdapterResolver:
@@ -75,8 +95,7 @@ class AdapterResolver:
         """The caller's tenant; None when auth is off. Raises Unauthorized."""
         if not self.auth:
             return None
-        if api_key is None:
-            raise Unauthorized(MISSING_KEY)
+        self._check_bearer(api_key)
         tenant = await self._registry().resolve_key(api_key)
         if tenant is None:
             raise Unauthorized(INVALID_KEY)
@@ -84,8 +103,8 @@ class AdapterResolver:
 
     async def resolve(self, api_key: str | None, model: str) -> Resolved:
         """Resolve one inference request's `model`. Raises Unauthorized / AdapterNotFound."""
-        if self.auth and api_key is None:
-            raise Unauthorized(MISSING_KEY)
+        if self.auth:
+            self._check_bearer(api_key)
         if model == self.base_name:
             return Resolved(adapter=None, tenant=await self.tenant(api_key))
         # With auth off a client's key (OpenAI clients always send one) is ignored.
@@ -118,8 +137,18 @@ class AdapterResolver:
             raise Unauthorized("admin endpoints are disabled; set admin_key in the app args")
         # Bytes, not str: compare_digest raises TypeError on non-ASCII str (a header
         # byte >= 0x80 arrives as one), which would answer 500 instead of 401.
+        wanted = "admin endpoints need 'Authorization: Bearer <admin key>'"
+        if isinstance(api_key, NotBearer):
+            raise Unauthorized(key_refusal(api_key, wanted))
         if api_key is None or not hmac.compare_digest(api_key.encode(), self.admin_key.encode()):
-            raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin key>'")
+            raise Unauthorized(wanted)
+
+    @staticmethod
+    def _check_bearer(api_key: str | None) -> None:
+        """Raises Unauthorized for a missing key or an Authorization header of another
+        scheme (the key, if any, is judged by the registry)."""
+        if api_key is None or isinstance(api_key, NotBearer):
+            raise Unauthorized(key_refusal(api_key))
 
     def _registry(self) -> RegistryClient:
         if self.registry is None:

@@ -17,7 +17,7 @@ from lora_core.errors import (
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
-from router.auth import INVALID_KEY, AdapterResolver, bearer_key
+from router.auth import INVALID_KEY, AdapterResolver, NotBearer, bearer_key
 from router.frontend import Frontend
 
 BASE = "base"
@@ -114,13 +114,85 @@ def run(coro):
     [
         ("Bearer abc", "abc"),
         ("bearer  abc ", "abc"),
-        ("Basic abc", None),
+        ("Basic abc", NotBearer("Basic")),
+        ("Token  abc ", NotBearer("Token")),
+        ("abc", NotBearer("")),  # a bare key: its text is never kept, so never echoed
         ("Bearer ", None),
+        ("Bearer", None),
+        ("  ", None),
         (None, None),
     ],
 )
 def test_bearer_key(header, key):
-    assert bearer_key(header) == key
+    got = bearer_key(header)
+    assert (got, type(got)) == (key, type(key))
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (None, "missing API key; send 'Authorization: Bearer <key>'"),
+        (
+            "Token k1",
+            "unsupported Authorization scheme 'Token'; send 'Authorization: Bearer <key>'",
+        ),
+        (
+            "Basic azE6",
+            "unsupported Authorization scheme 'Basic'; send 'Authorization: Bearer <key>'",
+        ),
+        ("k1", "the Authorization header names no scheme; send 'Authorization: Bearer <key>'"),
+    ],
+)
+@pytest.mark.parametrize("model", ["a2", BASE])
+def test_a_header_of_another_scheme_is_401_naming_it(header, message, model):
+    resolver = AdapterResolver(FakeRegistry(), BASE, auth=True, admin_key="adm")
+    for call in (resolver.resolve(bearer_key(header), model), resolver.tenant(bearer_key(header))):
+        with pytest.raises(Unauthorized) as e:
+            run(call)
+        assert str(e.value) == message
+
+
+ADMIN = "admin endpoints need 'Authorization: Bearer <admin key>'"
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (None, ADMIN),
+        ("Bearer nope", ADMIN),
+        ("Token adm", f"unsupported Authorization scheme 'Token'; {ADMIN}"),
+        ("adm", f"the Authorization header names no scheme; {ADMIN}"),
+    ],
+)
+def test_admin_refusals_name_another_scheme(header, message):
+    resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="adm")
+    with pytest.raises(Unauthorized) as e:
+        resolver.check_admin(bearer_key(header))
+    assert str(e.value) == message
+
+
+class GrpcMetadata:
+    """The part of Serve's gRPC context `grpc_api_key` reads."""
+
+    def __init__(self, *pairs: tuple[str, str]):
+        self.pairs = pairs
+
+    def invocation_metadata(self):
+        return self.pairs
+
+
+@pytest.mark.parametrize("header", ["Token k1", "Bearer k1", "k1"])
+def test_grpc_reads_the_authorization_metadata_as_rest_reads_the_header(header):
+    from router.grpc_service import grpc_api_key
+
+    got = grpc_api_key(GrpcMetadata(("x-other", "1"), ("Authorization", header)))
+    assert (got, type(got)) == (bearer_key(header), type(bearer_key(header)))
+
+
+def test_with_auth_off_a_header_of_another_scheme_is_ignored():
+    resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
+    assert run(resolver.resolve(bearer_key("Token k1"), "a2")).adapter == ref("a2")
+    assert run(resolver.tenant(bearer_key("Basic azE6"))) is None
 
 
 # key x adapter -> expected outcome with auth on
