@@ -16,9 +16,11 @@ from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterIncompatible,
     AdapterLoadFailed,
+    AdapterNotFound,
     InvalidRequest,
     LoraFleetError,
 )
+from router.errors import unwrap
 from router.openai_protocol import LoadAdapterRequest
 
 if TYPE_CHECKING:
@@ -81,6 +83,26 @@ class CatalogRegistry(Protocol):
     ) -> AdapterRecord: ...
 
     async def list_tenants(self) -> list[str]: ...
+
+
+class PinRegistry(Protocol):
+    async def unpin(self, name: str) -> bool: ...
+
+
+async def unpin_adapter(registry: PinRegistry, name: str) -> dict[str, str | bool]:
+    """POST /v1/unpin_lora_adapter: name is unpinned now (`pinned` false); `was_pinned`
+    says whether it was pinned before (the CLI's "(was not pinned)")."""
+    was_pinned = await registry.unpin(name)
+    return {"lora_name": name, "pinned": False, "was_pinned": was_pinned}
+
+
+def name_at_fault(err: BaseException) -> BaseException:
+    """err (unwrapped), an unknown adapter naming `lora_name` as its `param`: every admin
+    body names its adapter there, as the load endpoint's refusals name their field."""
+    err = unwrap(err)
+    if isinstance(err, AdapterNotFound) and err.param is None:
+        err.param = "lora_name"
+    return err
 
 
 def no_tenant(tenant: str) -> InvalidRequest:

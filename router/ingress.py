@@ -292,8 +292,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/unpin_lora_adapter")
     async def unpin_lora_adapter(self, request: Request) -> Response:
         async def act(req: AdapterNameRequest):
-            await self.registry.unpin(req.lora_name)
-            return {"lora_name": req.lora_name, "pinned": False}
+            return await admin.unpin_adapter(self.registry, req.lora_name)
 
         return await self._admin(request, AdapterNameRequest, act)
 
@@ -315,4 +314,4 @@ class LoraIngress(GrpcInferenceMixin):
         except ValueError as e:  # the registry's name/choice/range checks
             return rest.error_response(InvalidRequest(str(e), param_of_check(str(e))))
         except Exception as e:
-            return rest.error_response(e)
+            return rest.error_response(admin.name_at_fault(e))

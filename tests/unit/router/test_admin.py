@@ -1,6 +1,6 @@
-"""The load endpoint's registry refusals name the body field at fault (fake registry
-raising what the real one raises; tests/integration/serve/test_request_validation.py
-runs the real one)."""
+"""The admin endpoints' registry refusals name the body field at fault, and unpin says
+whether the adapter was pinned (fake registry raising and answering what the real one
+does; tests/integration/serve/test_request_validation.py runs the real one)."""
 
 import asyncio
 import os
@@ -14,10 +14,11 @@ from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterIncompatible,
     AdapterLoadFailed,
+    AdapterNotFound,
     InvalidRequest,
     LoraFleetError,
 )
-from router.admin import load_adapter
+from router.admin import load_adapter, name_at_fault, unpin_adapter
 from router.errors import openai_error_body, status_for
 from router.openai_protocol import LoadAdapterRequest, parse_body
 
@@ -185,3 +186,45 @@ def test_adapter_roots_bound_where_the_endpoint_registers_from(tmp_path):
             f"lora_path={str(path)!r} is outside the adapter roots; allowed: a directory "
             f"under {root} (symlinks resolved: the cluster's adapter_roots)"
         )
+
+
+class FakePins:
+    """Like the registry's unpin: True if name was pinned, AdapterNotFound if unknown."""
+
+    def __init__(self, pinned: set[str], known: set[str]):
+        self.pinned, self.known = pinned, known
+
+    async def unpin(self, name):
+        if name not in self.known:
+            raise AdapterNotFound(name)
+        was = name in self.pinned
+        self.pinned.discard(name)
+        return was
+
+
+def test_unpin_answers_whether_the_adapter_was_pinned():
+    pins = FakePins({"a1"}, {"a1", "a2"})
+    first = asyncio.run(unpin_adapter(pins, "a1"))
+    assert first == {"lora_name": "a1", "pinned": False, "was_pinned": True}
+    again = asyncio.run(unpin_adapter(pins, "a1"))
+    assert again == {"lora_name": "a1", "pinned": False, "was_pinned": False}
+    assert asyncio.run(unpin_adapter(pins, "a2"))["was_pinned"] is False
+
+
+class RayWrapped(Exception):
+    """Like Ray's RayTaskError: the original error is its `cause`."""
+
+    def __init__(self, cause):
+        super().__init__("traceback text")
+        self.cause = cause
+
+
+def test_an_unknown_adapter_on_an_admin_endpoint_names_lora_name():
+    with pytest.raises(AdapterNotFound) as e:
+        asyncio.run(unpin_adapter(FakePins(set(), set()), "ghost"))
+    for err in (e.value, RayWrapped(e.value)):
+        body = openai_error_body(name_at_fault(err))["error"]
+        assert body == {"message": "adapter 'ghost' not found", "type": "invalid_request_error",
+                        "param": "lora_name", "code": "model_not_found"}  # fmt: skip
+    other = InvalidRequest("replicas=-1; allowed: 0 .. 100000", "replicas")
+    assert name_at_fault(other) is other and other.param == "replicas"
