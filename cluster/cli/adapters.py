@@ -18,6 +18,7 @@ from cluster.cli.common import (
 from cluster.keys import check_name
 from cluster.records import PIN_POOLS, AdapterListing
 from cluster.registry import LIST_PAGE, Registry
+from lora_core.errors import AdapterNotFound
 from lora_core.validate import WEIGHTS_FILE
 
 ADAPTER = "adapter name"
@@ -70,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replace",
         action="store_true",
-        help="register a new version of NAME (its owner, public flag and grants are kept)",
+        help="register a new version of NAME (its owner, public flag and grants are kept); "
+        "a NAME that does not exist (or is being unregistered) is registered as a new "
+        "adapter, with a note on stderr",
     )
 
     add_verb(verbs, "list", _list, "list adapters with pins, warm targets, locations", listing=True)
@@ -131,6 +134,7 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
         base_id = args.base_model or config_base_model(args.path)
         base = reg.get_base_shape(base_id) if base_id else None
     _announce(args.path)
+    note = _replace_note(reg, args.name) if args.replace else None
     rec = reg.register_adapter(
         args.name,
         args.path,
@@ -149,7 +153,26 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
             f"registered {rec.name} version {rec.version} (rank {rec.rank}, "
             f"sha256 {rec.content_hash[:16]})"
         )
+    if note is not None:
+        print(f"lorafleet: note: {note}", file=sys.stderr)
     return 0
+
+
+def _replace_note(reg: Registry, name: str) -> str | None:
+    """What `--replace` did not find, when NAME is no active adapter: the registration
+    then makes a new adapter (private and without owner unless asked), which the
+    operator, expecting a new version, should hear of. A script's "create or update"
+    still works: this is a note, not a refusal."""
+    try:
+        state = reg.get_adapter(name).state
+    except AdapterNotFound:
+        return f"--replace found no adapter {name!r}; registered it as a new adapter"
+    if state == "draining":
+        return (
+            f"--replace found {name!r} being unregistered; registered it as a new adapter "
+            "(the old one's owner, public flag and grants are not kept)"
+        )
+    return None
 
 
 def _locations(a: AdapterListing) -> str:

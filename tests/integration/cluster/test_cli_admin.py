@@ -101,6 +101,32 @@ def test_register_list_show_json(cli, adapters, registry: Registry):
     )
 
 
+def test_replace_of_a_name_that_is_no_adapter_says_so(cli, adapters, registry: Registry):
+    """--replace expects NAME to exist: one that does not (never registered, removed, or
+    being unregistered) is still registered (a script's "create or update" works), with a
+    note on stderr."""
+    argv = ["adapters", "register", "a", str(adapters["a"]), "--base-model", "m", "--replace"]
+    none = "lorafleet: note: --replace found no adapter 'a'; registered it as a new adapter\n"
+    for version in (1, 2):
+        proc = cli(*argv)
+        assert proc.stdout.split()[:4] == ["registered", "a", "version", str(version)]
+        assert (proc.returncode, proc.stderr) == (0, none if version == 1 else "")
+    assert registry.unregister_adapter("a") == "removed"
+    proc = cli(*argv)
+    assert (proc.stdout.split()[3], proc.stderr) == ("3", none)
+    epoch = registry.register_replica("r1", "mixed", "dep", 4, 30.0)
+    registry.report_resident("r1", epoch, ("a", 3), "gpu")
+    assert registry.unregister_adapter("a") == "draining"
+    proc = cli(*argv)
+    assert (proc.returncode, proc.stdout.split()[3]) == (0, "4")
+    assert proc.stderr == (
+        "lorafleet: note: --replace found 'a' being unregistered; registered it as a new "
+        "adapter (the old one's owner, public flag and grants are not kept)\n"
+    )
+    helped = " ".join(ok(cli("adapters", "register", "--help")).split())
+    assert "a NAME that does not exist (or is being unregistered) is registered as a new" in helped
+
+
 def test_human_tables_are_aligned(cli, adapters, registry: Registry):
     registry.register_adapter("a-long-adapter-name", str(adapters["a"]), base_model="m")
     registry.register_adapter("b", str(adapters["small"]), base_model="m")
