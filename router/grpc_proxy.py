@@ -20,6 +20,7 @@ from collections.abc import Callable
 import grpc
 
 from router.proto import lorafleet_pb2_grpc as pb_grpc
+from router.serve_logs import install_client_error_filter
 
 log = logging.getLogger("lorafleet.router")
 RETRY_HINT = re.compile(r" \(retry after ([0-9]+) s\)$")
@@ -64,7 +65,10 @@ def add_inference_servicer(servicer: object, server: grpc.aio.Server) -> None:
     """Registers `lorafleet.v1.Inference` as `add_InferenceServicer_to_server` does, each
     method's handler adding the retry-after trailer. Serve's server builds the handlers
     with its `service_handler_factory` while they are registered; a server without one
-    (another Serve release) gets Serve's own handlers, the hint then in the details only."""
+    (another Serve release) gets Serve's own handlers, the hint then in the details only.
+    Runs in the proxy actor, so it also keeps client errors out of the proxy's error log
+    (`router.serve_logs`)."""
+    install_client_error_filter()
     factory = getattr(server, "service_handler_factory", None)
     if factory is None:
         log.warning("the gRPC server has no service_handler_factory: no retry-after trailers")

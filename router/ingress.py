@@ -48,6 +48,7 @@ from router.openai_protocol import (
     parse_request,
 )
 from router.openai_responses import model_card
+from router.serve_logs import install_client_error_filter
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,8 @@ class LoraIngress(GrpcInferenceMixin):
 
     async def __init__(self, replicas: DeploymentHandle, settings: IngressSettings):
         from transformers import AutoTokenizer
+
+        install_client_error_filter()  # gRPC refusals: one INFO line, as REST's
 
         from cluster.records import ServedBase
 
