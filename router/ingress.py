@@ -59,10 +59,11 @@ class IngressSettings:
     ("" disables them). adapter_roots: where the load endpoint may register adapters
     from (`router.admin.check_adapter_path`; () = anywhere). prefix_cache_scope:
     "tenant" or "shared" (`router.frontend.cache_salt_of`). max_model_len: prompt +
-    output tokens per request at most (0 = the model config's max_position_embeddings). max_lora_rank: the replicas'
-    largest adapter rank (registration refuses larger). max_loras: the replicas' GPU
-    adapter slots; published with the base model so that the registry refuses a pin that
-    would leave no evictable slot (None: not published, pins are not checked).
+    output tokens per request at most (0 = the model config's max_position_embeddings).
+    max_lora_rank: the replicas' largest adapter rank (registration refuses larger).
+    max_loras: the replicas' GPU adapter slots; published with the base model so that
+    the registry refuses a pin that would leave no evictable slot (None: not published,
+    pins are not checked).
     served_republish_s: seconds between re-publications of the served base model (so a
     Redis restarted empty gets it back)."""
 
