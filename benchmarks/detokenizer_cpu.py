@@ -7,7 +7,8 @@ step, both timed in the same run on the same sequences.
 to every sequence and runs `Detokenizer.update` on it, as `LLMEngine._append` does. The
 figure is the median time of one step (all 128 updates) over --steps steps once the
 outputs are L tokens long. Beside it: the H100 decode step of the 128 x 32-adapter engine
-benchmark (benchmarks/results/engine_gpu_h100.json), which this host time adds to, since
+benchmark (benchmarks/results/logs/engine_gpu_h100_c81e25b.json, the run this result
+quotes; results/engine_gpu_h100.json has a later one), which this host time adds to, since
 the engine detokenizes between GPU steps.
 
     python benchmarks/detokenizer_cpu.py --out benchmarks/results/detokenizer_cpu.json
@@ -33,7 +34,7 @@ from replica.detokenizer import Detokenizer  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
 from replica.sequence import Sequence  # noqa: E402
 
-GPU_STEP = ROOT / "benchmarks/results/engine_gpu_h100.json"
+GPU_STEP = ROOT / "benchmarks/results/logs/engine_gpu_h100_c81e25b.json"
 
 
 class FullDecodeDetokenizer(Detokenizer):
