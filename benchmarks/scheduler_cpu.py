@@ -1,5 +1,5 @@
 """Scheduler step cost on CPU against queue length: the per-adapter waiting queue vs the
-old full scan of the queue, both timed in the same run.
+old full scan of the queue, both timed in the same run; and adapter slot turns.
 
 Each figure is printed beside its peer: the old algorithm (tests/unit/replica/
 scan_scheduler.py: one deque scanned from its head every step, one can_admit per
@@ -22,7 +22,21 @@ Workloads, each at 1k / 10k / 50k queued requests (--sizes):
               robin, with the engine's defaults (4 slots, 64 sequences, 2048 tokens):
               the whole run to the end, as `lorafleet generate` queues it; total
               schedule() time, and the two schedulers' decisions are checked equal.
-All workloads use 64 sequences and 2048 tokens per step (EngineConfig's defaults).
+All workloads use 64 sequences and 2048 tokens per step (EngineConfig's defaults). These
+three drive the pool without slot turns (`SlotPool.yields_slot`), as the old scheduler
+ran: with turns the busy adapters of "blocked" would yield their slots to a4-a7.
+
+Slot turns (no timing: the schedule's decisions, which are deterministic), with yields_slot
+on (as the engine's adapter manager checks it) and off:
+  turns       2 GPU slots, A adapters (--turn-adapters, 3-8), 2 requests a step arriving in
+              round robin over them for --turn-steps steps (16-token prompts, 8 tokens
+              each: a request runs 8 steps), then to the end. An adapter in a slot has a
+              running request at every step, so with turns off the first two keep their
+              slots and the others wait until the traffic stops. Per A, both ways: slot
+              loads per 100 requests (floor: each adapter loaded once), the mean batch
+              (sequences per step while requests arrive; ceiling: arrivals per step x
+              steps per request, Little's law), the longest wait of a request from arrival
+              to its first step (the starved adapter's) and the steps to the end.
 
     python benchmarks/scheduler_cpu.py --out benchmarks/results/scheduler_cpu.json
 """
@@ -53,17 +67,22 @@ REFS = [AdapterRef(f"a{i}", 1, f"{i:064x}", "/bench", 16) for i in range(256)]
 
 class PoolAdmission:
     """AdapterAdmission + AdapterDemand over the real SlotPool (its actions are dropped:
-    no weights move); counts can_admit calls."""
+    no weights move); counts can_admit calls. yields: also keep out the new requests of an
+    adapter whose slot yields to a waiting one, as the engine's adapter manager does
+    (`AdapterManager.can_admit`)."""
 
-    def __init__(self, max_loras: int, refs: list[AdapterRef]):
+    def __init__(self, max_loras: int, refs: list[AdapterRef], yields: bool = False):
         self.pool = SlotPool(max_loras, max(max_loras, len(refs)))
         for ref in refs:
             self.pool.add(ref.key, ref.name)
+        self.yields = yields
         self.looks = 0
 
     def can_admit(self, ref: AdapterRef) -> bool:
         self.looks += 1
-        return self.pool.can_admit(ref.key)
+        if not self.pool.can_admit(ref.key):
+            return False
+        return not (self.yields and self.pool.yields_slot(ref.key))
 
     def acquire(self, ref: AdapterRef) -> int:
         return self.pool.acquire(ref.key)[0]
@@ -78,8 +97,8 @@ class PoolAdmission:
         self.pool.unwant(ref.key)
 
 
-def make(cls, slots: int, refs) -> Scheduler:
-    admission = PoolAdmission(slots, refs)
+def make(cls, slots: int, refs, yields: bool = False) -> Scheduler:
+    admission = PoolAdmission(slots, refs, yields)
     blocks = BlockManager(1 << 16, 16, False)
     if cls is Scheduler:
         return Scheduler(blocks, admission, 64, 2048, demand=admission)
@@ -185,6 +204,70 @@ def offline(cls, n: int) -> dict:
     }
 
 
+TURN_RATE = 2  # requests arriving per step
+TURN_TOKENS = 8  # tokens per request: steps it runs (its 16-token prompt fits one step)
+
+
+def turns(adapters: int, yields: bool, steps: int) -> dict:
+    """The slot-turn workload (module docstring) with yields_slot on or off."""
+    refs = REFS[:adapters]
+    s, feed = make(Scheduler, 2, refs, yields), Feed()
+    arrived: dict[Sequence, int] = {}
+    started: dict[Sequence, int] = {}
+    batches = []
+    step = 0
+    while step < steps or s.has_work():
+        if step < steps:
+            for _ in range(TURN_RATE):
+                seq = feed.seq(refs[len(arrived) % adapters], max_tokens=TURN_TOKENS)
+                arrived[seq] = step
+                s.add(seq)
+        out = s.schedule()
+        for seq, _ in out.scheduled:
+            started.setdefault(seq, step)
+        if step < steps:
+            batches.append(len(out.scheduled))
+        advance(s, out)
+        step += 1
+    waits: dict[str, int] = {}
+    for seq, at in arrived.items():
+        waits[seq.adapter.name] = max(waits.get(seq.adapter.name, 0), started[seq] - at)
+    assert not s.running and not s.waiting and s.adapters.pool.stats().wanted == ()
+    return {
+        "requests": len(arrived),
+        "slot_loads": s.adapters.pool.stats().slot_loads,
+        "slot_loads_per_100_requests": 100 * s.adapters.pool.stats().slot_loads / len(arrived),
+        "mean_batch": statistics.mean(batches),
+        "max_wait_steps": max(waits.values()),
+        "max_wait_steps_by_adapter": waits,
+        "steps": step,
+    }
+
+
+def measure_turns(adapters: int, steps: int) -> dict:
+    on, off = turns(adapters, True, steps), turns(adapters, False, steps)
+    return {
+        "adapters": adapters,
+        "slots": 2,
+        "on": on,
+        "off": off,
+        "floor_slot_loads_per_100_requests": 100 * adapters / on["requests"],
+        "ceiling_mean_batch": TURN_RATE * TURN_TOKENS,
+    }
+
+
+TURN_HEAD = f"{'adapters':>8}  {'loads / 100 requests':<22}{'mean batch':<22}{'max wait':<16}steps"
+
+
+def show_turns(row: dict) -> None:
+    on, off = row["on"], row["off"]
+    key = "slot_loads_per_100_requests"
+    loads = f"{on[key]:.2f} ({off[key]:.2f}; {row['floor_' + key]:.2f})"
+    batch = f"{on['mean_batch']:.2f} ({off['mean_batch']:.2f}; {row['ceiling_mean_batch']})"
+    wait = f"{on['max_wait_steps']} ({off['max_wait_steps']})"
+    print(f"{row['adapters']:>8}  {loads:<22}{batch:<22}{wait:<16}{on['steps']} ({off['steps']})")
+
+
 def measure(name: str, n: int, steps: int) -> dict:
     """One row: the workload at n queued requests under both schedulers."""
     if name == "offline":
@@ -212,6 +295,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 50_000])
     p.add_argument("--steps", type=int, default=40, help="timed steps per per-step figure")
+    p.add_argument("--turn-adapters", type=int, nargs="+", default=[3, 4, 5, 6, 7, 8])
+    p.add_argument("--turn-steps", type=int, default=400, help="steps of arrivals (turns)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     load_at_start = round(os.getloadavg()[0], 2)
@@ -229,6 +314,15 @@ def main() -> int:
             f"new {growth[name]['new']:.2f}x, old {growth[name]['old']:.2f}x"
         )
         rows += mine
+    print(
+        f"\nslot turns: 2 slots, {TURN_RATE} requests a step in round robin over the adapters "
+        f"for {args.turn_steps} steps, {TURN_TOKENS} tokens each; yields_slot on (off; "
+        "floor / ceiling)"
+    )
+    print(TURN_HEAD)
+    turn_rows = [measure_turns(a, args.turn_steps) for a in args.turn_adapters]
+    for row in turn_rows:
+        show_turns(row)
     if args.out:
         write_results(
             args,
@@ -240,6 +334,18 @@ def main() -> int:
                 "reports queued demand to the pool (want / unwant), as the engine's does",
                 "results": rows,
                 "ms_per_step_growth_largest_over_smallest": growth,
+                "slot_turns": {
+                    "notes": "2 slots, A adapters, TURN_RATE requests a step in round robin over "
+                    "them for --turn-steps steps (16-token prompts, TURN_TOKENS tokens each), "
+                    "then to the end; on / off: SlotPool.yields_slot checked at admission (the "
+                    "engine's) or not; slot_loads_per_100_requests (floor: each adapter once); "
+                    "mean_batch: sequences per step while requests arrive (ceiling: "
+                    "TURN_RATE x TURN_TOKENS, Little's law); max_wait_steps: the longest a "
+                    "request waited from arrival to its first step; steps: to the end",
+                    "turn_rate": TURN_RATE,
+                    "turn_tokens": TURN_TOKENS,
+                    "results": turn_rows,
+                },
             },
         )
     return 0

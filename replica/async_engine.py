@@ -5,12 +5,24 @@ The engine is not thread-safe; every call into it holds `_lock` (through `_engin
 which also refreshes a stats snapshot, so `stats()` — called from Serve's health checks and
 routing-stats polls on the event loop — never waits for a running step). The step loop
 sleeps when there is no work and wakes on new requests.
+
+The `n` choices of one request share a `group` and a prompt. When they ask for prompt
+logprobs (completions' echo with logprobs), only the group's first arrival here computes
+them: scoring needs the logits of every prompt position, which prefix-cache blocks do not
+hold, so each scoring choice computed the whole prompt. The later arrivals wait until the
+first is queued, then are queued without prompt logprobs: they take its prompt blocks
+from the cache (parked while it computes them: `replica.scheduler`) and compute only the
+last block, and the ingress echoes the first one's scores in every choice (`router.rest`).
+They wait because requests reach the engine through worker threads, which take the lock
+in any order: one queued before the first would compute the prompt once more. When the
+first is refused, or has ended, later arrivals score the prompt for themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -33,6 +45,9 @@ class AsyncEngine:
         self._stats = self.engine.stats()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        # group -> its first arrival that scores the prompt, while it runs: a future done
+        # once it is queued (True) or refused (False)
+        self._scorers: dict[str, asyncio.Future] = {}
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="lorafleet-engine", daemon=True)
         self._thread.start()
@@ -86,9 +101,13 @@ class AsyncEngine:
         params: SamplingParams,
         adapter: AdapterRef | None = None,
         cache_salt: str = "",
+        group: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream incremental outputs; refusals raise before the first output.
-        cache_salt: see `LLMEngine.add_request`.
+        cache_salt: see `LLMEngine.add_request`. group: shared by the `n` choices of one
+        request (same prompt and params but the seed), whose prompt logprobs are then
+        computed once (see the module docstring; this request's first output may then
+        carry none); None: a request of its own.
 
         Leaving the iteration early (break, cancel, client gone) aborts the request.
         """
@@ -96,11 +115,23 @@ class AsyncEngine:
             # Checked before the queue is set: replacing (and on refusal dropping) the
             # first request's queue would leave its stream waiting forever.
             raise InvalidRequest(f"request id {request_id!r} is already in use")
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        add = asyncio.get_running_loop().run_in_executor(
+        self._queues[request_id] = (loop, queue)
+        scorer, scores = self._scorer(group, params, loop)
+        if scorer is not None and not scores:
+            try:
+                await asyncio.wait([scorer])  # the group's scorer is queued first
+            except BaseException:
+                self._queues.pop(request_id, None)
+                raise
+            if scorer.result():  # and computes the prompt logprobs: this one takes its blocks
+                params = dataclasses.replace(params, prompt_logprobs=None)
+        add = loop.run_in_executor(
             None, self._add, request_id, prompt_token_ids, params, adapter, cache_salt
         )
+        if scores:
+            add.add_done_callback(functools.partial(self._scorer_queued, group, scorer))
         try:
             # Shielded: a caller who leaves (client gone) while a cold adapter loads cannot
             # stop the thread, which then queues the request anyway; the callback aborts it
@@ -109,6 +140,8 @@ class AsyncEngine:
         except BaseException:
             self._queues.pop(request_id, None)
             add.add_done_callback(functools.partial(self._abort_abandoned, request_id))
+            if scores:
+                self._scorer_ended(group, scorer)
             raise
         self._wake.set()
         finished = False
@@ -121,10 +154,37 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
+            if scores:
+                self._scorer_ended(group, scorer)
             if not finished:
                 self._queues.pop(request_id, None)
                 with self._engine_locked():
                     self.engine.abort(request_id)
+
+    def _scorer(
+        self, group: str | None, params: SamplingParams, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.Future | None, bool]:
+        """(the future of the group's scorer, done once it is queued (True) or refused
+        (False), or None; whether this request is that scorer). No scorer for a request
+        without a group or without prompt logprobs."""
+        if group is None or params.prompt_logprobs is None:
+            return None, False
+        scorer = self._scorers.get(group)
+        if scorer is not None:
+            return scorer, False
+        scorer = self._scorers[group] = loop.create_future()
+        return scorer, True
+
+    def _scorer_queued(self, group: str, scorer: asyncio.Future, add: asyncio.Future) -> None:
+        queued = not add.cancelled() and add.exception() is None
+        scorer.set_result(queued)
+        if not queued:
+            self._scorer_ended(group, scorer)
+
+    def _scorer_ended(self, group: str, scorer: asyncio.Future) -> None:
+        """The group's scorer was refused or has ended: later arrivals score for themselves."""
+        if self._scorers.get(group) is scorer:
+            del self._scorers[group]
 
     def _abort_abandoned(self, request_id: str, add: asyncio.Future) -> None:
         """`add` (the thread running _add) finished after its caller left: undo it."""

@@ -80,6 +80,7 @@ def stats_dict(stats: EngineStats, now: float) -> dict[str, Any]:
         "kv_usage": stats.kv_usage,
         "adapter_loads": stats.adapter_loads,
         "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "computed_tokens": stats.computed_tokens,
         "time": now,
     }
 
@@ -138,7 +139,9 @@ class LoraReplica:
         if adapter is not None:
             self.in_flight.start(adapter.name)
         try:
-            outputs = self.engine.generate(call.request_id, ids, params, adapter, call.cache_salt)
+            outputs = self.engine.generate(
+                call.request_id, ids, params, adapter, call.cache_salt, call.group
+            )
             async for out in outputs:
                 last = out
                 yield out

@@ -11,6 +11,11 @@ choice of a response draws from its own stream (the choices differ), and the sam
 request repeats the same response. Without a seed every choice draws independently.
 Greedy (temperature 0) choices are equal, as with OpenAI and vLLM.
 
+Prompt scores: with `prompt_logprobs` (completions' echo with logprobs) every choice asks
+for them, but a replica computes them only for the first choice of a request it queues;
+the others take the prompt's blocks from its prefix cache instead (`replica.async_engine`)
+and the ingress echoes the scores of the one that computed them (`router.rest`).
+
 Usage counts the prompt once (one prompt, however many samples of it) and sums the
 completion tokens of all choices (OpenAI bills "generated tokens across all choices").
 

@@ -112,8 +112,9 @@ class Prepared:
 
     def choices(self, n: int) -> list[Prepared]:
         """The n engine requests of `n` choices: choice i under its own request id (the
-        engine keys aborts by id) and seed (`router.choices.choice_params`); one choice
-        is this request itself."""
+        engine keys aborts by id) and seed (`router.choices.choice_params`), all in one
+        `group` (their replica computes their prompt's scores once); one choice is this
+        request itself."""
         if n == 1:
             return [self]
         call = self.call

@@ -11,8 +11,12 @@ are aborted, as they are when the client leaves. Stream chunks carry one choice 
 in arrival order; the usage chunk and [DONE] come once, after all choices ended.
 
 A completion with `echo` puts the prompt (`Echo`) before each choice's text, on the
-choice's first output, with the prompt's logprobs first when logprobs were asked for
-(the engine sends them with that output: `RequestOutput.prompt_logprobs`).
+choice's first output, with the prompt's logprobs first when logprobs were asked for.
+The engine sends them with a request's first output (`RequestOutput.prompt_logprobs`),
+but of the choices of one prompt a replica scores the prompt for one only, the first it
+queues (`replica.async_engine`): every choice echoes the scores of the first choice whose
+first output carries them. All choices have their first output before anything is sent,
+so each stream's first chunk has the scores to echo.
 """
 
 from __future__ import annotations
@@ -86,16 +90,20 @@ class Echo:
     """The prompt a completion with `echo` returns before each choice's text.
 
     text: the prompt as sent (a token-id prompt decoded as generated text is); ids: its
-    tokens, whose logprobs come with the choice's first output."""
+    tokens; scores: the output that carries their logprobs, the first output of the
+    choice of this prompt that scored it (None: the choice's own first output)."""
 
     text: str
     ids: tuple[int, ...]
+    scores: RequestOutput | None = None
 
 
 def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None = None) -> Piece:
     """reader: the request's logprob reader, None when logprobs were not asked for;
     echo: the prompt to put first (given with a choice's first output only)."""
-    entries = reader.read_prompt(echo.ids, out, echo.text) if reader is not None and echo else []
+    entries = []
+    if reader is not None and echo:
+        entries = reader.read_prompt(echo.ids, echo.scores or out, echo.text)
     entries += reader.read(out) if reader is not None else []
     text = echo.text + out.new_text if echo else out.new_text
     return Piece(text, entries, out.finish_reason)
@@ -236,8 +244,8 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     head = Head.now(prepared[0].call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp = req.logprobs is not None
     echoes = [
-        _echo(front, p, one) if req.echo else None
-        for p, one in zip(prompts, ids, strict=True)
+        _echo(front, p, one, _scored(started[i * req.n : (i + 1) * req.n])) if req.echo else None
+        for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
         for _ in range(req.n)
     ]
     if not req.stream:
@@ -253,11 +261,20 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-def _echo(front: Frontend, prompt: str | list[int], ids: tuple[int, ...]) -> Echo:
+def _scored(started: list[Started]) -> RequestOutput | None:
+    """The first output carrying the prompt's logprobs among one prompt's choices (a
+    replica computes them for one of the choices it runs), None when none asked."""
+    return next((f for _, f in started if f is not None and f.prompt_logprobs is not None), None)
+
+
+def _echo(
+    front: Frontend, prompt: str | list[int], ids: tuple[int, ...], scores: RequestOutput | None
+) -> Echo:
     if isinstance(prompt, str):
-        return Echo(prompt, ids)
+        return Echo(prompt, ids, scores)
     # as the engine decodes generated ids (replica.detokenizer): no HF space clean-up
-    return Echo(front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=True), ids)
+    text = front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=True)
+    return Echo(text, ids, scores)
 
 
 async def _completion_events(

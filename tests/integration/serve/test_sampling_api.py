@@ -4,7 +4,8 @@ SSE and gRPC against one real cluster).
 `n` choices: greedy choices equal one greedy answer, seeded choice i equals a single
 request with seed + i and the response repeats, a stream of n choices reassembles to the
 whole response with one usage chunk and one [DONE], and a client that leaves a stream
-aborts every choice in the engine. Penalties and logit_bias: REST and gRPC answer what
+aborts every choice in the engine, and with echo and logprobs every choice echoes the
+prompt scores of n = 1, computed once. Penalties and logit_bias: REST and gRPC answer what
 an offline engine with the same SamplingParams generates.
 
 One module-scoped app with one replica (see cluster_fixture.py).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import grpc
 import httpx
@@ -429,3 +431,61 @@ def test_grpc_prompt_logprobs_equal_the_rest_echo_logprobs(cluster, prompt_kind,
         "max_tokens: got 0; allowed: an integer >= 1, or 0 with prompt_logprobs set (the "
         "prompt only, e.g. to score it with logprobs)"
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_echo_choices_each_echo_the_n_1_scores_and_the_prompt_is_computed_once(cluster, stream):
+    """n = 3 with echo and logprobs: every choice equals the same request with n = 1 (the
+    echoed prompt's scores exactly: one choice scores it, all echo its scores), and the
+    replica computed the prompt once. The two other choices take every full block but the
+    one holding the last token from the prefix cache, as its counters show (before: each
+    choice scored the prompt itself, 3 x its tokens computed and no block taken)."""
+    from replica.config import EngineConfig
+    from tests.unit.router.test_rest_echo import by_index
+
+    bs = EngineConfig.__dataclass_fields__["block_size"].default
+    prompt = f"{uuid.uuid4().hex} " + " ".join(f"word{i}" for i in range(60))  # never seen
+    body = {"model": "demo-poet", "prompt": prompt, "echo": True, "logprobs": 2,
+            "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": stream}  # fmt: skip
+    headers = {"Authorization": f"Bearer {cluster.keys['ops']}"}
+
+    def post(n: int) -> dict[int, dict]:
+        if stream:
+            events = sse_events(cluster, "/v1/completions", {**body, "n": n})
+            return by_index(events[:-1], True)
+        r = httpx.post(
+            f"{cluster.http}/v1/completions", json={**body, "n": n}, headers=headers, timeout=60
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        return by_index(r.json(), False)
+
+    def counts() -> tuple[int, int]:
+        (stats,) = cluster.routing_stats().values()  # one replica
+        return stats["computed_tokens"], stats["prefix_hit_tokens"]
+
+    computed, hits = counts()
+    many = post(3)
+    after = counts()
+    computed, hits = after[0] - computed, after[1] - hits
+    one = post(1)[0]
+    p = len(one["logprobs"]["tokens"]) - 4
+    taken = (p - 1) // bs * bs
+    assert taken >= 2 * bs
+    assert (computed, hits) == (p + 2 * (p - taken) + 3 * 3, 2 * taken)
+    assert set(many) == {0, 1, 2}
+    for choice in many.values():
+        assert choice["text"] == one["text"]
+        lp, want = choice["logprobs"], one["logprobs"]
+        assert lp["tokens"] == want["tokens"] and lp["text_offset"] == want["text_offset"]
+        assert lp["token_logprobs"][:p] == want["token_logprobs"][:p]
+        assert lp["top_logprobs"][:p] == want["top_logprobs"][:p]
+        assert lp["token_logprobs"][p:] == pytest.approx(want["token_logprobs"][p:], abs=1e-5)
+    # ray_lorafleet_computed_tokens shows the replica's count (metrics lag the engine)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.gauge("computed_tokens") != {
+        rid: float(s["computed_tokens"]) for rid, s in cluster.routing_stats().items()
+    }:
+        time.sleep(0.5)
+    assert cluster.gauge("computed_tokens") == {
+        rid: float(s["computed_tokens"]) for rid, s in cluster.routing_stats().items()
+    }

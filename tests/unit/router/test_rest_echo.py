@@ -2,13 +2,15 @@
 dispatch): the prompt comes before each choice's text, once, and with logprobs its
 tokens come first in the logprobs, the first with a null logprob and null top, text
 offsets running on over the prompt into the completion; max_tokens 0 is allowed only
-with echo; the engine is asked for prompt logprobs only when echo wants logprobs."""
+with echo; the engine is asked for prompt logprobs only when echo wants logprobs; with
+`n` choices each echoes the scores of the one the replica computed them for."""
 
 import asyncio
 import json
 
 import pytest
 
+from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
 from router import rest
 from router.openai_protocol import CompletionRequest, parse_body
@@ -20,19 +22,36 @@ GENERATED = [("x", 70), ("y", 71)]  # (text, token id) of each step
 
 
 class EngineLike:
-    """Answers a call as the engine does: prompt logprobs (token i scores -i / 10, its
-    top tokens (i, -0.1)) with the first output when asked, then GENERATED, or nothing
-    generated with max_tokens 0."""
+    """Answers a call as the engine does: prompt logprobs (token i scores score(ids, i),
+    by default -i / 10, its top tokens (i, -0.1)) with the first output when asked, then
+    GENERATED, or nothing generated with max_tokens 0. As a replica, it scores the
+    prompt for the first call of a group only (`replica.async_engine`), or for the calls
+    `scores_for` picks. fail: numbers (1-based) of the calls whose replica dies after
+    their first output."""
 
-    def __init__(self):
+    def __init__(self, score=lambda ids, i: -i / 10, fail=(), scores_for=None):
         self.calls = []
+        self.score = score
+        self.fail = set(fail)
+        self.scores_for = scores_for
+        self.scored_groups = set()
+
+    def scores(self, call) -> bool:
+        if call.params.prompt_logprobs is None:
+            return False
+        if self.scores_for is not None:
+            return self.scores_for(call)
+        first = call.group not in self.scored_groups
+        self.scored_groups.add(call.group)
+        return call.group is None or first
 
     async def __call__(self, call):
         self.calls.append(call)
+        dies = len(self.calls) in self.fail
         p, n = call.params, len(call.prompt_token_ids)
         lps = tops = None
-        if p.prompt_logprobs is not None:
-            lps = [-i / 10 for i in range(1, n)]
+        if self.scores(call):
+            lps = [self.score(call.prompt_token_ids, i) for i in range(1, n)]
             tops = (
                 [((i, -0.1),) * p.prompt_logprobs for i in range(1, n)]
                 if p.prompt_logprobs
@@ -61,10 +80,12 @@ class EngineLike:
                 prompt_logprobs=lps if step == 0 else None,
                 prompt_top_logprobs=tops if step == 0 else None,
             )
+            if dies:
+                raise ReplicaFailed("the replica died")
 
 
-def answer(tokenizer, body: dict):
-    engine = EngineLike()
+def answer(tokenizer, body: dict, engine: EngineLike | None = None):
+    engine = engine or EngineLike()
     front = make_front(tokenizer, engine)
 
     async def go():
@@ -202,3 +223,70 @@ def test_a_batch_of_prompts_answers_prompt_i_choice_j_at_i_times_n_plus_j(tokeni
         texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
     assert texts == {0: "hello worldxy", 1: "the catxy"}
     assert chunks[-1]["usage"]["prompt_tokens"] == sum(lens)
+
+
+def by_index(result, stream: bool) -> dict[int, dict]:
+    """Each choice of a response (a stream's chunks joined): its text, logprobs and
+    finish reason."""
+    if not stream:
+        return {
+            c["index"]: {k: c[k] for k in ("text", "logprobs", "finish_reason")}
+            for c in result["choices"]
+        }
+    got: dict[int, dict] = {}
+    for chunk in result:
+        for c in chunk["choices"]:
+            whole = got.setdefault(c["index"], {"text": "", "logprobs": None})
+            whole["text"] += c["text"]
+            whole["finish_reason"] = c["finish_reason"]
+            if c["logprobs"] is not None:
+                lp = whole["logprobs"] or {k: [] for k in c["logprobs"]}
+                whole["logprobs"] = {k: lp[k] + v for k, v in c["logprobs"].items()}
+    return got
+
+
+def by_prompt(ids, i: int) -> float:
+    """Scores that differ between prompts (a choice echoing another prompt's would show)."""
+    return -i / 10 - ids[i] / 1e4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("max_tokens", [0, 2])
+def test_n_choices_echo_the_scores_of_the_one_choice_that_has_them(tokenizer, stream, max_tokens):
+    body = {"model": "a2", "prompt": PROMPT, "echo": True, "logprobs": 2, "stream": stream,
+            "max_tokens": max_tokens}  # fmt: skip
+    one, _ = answer(tokenizer, body)
+    alone = by_index(one, stream)[0]
+    assert alone["logprobs"]["token_logprobs"][1] == -0.1  # the scores are there
+    for scorer in ("0", "2"):  # the replica scored choice 0's prompt, or choice 2's
+        engine = EngineLike(scores_for=lambda call, i=scorer: call.request_id.endswith(f"-{i}"))
+        many, calls = answer(tokenizer, {**body, "n": 3}, engine)
+        assert [c.params.prompt_logprobs for c in calls] == [2, 2, 2]
+        assert len({c.group for c in calls}) == 1
+        assert by_index(many, stream) == {0: alone, 1: alone, 2: alone}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_with_n_choices_echoes_each_prompt_its_own_scores(tokenizer, stream):
+    """Each prompt's choices are a group of their own, scored once."""
+    prompts = ["hello world", "the cat sat on a mat"]
+    body = {"model": "a2", "echo": True, "logprobs": 1, "max_tokens": 2, "stream": stream}
+    engine = EngineLike(by_prompt)
+    many, calls = answer(tokenizer, {**body, "prompt": prompts, "n": 2}, engine)
+    assert len({c.group for c in calls}) == 2 and engine.scored_groups == {c.group for c in calls}
+    got = by_index(many, stream)
+    for i, prompt in enumerate(prompts):
+        one, _ = answer(tokenizer, {**body, "prompt": prompt}, EngineLike(by_prompt))
+        alone = by_index(one, stream)[0]
+        assert got[2 * i] == got[2 * i + 1] == alone
+
+
+def test_a_choice_restarted_on_another_replica_still_echoes_the_scores(tokenizer):
+    """Choice 1's replica dies after its first output: the choice starts again and still
+    echoes choice 0's scores (its own replica computed none for it)."""
+    body = {"model": "a2", "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2}
+    one, _ = answer(tokenizer, body)
+    many, calls = answer(tokenizer, {**body, "n": 2}, EngineLike(fail={2}))
+    assert len(calls) == 3 and calls[2].group == calls[0].group
+    alone = by_index(one, False)[0]
+    assert by_index(many, False) == {0: alone, 1: alone}
