@@ -113,10 +113,12 @@ def token_logprobs(lps: list[float], tops: list[TopLogprobs] | None) -> list[pb.
     ]
 
 
-def chunk_of(index: int, out: RequestOutput, prompt_ids: tuple[int, ...]) -> pb.GenerateChunk:
+def chunk_of(
+    index: int, out: RequestOutput, prompt_ids: tuple[int, ...], scores: RequestOutput | None = None
+) -> pb.GenerateChunk:
     """Choice `index`'s chunk for one engine output: its new tokens (with their logprobs
     when asked for) and, on its first output when prompt_logprobs was asked for, the
-    prompt's ids and scores."""
+    prompt's ids and scores (those `scores` carries, given: `shared_prompt_scores`)."""
     chunk = pb.GenerateChunk(
         text=out.new_text,
         token_ids=out.new_token_ids,
@@ -124,10 +126,39 @@ def chunk_of(index: int, out: RequestOutput, prompt_ids: tuple[int, ...]) -> pb.
         index=index,
         logprobs=token_logprobs(out.new_logprobs, out.new_top_logprobs),
     )
-    if out.prompt_logprobs is not None:
+    scored = scores or out
+    if scored.prompt_logprobs is not None:
         chunk.prompt_token_ids.extend(prompt_ids)
-        chunk.prompt_logprobs.extend(token_logprobs(out.prompt_logprobs, out.prompt_top_logprobs))
+        chunk.prompt_logprobs.extend(
+            token_logprobs(scored.prompt_logprobs, scored.prompt_top_logprobs)
+        )
     return chunk
+
+
+async def shared_prompt_scores(
+    merged: AsyncIterator[tuple[int, RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput, RequestOutput | None]]:
+    """(index, output, the output carrying the prompt scores to send with it) of n choices
+    asking for prompt logprobs. A replica scores the prompt for one choice of a request
+    (`replica.async_engine`), so another choice's first output may carry none: it and the
+    rest of its choice are held until a choice's output brings them (the scoring choice
+    runs on the same replica, ahead of it), then sent with those scores. The scores come
+    with first outputs only; later outputs get None."""
+    scores: RequestOutput | None = None
+    started: set[int] = set()
+    held: list[tuple[int, RequestOutput, bool]] = []
+    async for index, out in merged:
+        first = index not in started
+        started.add(index)
+        if scores is None and out.prompt_logprobs is not None:
+            scores = out
+            for i, o, was_first in held:
+                yield i, o, (scores if was_first else None)
+            held.clear()
+        if scores is None:
+            held.append((index, out, first))
+            continue
+        yield index, out, (scores if first else None)
 
 
 def choices_of(req: pb.GenerateRequest) -> int:
@@ -180,8 +211,12 @@ class GrpcInferenceMixin:
             )
             streams = [front.generate(api_key, p) for p in prepared.choices(n)]
             async with aclosing(merge_streams(streams)) as merged:
-                async for index, out in merged:
-                    yield chunk_of(index, out, ids)
+                if n > 1 and params.prompt_logprobs is not None:
+                    async for index, out, scores in shared_prompt_scores(merged):
+                        yield chunk_of(index, out, ids, scores)
+                else:
+                    async for index, out in merged:
+                        yield chunk_of(index, out, ids)
         except Exception as e:
             raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
 

@@ -180,3 +180,39 @@ def test_the_first_chunk_carries_the_prompt_ids_and_scores():
     out.prompt_logprobs = []  # a prompt of one token has nothing to score
     chunk = chunk_of(0, out, (7,))
     assert list(chunk.prompt_token_ids) == [7] and not chunk.prompt_logprobs
+
+
+def test_choices_without_prompt_scores_wait_for_and_send_the_scoring_choices():
+    """A replica scores the prompt for one choice of a group: the others' first chunks
+    carry that choice's scores, and nothing of theirs goes out before them."""
+    import asyncio
+
+    from replica.outputs import RequestOutput
+    from router.grpc_service import chunk_of, shared_prompt_scores
+
+    scorer = RequestOutput("r-0", [5], "a")
+    scorer.prompt_logprobs = [-1.0, -2.0]
+    arrivals = [
+        (1, RequestOutput("r-1", [6], "b")),  # a follower's first output, before the scores
+        (1, RequestOutput("r-1", [7], "c")),
+        (0, scorer),
+        (0, RequestOutput("r-0", [8], "d")),
+        (2, RequestOutput("r-2", [9], "e")),  # a follower arriving after them
+    ]
+
+    async def merged():
+        for item in arrivals:
+            yield item
+
+    async def run():
+        return [
+            (i, o.new_text, chunk_of(i, o, (3, 4, 5), s))
+            async for i, o, s in shared_prompt_scores(merged())
+        ]
+
+    sent = asyncio.run(run())
+    assert [(i, text) for i, text, _ in sent] == [(1, "b"), (1, "c"), (0, "a"), (0, "d"), (2, "e")]
+    scores = {text: [t.logprob for t in c.prompt_logprobs] for _, text, c in sent}
+    assert scores == {"b": [-1.0, -2.0], "c": [], "a": [-1.0, -2.0], "d": [], "e": [-1.0, -2.0]}
+    ids = {text: list(c.prompt_token_ids) for _, text, c in sent}
+    assert ids["b"] == ids["a"] == ids["e"] == [3, 4, 5] and ids["c"] == ids["d"] == []
