@@ -91,8 +91,10 @@ def build_model(
     intermediate: int = 128,
     seed: int = 0,
     shard_bytes: str | None = None,
+    tie_word_embeddings: bool = False,
 ) -> None:
-    """Save a random-init HF model (config.json + safetensors) of the given architecture."""
+    """Save a random-init HF model (config.json + safetensors) of the given architecture;
+    tie_word_embeddings: the lm_head is the embedding (no lm_head.weight is saved)."""
     import transformers
 
     cfg_cls, model_cls = {
@@ -109,7 +111,7 @@ def build_model(
         intermediate_size=intermediate,
         max_position_embeddings=1024,
         initializer_range=0.08,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=0,
         eos_token_id=0,
     )

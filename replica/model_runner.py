@@ -20,7 +20,7 @@ import torch
 from replica.layers.attention import AttentionMetadata, PrefillChunk
 from replica.models.llama import CausalLM
 from replica.outputs import TopLogprobs
-from replica.prompt_logprobs import positions_to_score, score_rows
+from replica.prompt_logprobs import positions_to_score, score_chunks, score_rows
 from replica.sequence import Sequence
 
 
@@ -163,9 +163,19 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
+    def follow(self, batch: StepBatch) -> None:
+        """What a tensor-parallel worker runs of a step: the forward, then its vocab shard
+        of each lm_head call `execute` makes on the driver, in the same order and sizes
+        (the driver gathers the shards; only it samples and scores)."""
+        hidden = self.forward(batch)
+        self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+        if batch.prompt_rows is not None:
+            for rows in score_chunks(hidden.index_select(0, batch.prompt_rows)):
+                self.model.compute_logits(rows)
+
+    @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        """The model over the step's tokens (KV written) -> hidden states [T, H]; what a
-        tensor-parallel worker runs (only the driver computes logits)."""
+        """The model over the step's tokens (KV written) -> hidden states [T, H]."""
         if self.lora_ctx is not None:
             self.lora_ctx.set(batch.lora_slots, batch.any_lora, batch.lora_count or None)
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)

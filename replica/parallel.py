@@ -5,6 +5,8 @@ process group (gloo on CPU, nccl on CUDA) that carries the row-parallel all-redu
 and the driver's per-step broadcasts. The group is built from its own TCP store and
 process-group object, not `torch.distributed.init_process_group`, so no process-global
 state is touched: one process may hold several engines (tests do), one after another.
+Every collective of the model (the all-reduces of row-parallel layers and of the
+vocab-parallel embedding, the lm_head's gather) goes through this class, on either backend.
 
 Example (tp 2, hidden 8, num_heads 4, head_dim 2): qkv_proj of rank 1 holds q heads
 2-3 (rows 4..7 of q_proj) and its kv heads; o_proj of rank 1 holds input columns 4..7
@@ -84,6 +86,17 @@ class TPGroup:
             opts.rootRank, opts.rootTensor = src, 0
             self._live().broadcast([t], self._timed(opts)).wait()
         return t
+
+    def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
+        """Every rank's t (same shape and dtype on each), in rank order, on rank dst;
+        None on the other ranks. Size 1: [t]."""
+        if self.size == 1:
+            return [t]
+        opts = dist.GatherOptions()
+        opts.rootRank = dst
+        out = [torch.empty_like(t) for _ in range(self.size)] if self.rank == dst else []
+        self._live().gather([out] if out else [], [t], self._timed(opts)).wait()
+        return out or None
 
     def send(self, t: torch.Tensor, dst: int) -> None:
         """Send t to rank dst (which calls recv with a tensor of t's shape and dtype)."""

@@ -26,6 +26,12 @@ def positions_to_score(first: int, n: int, prompt_len: int, scored: int) -> rang
     return range(max(first, scored), min(first + n, prompt_len - 1))
 
 
+def score_chunks(hidden: torch.Tensor) -> list[torch.Tensor]:
+    """hidden: [m, H] -> its rows in lm_head calls of at most SCORE_ROWS: the calls
+    score_rows makes, which a tensor-parallel worker makes too (each gathers logits)."""
+    return [hidden[start : start + SCORE_ROWS] for start in range(0, hidden.shape[0], SCORE_ROWS)]
+
+
 def score_rows(
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
@@ -37,9 +43,11 @@ def score_rows(
     first; [] when k is 0), under log_softmax of the raw logits."""
     lps: list[float] = []
     tops: list[TopLogprobs] = []
-    for start in range(0, hidden.shape[0], SCORE_ROWS):
-        logp = torch.log_softmax(compute_logits(hidden[start : start + SCORE_ROWS]), dim=-1)
-        lps += logp.gather(1, targets[start : start + SCORE_ROWS, None])[:, 0].tolist()
+    start = 0
+    for rows in score_chunks(hidden):
+        logp = torch.log_softmax(compute_logits(rows), dim=-1)
+        lps += logp.gather(1, targets[start : start + rows.shape[0], None])[:, 0].tolist()
+        start += rows.shape[0]
         if k:
             values, ids = logp.topk(k, dim=-1)
             tops += [

@@ -2,7 +2,8 @@
 
 The engine (scheduler, sampling, detokenizing, adapter manager) runs only here. The
 driver starts one worker process per further rank (`replica.tp_worker`), and then:
-- each step, before its own forward, broadcasts the step's inputs (`DriverRunner`);
+- each step, before its own forward, broadcasts the step's inputs (`DriverRunner`),
+  then gathers every rank's vocab shard of the step's logits;
 - each adapter slot write / clear on its buffers is replayed on the workers' buffers
   (the SlotBuffers `on_change` hook), whatever thread the adapter manager runs it on;
   a write sends each worker only its shard of the adapter (one send per worker).
@@ -38,7 +39,7 @@ from lora_core.errors import ModelLoadFailed
 from lora_core.weights import AdapterWeights
 from replica.config import EngineConfig
 from replica.engine_setup import TORCH_DTYPES, ModelShard
-from replica.model_runner import ModelRunner, StepBatch
+from replica.model_runner import ModelRunner, StepBatch, StepLogits
 from replica.models.loader import read_config, resolve_model_dir
 from replica.parallel import TPGroup, free_port
 from replica.tp_protocol import CLEAR, STOP, WRITE, header, pack_shard, pack_step, slice_ranks
@@ -152,20 +153,22 @@ class TPDriver:
 
 
 class DriverRunner(ModelRunner):
-    """The driver's ModelRunner: every forward is preceded by the step's broadcast."""
+    """The driver's ModelRunner: every step is preceded by its broadcast, and runs with
+    the lock held from the broadcast to the last logits gather (a slot write between
+    them would meet the workers in a gather)."""
 
     def __init__(self, runner: ModelRunner, driver: TPDriver):
         super().__init__(runner.model, runner.kv_caches, runner.block_size, runner.lora_ctx)
         self.driver = driver
 
-    def forward(self, batch: StepBatch) -> torch.Tensor:
+    def execute(self, batch: StepBatch) -> StepLogits:
         with self.driver.lock:
             self.driver.check_usable()
-            return self.driver.run_command(self._forward, batch)
+            return self.driver.run_command(self._execute, batch)
 
-    def _forward(self, batch: StepBatch) -> torch.Tensor:
+    def _execute(self, batch: StepBatch) -> StepLogits:
         self.driver.send_step(batch)
-        return super().forward(batch)
+        return super().execute(batch)
 
 
 def _spawn(config: EngineConfig, device: torch.device, rank: int, port: int) -> subprocess.Popen:

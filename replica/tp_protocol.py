@@ -4,7 +4,8 @@ Every command is one broadcast of a fixed int64 header [HEADER_LEN], then the pa
 tensors the header sizes (broadcast, except WRITE's values: one send to each worker):
 
     kind   header[1:]                                    payload
-    STEP   T, D, W, P, Wp, lora_count                    int64 [4T + D*W + D + 3P + P*Wp]
+    STEP   T, D, W, P, Wp, lora_count, S, M              int64 [4T + D*W + D + 3P + P*Wp
+                                                         + S + M]
     WRITE  slot, numel, rank                             int64 [num_slices] slice ranks,
                                                          float [numel] A and B values of
                                                          the receiving rank's shard
@@ -14,8 +15,10 @@ tensors the header sizes (broadcast, except WRITE's values: one send to each wor
 STEP payload, in order: input_ids [T], positions [T], lora_slots [T], slot_mapping [T],
 decode block tables [D, W], decode context lens [D], prefill (start, q_len, context_len)
 [P, 3], prefill block tables [P, Wp] zero-padded (attention reads a chunk's table only
-up to its context_len). Example: one decode token (table [3], 5 tokens of KV) and a
-3-token prefill chunk (table [1, 2]): T=4, D=1, W=1, P=1, Wp=2.
+up to its context_len), sample rows [S], prompt rows [M] (the rows whose logits the
+driver computes: each worker computes its vocab shard of them for the driver's gather).
+Example: one decode token (table [3], 5 tokens of KV) and a 3-token prefill chunk (table
+[1, 2]) that ends its prompt, no prompt logprobs: T=4, D=1, W=1, P=1, Wp=2, S=2, M=0.
 
 WRITE payload: for each layer, group and slice of `base_shape.GROUPS` in order, the
 slice's rank (0 = untargeted); then rank t's shard (`slot_buffers.shard_slice`) of A
@@ -36,7 +39,7 @@ from lora_core.weights import AdapterWeights, SliceWeights
 from replica.layers.attention import AttentionMetadata, PrefillChunk
 from replica.model_runner import StepBatch
 
-HEADER_LEN = 8
+HEADER_LEN = 10
 STEP, WRITE, CLEAR, STOP = 1, 2, 3, 4
 
 
@@ -71,21 +74,28 @@ def pack_step(batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
         for i, c in enumerate(meta.prefills):
             tables[i, : c.block_table.shape[0]] = c.block_table
         parts.append(tables.view(-1))
+    prompt_rows = batch.prompt_rows if batch.prompt_rows is not None else batch.sample_rows[:0]
+    parts += [batch.sample_rows, prompt_rows]
+    s, m = batch.sample_rows.shape[0], prompt_rows.shape[0]
     payload = torch.cat([x.reshape(-1).long() for x in parts])
-    return header(STEP, t, d, w, p, wp, batch.lora_count, device=dev), payload
+    return header(STEP, t, d, w, p, wp, batch.lora_count, s, m, device=dev), payload
 
 
 def step_payload_len(h: list[int]) -> int:
     """Payload elements of a STEP header (as a list of ints)."""
-    t, d, w, p, wp = h[1:6]
-    return 4 * t + d * w + d + 3 * p + p * wp
+    t, d, w, p, wp, _, s, m = h[1:9]
+    return 4 * t + d * w + d + 3 * p + p * wp + s + m
 
 
 def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
-    """The StepBatch a worker runs (no sample rows: only the driver samples)."""
-    t, d, w, p, wp, lora_count = h[1:7]
-    sizes = [t, t, t, t, d * w, d, 3 * p, p * wp]
-    ids, pos, slots, slot_mapping, dtables, dlens, pinfo, ptables = payload.split(sizes)
+    """The StepBatch a worker runs: its sample and prompt rows say which rows' logit
+    shards to compute; no sequences, no prompt targets (only the driver samples and
+    scores)."""
+    t, d, w, p, wp, lora_count, s, m = h[1:9]
+    sizes = [t, t, t, t, d * w, d, 3 * p, p * wp, s, m]
+    ids, pos, slots, slot_mapping, dtables, dlens, pinfo, ptables, rows, prompt_rows = (
+        payload.split(sizes)
+    )
     ptables = ptables.view(p, wp)
     prefills = [
         PrefillChunk(start, q_len, ctx, ptables[i])
@@ -104,8 +114,9 @@ def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
         lora_slots=slots,
         lora_count=lora_count,
         meta=meta,
-        sample_rows=payload[:0],
+        sample_rows=rows,
         sample_seqs=[],
+        prompt_rows=prompt_rows if m else None,
     )
 
 

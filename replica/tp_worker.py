@@ -78,7 +78,7 @@ def serve(group: TPGroup, shard: ModelShard, device: torch.device) -> None:
         kind = h[0]
         if kind == STEP:
             payload = torch.empty(step_payload_len(h), dtype=torch.long, device=device)
-            shard.runner.forward(unpack_step(h, group.broadcast(payload)))
+            shard.runner.follow(unpack_step(h, group.broadcast(payload)))
         elif kind in (WRITE, CLEAR):
             apply_slot_command(group, shard.buffers, h)
         elif kind == STOP:

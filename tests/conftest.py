@@ -65,6 +65,15 @@ def qwen2_dir(tiny_dir) -> Path:
     return make_tiny_model(tiny_dir / "qwen2", "qwen2", seed=2)
 
 
+@pytest.fixture(scope="session")
+def odd_vocab_dir(tiny_dir) -> Path:
+    """The tiny Llama's sizes with an odd vocabulary (383: no tp > 1 divides it, so the
+    last rank's vocab shard is padded) and tied embeddings; the llama adapters fit it."""
+    return make_tiny_model(
+        tiny_dir / "llama-odd-vocab", "llama", seed=3, vocab_size=383, tie_word_embeddings=True
+    )
+
+
 def _adapters(model_dir: Path, root: Path) -> dict[str, Path]:
     return {
         name: make_peft_adapter(model_dir, root / name, seed=10 + i, **spec)

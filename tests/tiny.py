@@ -17,12 +17,14 @@ from deploy.demo import build_model, build_tokenizer
 TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
 
 
-def make_tiny_model(out_dir: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
-    """A tiny random model + tokenizer in out_dir (returns it)."""
+def make_tiny_model(
+    out_dir: Path, arch: str = "llama", seed: int = 0, vocab_size: int = 384, **overrides
+) -> Path:
+    """A tiny random model + tokenizer (of vocab_size tokens both) in out_dir (returns it)."""
     if (out_dir / "config.json").exists():
         return out_dir
-    build_tokenizer(out_dir)
-    build_model(out_dir, arch=arch, seed=seed, **{**TINY, **overrides})
+    build_tokenizer(out_dir, vocab_size)
+    build_model(out_dir, arch=arch, seed=seed, vocab_size=vocab_size, **{**TINY, **overrides})
     return out_dir
 
 

@@ -95,7 +95,7 @@ class Linear(nn.Module):
         (`safe_open(...).get_slice(name)`), so a rank reads only its rows or columns
         from the file. Values are cast to param's dtype as they are copied.
         """
-        shape = _shape(loaded)
+        shape = shape_of(loaded)
         if shard is None:
             want = (sum(self.full_sizes), self.full_in)[: len(shape)]
             if shape != want:
@@ -132,7 +132,7 @@ class Linear(nn.Module):
         return loaded[:, lo : lo + self.in_features]
 
 
-def _shape(loaded: Sliceable) -> tuple[int, ...]:
+def shape_of(loaded: Sliceable) -> tuple[int, ...]:
     return tuple(loaded.shape) if isinstance(loaded, torch.Tensor) else tuple(loaded.get_shape())
 
 

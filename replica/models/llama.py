@@ -4,9 +4,12 @@ Pure model code: no LoRA, no scheduling. LoRA is a pass (`lora_core.layers.apply
 that replaces the fused projections. Tensor parallelism is built in, Megatron style:
 with a `TPGroup` of size tp, each rank's attention holds num_heads/tp q heads and
 num_kv_heads/tp kv heads (qkv column-parallel, o row-parallel), its MLP
-intermediate/tp features (gate_up column-parallel, down row-parallel); the embedding,
-norms and lm_head are replicated, so every rank's hidden states are whole. Inputs are flattened batches: input_ids: long [T],
-positions: long [T], plus paged-attention metadata.
+intermediate/tp features (gate_up column-parallel, down row-parallel); the embedding and
+the lm_head are vocab-parallel (`replica.layers.vocab`: each rank holds V/tp rows, V
+padded up to a multiple of tp; the embedding all-reduces, the lm_head gathers its logit
+shards to rank 0); the norms are replicated, so every rank's hidden states are whole.
+Inputs are flattened batches: input_ids: long [T], positions: long [T], plus
+paged-attention metadata.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch import nn
 from replica.layers.attention import AttentionMetadata, paged_attention
 from replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from replica.layers.norm_rope import RMSNorm, RotaryEmbedding
+from replica.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from replica.models.config import ModelConfig
 from replica.parallel import SINGLE, TPGroup
 
@@ -86,8 +90,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -101,10 +104,11 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """The decoder plus the LM head; one class serves all three architectures.
 
-    tp: the TP group this copy is rank `tp.rank` of. Only the driver (rank 0) computes
-    logits, from hidden states every rank holds whole, so rank 0 holds the whole lm_head
-    and the other ranks none (with untied embeddings that saves vocab x hidden on each of
-    them; sharding it would add a gather per step to save the same on rank 0 only).
+    tp: the TP group this copy is rank `tp.rank` of. Every rank holds a V/tp shard of the
+    lm_head (tied: the embedding's shard) and computes its shard of the logits; only the
+    driver (rank 0) samples, so the shards are gathered there, not to every rank. A whole
+    head on rank 0 alone (V x H: 1 GB for an 8B model's 128k vocabulary in bf16) would
+    leave rank 0 less KV cache than the others and make its GEMM every step's straggler.
     """
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
@@ -112,19 +116,15 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.tp = tp
         self.model = DecoderModel(cfg, tp)
-        self.lm_head: nn.Linear | None = None
-        if tp.rank == 0:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-            self.lm_head.weight.requires_grad_(False)
-            if cfg.tie_word_embeddings:
-                self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
         """-> hidden states [T, H]."""
         return self.model(input_ids, positions, kv_caches, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [n, H] -> float32 logits [n, V] (rank 0 only)."""
-        if self.lm_head is None:
-            raise RuntimeError(f"tensor-parallel rank {self.tp.rank} computes no logits")
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden: [n, H] -> float32 logits [n, V] on rank 0; None on the other ranks,
+        which must make the same calls (with the same n: the shards are gathered)."""
+        return self.lm_head(hidden)

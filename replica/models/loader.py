@@ -2,7 +2,9 @@
 
 Weights come only from safetensors (one file or a sharded index); q/k/v and gate/up
 checkpoint tensors are copied into their slices of the fused layers. Every linear
-layer's tensor goes through its `weight_loader`, which keeps only this TP rank's shard.
+layer's tensor, the embedding's and the lm_head's go through their module's
+`weight_loader`, which reads only this TP rank's shard (rows of the vocabulary for the
+embedding and the lm_head).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from lora_core.errors import ModelLoadFailed
 from replica.layers.linear import Linear
+from replica.layers.vocab import VocabParallelEmbedding
 from replica.models.config import ModelConfig
 from replica.models.llama import CausalLM
 from replica.parallel import SINGLE, TPGroup
@@ -88,8 +91,7 @@ def _target(model: CausalLM, name: str) -> tuple[str, int | None]:
 def load_weights(model: CausalLM, model_dir: Path) -> None:
     """Copy every checkpoint tensor into `model`; every parameter must be covered."""
     params = dict(model.named_parameters(remove_duplicate=True))
-    # tied: the embedding is the head; no head: a TP worker rank computes no logits
-    skip_head = model.config.tie_word_embeddings or model.lm_head is None
+    skip_head = model.config.tie_word_embeddings  # the embedding is the head
     loaded: set[str] = set()
     for file in _weight_files(model_dir):
         try:
@@ -104,6 +106,8 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
                     module = model.get_submodule(target.rsplit(".", 1)[0])
                     if isinstance(module, Linear):  # reads only this rank's shard
                         module.weight_loader(param, f.get_slice(name), shard)
+                    elif isinstance(module, VocabParallelEmbedding):  # and the lm_head
+                        module.weight_loader(param, f.get_slice(name))
                     else:
                         tensor = f.get_tensor(name)
                         if param.shape != tensor.shape:

@@ -80,16 +80,3 @@ def test_a_tensor_loads_as_a_slice_does():
     assert torch.equal(layer.weight, torch.cat([whole[3:6], whole[9:12]]).float())
     with pytest.raises(ValueError, match=r"shape \(12, 5\) does not fit \(12, 4\)"):
         layer.weight_loader(layer.weight, torch.randn(12, 5))
-
-
-def test_only_rank_0_holds_the_lm_head(llama_dir):
-    from replica.models.loader import load_model
-
-    cfg_head = lambda m: m.lm_head.weight.numel() if m.lm_head is not None else 0  # noqa: E731
-    rank0, _ = load_model(str(llama_dir), torch.float32, torch.device("cpu"), _group(0, 2))
-    rank1, _ = load_model(str(llama_dir), torch.float32, torch.device("cpu"), _group(1, 2))
-    assert not rank0.config.tie_word_embeddings  # else the head is the embedding anyway
-    cfg = rank0.config
-    assert cfg_head(rank0) == cfg.vocab_size * cfg.hidden_size and rank1.lm_head is None
-    with pytest.raises(RuntimeError, match="rank 1 computes no logits"):
-        rank1.compute_logits(torch.zeros(1, cfg.hidden_size))

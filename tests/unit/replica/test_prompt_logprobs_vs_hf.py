@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replica.prompt_logprobs import SCORE_ROWS
 from replica.sampling_params import SamplingParams
 from tests.hf_reference import hf_logp
 from tests.unit.replica.engines import small_engine
@@ -112,15 +113,24 @@ def test_a_one_token_prompt_has_no_prompt_logprobs(llama_dir):
     assert _prompt_lps(got["outs"]) == ([], [])
 
 
-def test_a_tensor_parallel_driver_scores_prompts(llama_dir, llama_adapters, refs):
-    """tp 2 (gloo): the driver, which holds the whole lm_head, scores the prompt from the
-    hidden states both ranks computed."""
-    engine = small_engine(llama_dir, tensor_parallel_size=2, max_num_batched_tokens=8)
+@pytest.mark.parametrize(
+    ("model", "repeat", "batched"),
+    [("llama", 1, 8), ("odd_vocab", 8, 512)],  # odd: one step of 2 SCORE_ROWS chunks
+)
+def test_a_tensor_parallel_driver_scores_prompts(
+    model, repeat, batched, llama_adapters, refs, request
+):
+    """tp 2 (gloo): the driver scores the prompt from the logits it gathers from both
+    ranks' vocab shards (V 383 is padded to 384 on rank 1): in 8-token chunks, and a
+    prompt longer than SCORE_ROWS in one step (the worker follows each lm_head call)."""
+    model_dir = request.getfixturevalue(f"{model}_dir")
+    engine = small_engine(model_dir, tensor_parallel_size=2, max_num_batched_tokens=batched)
     try:
-        prompt = engine.tokenizer(PROMPT).input_ids
+        prompt = engine.tokenizer(" ".join([PROMPT] * repeat)).input_ids
+        assert (len(prompt) > SCORE_ROWS + 1) == (repeat > 1)
         params = SamplingParams(max_tokens=0, prompt_logprobs=K)
         (out,) = _run(engine, [("p", prompt, params, refs["qv8"])])["p"]["outs"]
     finally:
         engine.close()
-    logp = hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
+    logp = hf_logp(model_dir, llama_adapters["qv8"], prompt)[:-1]
     _check(out.prompt_logprobs, out.prompt_top_logprobs, logp, prompt, K)

@@ -1,7 +1,8 @@
 """Tensor parallelism at the model-forward level: two gloo ranks (processes) running the
 tiny Llama sharded 2 ways, with LoRA in mixed slots, give the logits and greedy tokens
-of the unsharded model; sharded slot buffers hold half the adapter bytes; head counts
-that do not divide are refused."""
+of the unsharded model (also with an odd, padded vocabulary and tied embeddings: the
+logit shards gathered to rank 0); sharded slot buffers hold half the adapter bytes; head
+counts that do not divide are refused."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ STEPS = 6
 
 def _scenario(model_dir: str, adapters: list[str], tp: TPGroup) -> dict[str, torch.Tensor]:
     """Prefill + greedy decode of SEQS on rank tp.rank -> {"hidden{step}": [n, H]} and,
-    on rank 0, {"logits{step}": [n, V]}."""
+    on rank 0, {"logits{step}": [n, V]} (every rank computes its vocab shard of them)."""
     config = EngineConfig(
         model=model_dir,
         device="cpu",
@@ -65,10 +66,12 @@ def _scenario(model_dir: str, adapters: list[str], tp: TPGroup) -> dict[str, tor
         batch = shard.runner.prepare(scheduled)
         hidden = shard.runner.forward(batch).index_select(0, batch.sample_rows)
         tokens = torch.zeros(len(batch.sample_seqs), dtype=torch.long)
-        if tp.rank == 0:  # only the driver holds the lm_head; it tells the others
-            logits = shard.runner.model.compute_logits(hidden)
+        logits = shard.runner.model.compute_logits(hidden)  # gathered to rank 0 only
+        if tp.rank == 0:  # the driver samples; it tells the others
             tokens = logits.argmax(-1)
             out[f"logits{step}"] = logits
+        else:
+            assert logits is None
         tp.broadcast(tokens)
         for seq, n in scheduled:
             seq.num_computed += n
@@ -90,10 +93,13 @@ def adapter_paths(llama_adapters) -> list[str]:
     return [str(llama_adapters[name]) for name in ADAPTERS]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases, sharded too
-def test_tp2_forward_equals_tp1(arch, request, tmp_path):
+# qwen2: q/k/v biases, sharded too; odd_vocab: V 383 (rank 1's shard padded), tied
+@pytest.mark.parametrize(
+    ("arch", "adapters"), [("llama",) * 2, ("qwen2",) * 2, ("odd_vocab", "llama")]
+)
+def test_tp2_forward_equals_tp1(arch, adapters, request, tmp_path):
     model_dir = str(request.getfixturevalue(f"{arch}_dir"))
-    adapters = request.getfixturevalue(f"{arch}_adapters")
+    adapters = request.getfixturevalue(f"{adapters}_adapters")
     paths = [str(adapters[name]) for name in ADAPTERS]
     ref = _scenario(model_dir, paths, SINGLE)
     args = (free_port(), model_dir, paths, str(tmp_path))
@@ -104,7 +110,7 @@ def test_tp2_forward_equals_tp1(arch, request, tmp_path):
         torch.testing.assert_close(ranks[0][key], ref[key], rtol=1e-4, atol=1e-4)
         hidden = f"hidden{step}"
         torch.testing.assert_close(ranks[1][hidden], ranks[0][hidden], rtol=0, atol=0)
-    assert "logits0" not in ranks[1]  # rank 1 holds no lm_head
+    assert "logits0" not in ranks[1]  # the logits are gathered to rank 0 alone
     assert ranks[0]["tokens"].tolist() == ref["tokens"].tolist()
 
 

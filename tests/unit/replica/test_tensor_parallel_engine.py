@@ -2,7 +2,9 @@
 (the engine's process is rank 0, one gloo worker process) generates the greedy tokens of
 the tp=1 engine (itself equal to HF + PEFT, test_generate_vs_peft) for base and several
 adapters in one run, with fewer slots than adapters so slot writes and clears reach the
-worker; close() stops the worker, and a worker whose driver is killed exits by itself."""
+worker, also with an odd (padded) vocabulary; its sampler, penalties, logit_bias and
+logprobs see the tp=1 logits (gathered from both ranks' vocab shards); close() stops the
+worker, and a worker whose driver is killed exits by itself."""
 
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ def _requests(refs):
     ]
 
 
-def test_tp2_engine_equals_tp1(llama_dir, refs):
-    want = run_requests(small_engine(llama_dir), _requests(refs))
-    engine = small_engine(llama_dir, tensor_parallel_size=2)
+@pytest.mark.parametrize("model", ["llama", "odd_vocab"])  # the llama adapters fit both
+def test_tp2_engine_equals_tp1(model, refs, request):
+    model_dir = request.getfixturevalue(f"{model}_dir")
+    want = run_requests(small_engine(model_dir), _requests(refs))
+    engine = small_engine(model_dir, tensor_parallel_size=2)
     procs = engine.runner.driver.procs
     try:
         got = run_requests(engine, _requests(refs))
@@ -47,6 +51,53 @@ def test_tp2_engine_equals_tp1(llama_dir, refs):
         engine.close()
     assert got == want
     assert [p.returncode for p in procs] == [0]
+
+
+# Every reader of the logits, on ids of both ranks' shards: 382 is V - 1, the last real
+# row of rank 1's (padded) shard; 0 and 191 end rank 0's.
+LAST = 382
+READERS = (
+    SamplingParams(max_tokens=8, temperature=0.0, logit_bias=((0, 3.0), (191, 2.5), (LAST, 9.0))),
+    SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.8, presence_penalty=0.7),
+    SamplingParams(max_tokens=8, temperature=0.9, top_k=40, top_p=0.9, seed=7, logprobs=True),
+    SamplingParams(
+        max_tokens=8, temperature=1.0, frequency_penalty=0.5, seed=3, logprobs=True, top_logprobs=3
+    ),
+    SamplingParams(max_tokens=4, temperature=0.0, min_tokens=4, stop_token_ids=(LAST,)),
+    SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=4, logprobs=True),
+)
+
+
+def _outputs(engine, refs) -> dict[str, list]:
+    for i, params in enumerate(READERS):
+        for name in (None, "qv8"):
+            ids = engine.tokenizer(PROMPTS[i % 2]).input_ids
+            engine.add_request(f"{i}-{name}", ids, params, refs[name] if name else None)
+    got: dict[str, list] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            got.setdefault(o.request_id, []).append(
+                (o.new_token_ids, o.new_logprobs, o.new_top_logprobs, o.prompt_logprobs)
+            )
+    return got
+
+
+def test_tp2_logit_readers_see_the_tp1_logits(odd_vocab_dir, refs):
+    want = _outputs(small_engine(odd_vocab_dir), refs)
+    engine = small_engine(odd_vocab_dir, tensor_parallel_size=2)
+    try:
+        got = _outputs(engine, refs)
+    finally:
+        engine.close()
+    assert [o[0] for o in want["0-None"]][0][0] == LAST  # the bias picked rank 1's last id
+    assert got.keys() == want.keys()
+    for rid, outs in want.items():
+        assert [o[0] for o in got[rid]] == [o[0] for o in outs], rid
+        for g, w in zip(got[rid], outs, strict=True):
+            assert g[1] == pytest.approx(w[1], abs=1e-4)
+            assert [[t for t, _ in row] for row in g[2]] == [[t for t, _ in row] for row in w[2]]
+            assert (g[3] is None) == (w[3] is None)
+            assert g[3] is None or g[3] == pytest.approx(w[3], abs=1e-4)
 
 
 def test_a_dead_worker_fails_the_health_check(llama_dir):
