@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from cluster.records import DesiredState
 from cluster.registry import AsyncRegistry
+from lora_core.aio import raise_if_cancelled
 from lora_core.errors import RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,12 @@ async def watch_desired_state(
         raise ValueError(f"interval_s={interval_s}; allowed: > 0")
     last: int | None = None
     while True:
+        raise_if_cancelled()
         try:
             # subscribe before reading, so a change between the read and the wait is not missed
             async with registry.subscribe_hints() as hints:
                 while True:
+                    raise_if_cancelled()
                     state = await registry.desired_state()
                     if state.version != last:
                         last = state.version

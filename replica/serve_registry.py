@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lora_core.aio import raise_if_cancelled
 from lora_core.errors import AdapterNotFound, StaleEpoch
 from lora_core.identity import AdapterRef
 from replica.autoscaling_metrics import InFlight, adapter_share
@@ -139,6 +140,7 @@ class RegistryPublisher:
         keep_alive = asyncio.create_task(self.keep_alive())
         try:
             while True:
+                raise_if_cancelled()
                 try:
                     await self.tick()
                     self._set_registry_health(True)
@@ -159,6 +161,7 @@ class RegistryPublisher:
         left to the ticks to report (they meet the same registry)."""
         cfg = self.config
         while True:
+            raise_if_cancelled()
             await asyncio.sleep(cfg.tick_s)
             epoch, registration = self.epoch, self.registrations
             if epoch is None or self.lease_lost or self.registering:

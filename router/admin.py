@@ -12,6 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Protocol
 
+from lora_core.aio import raise_if_cancelled
 from lora_core.errors import (
     AdapterAlreadyExists,
     AdapterIncompatible,
@@ -58,6 +59,7 @@ async def keep_served_published(
     registered under the base model's id while the record was gone is logged as an
     error each round (requests naming it get the base model until it is unregistered)."""
     while True:
+        raise_if_cancelled()
         await asyncio.sleep(every_s)
         try:
             await publish_served(registry, served)
