@@ -40,6 +40,7 @@ from lora_core.errors import (
 from replica.config import EngineConfig
 from replica.deployment import ReplicaDeployment, ReplicaSettings
 from router.ingress import IngressSettings, LoraIngress
+from router.serve_logs import ClientErrorFilter
 
 AFFINITY_ROUTER = "router.request_router:LoraAffinityRouter"
 DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
@@ -383,6 +384,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         lease_ttl_s=cfg.lease_ttl_s,
         metrics_max_models=cfg.metrics_max_models,
         served_model_name=base_name,
+        log_filters=(ClientErrorFilter(),),
     )
     router = RequestRouterConfig(
         request_router_class=AFFINITY_ROUTER if cfg.router == "affinity" else DEFAULT_ROUTER,

@@ -27,6 +27,7 @@ from ray import serve
 
 from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
+from lora_core.serve_logging import install_log_filters
 from replica.autoscaling_metrics import InFlight, autoscaling_metrics
 from replica.config import EngineConfig
 from replica.outputs import EngineStats, RequestOutput
@@ -50,6 +51,11 @@ class ReplicaSettings:
     registry_tick_s / lease_ttl_s: heartbeat period and lease lifetime.
     metrics_max_models: adapters the request counters name before they count the rest
         under model="(other)" (`replica.serve_metrics.ModelLabels`).
+    log_filters: filters added to Ray Serve's logger in the replica's process. Serve logs
+        every error a replica raises as ERROR with its traceback ("Request failed."); the
+        builder passes `router.serve_logs.ClientErrorFilter`, so a client's error found
+        only here (a request that does not fit the KV cache, every slot busy) logs one
+        INFO line, as the ingress logs it.
     """
 
     engine: EngineConfig
@@ -60,6 +66,7 @@ class ReplicaSettings:
     registry_tick_s: float = 1.0
     lease_ttl_s: float = 5.0
     metrics_max_models: int = DEFAULT_MAX_MODELS
+    log_filters: tuple[logging.Filter, ...] = ()
 
     def __post_init__(self) -> None:
         if self.registry_tick_s <= 0 or self.lease_ttl_s <= self.registry_tick_s:
@@ -92,6 +99,7 @@ class LoraReplica:
         from replica.async_engine import AsyncEngine
 
         self.settings = settings
+        install_log_filters(settings.log_filters)
         self.refs: dict[str, AdapterRef] = {}
         self.newest: dict[str, int] = {}
         self.in_flight = InFlight()

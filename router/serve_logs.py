@@ -5,7 +5,8 @@ gRPC context and raises (`router.grpc_service`: returning would lose the code of
 stream), and Serve (2.60) logs every raised error as ERROR with its traceback: the
 replica's "Request failed." and the proxy's "Request failed with user-set gRPC status
 code ...". REST answers the same errors with a response, which Serve logs only as an
-access-log line. `ClientErrorFilter`, on Serve's logger in the ingress and in the proxy,
+access-log line. `ClientErrorFilter`, on Serve's logger in the ingress, the proxy and the
+replicas (a client's error found only in a replica: a request too big for its KV cache),
 turns such a record into one INFO line naming the status and message, without the
 traceback, so both APIs log a client's error alike and an operator's ERROR lines stay
 for server errors (5xx: internal, registry down, replica failed), tracebacks included.
@@ -18,9 +19,8 @@ import logging
 from ray.serve.exceptions import gRPCStatusError
 
 from lora_core.errors import LoraFleetError
+from lora_core.serve_logging import install_log_filters
 from router.errors import public_message, status_for, unwrap
-
-SERVE_LOGGER = "ray.serve"  # ray.serve._private.constants.SERVE_LOGGER_NAME
 
 
 def client_error(exc: BaseException | None) -> LoraFleetError | None:
@@ -59,8 +59,6 @@ class ClientErrorFilter(logging.Filter):
 
 
 def install_client_error_filter() -> None:
-    """Adds `ClientErrorFilter` to Serve's logger of this process, once. A filter on the
-    logger (not its handlers) survives Serve reconfiguring the handlers."""
-    logger = logging.getLogger(SERVE_LOGGER)
-    if not any(isinstance(f, ClientErrorFilter) for f in logger.filters):
-        logger.addFilter(ClientErrorFilter())
+    """Adds `ClientErrorFilter` to Serve's logger of this process, once (replicas get it
+    through `ReplicaSettings.log_filters`)."""
+    install_log_filters((ClientErrorFilter(),))

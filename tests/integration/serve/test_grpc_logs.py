@@ -23,13 +23,18 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory.mktemp("grpc-logs"), num_replicas=1)
+    # a KV cache smaller than max_model_len (1024), so only the replica finds that a
+    # request cannot fit (InvalidRequest raised in the replica, not the ingress)
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("grpc-logs"), num_replicas=1, kv_cache_tokens=512
+    )
     yield cluster
     stop_cluster(cluster)
 
 
 class ServeLogs:
-    """The text the Ingress replica's and the proxy's log files gained since `mark`."""
+    """The text the Ingress's, the LoraReplica's and the proxy's log files gained since
+    `mark`."""
 
     def __init__(self):
         session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
@@ -38,9 +43,10 @@ class ServeLogs:
 
     def files(self) -> list[Path]:
         ingress = sorted(self.dir.glob("replica_*Ingress*.log"))
+        replicas = sorted(self.dir.glob("replica_*LoraReplica*.log"))
         proxies = sorted(self.dir.glob("proxy_*.log"))
-        assert ingress and proxies, sorted(p.name for p in self.dir.iterdir())
-        return ingress + proxies
+        assert ingress and replicas and proxies, sorted(p.name for p in self.dir.iterdir())
+        return ingress + replicas + proxies
 
     def mark(self) -> None:
         self.marks = {p: p.stat().st_size for p in self.files()}
@@ -99,13 +105,17 @@ def test_client_errors_log_no_traceback_and_server_errors_do(cluster, tmp_path):
     assert refused(cluster, pb.GenerateRequest(model="demo-poet", prompt="hi"), "Token x") == (
         grpc.StatusCode.UNAUTHENTICATED
     )
+    too_big = pb.GenerateRequest(model="demo-poet", prompt="hi", max_tokens=600)
+    assert refused(cluster, too_big, ops) == grpc.StatusCode.INVALID_ARGUMENT
+    replica = wait_for_text(logs, "LoraReplica", "does not fit")
+    assert "Request refused (INVALID_ARGUMENT, HTTP 400, InvalidRequest): max_tokens:" in replica
     ingress = wait_for_text(logs, "Ingress", "unsupported Authorization scheme 'Token'")
     assert "Request refused (NOT_FOUND, HTTP 404, AdapterNotFound): adapter 'no-such'" in ingress
     assert "Request refused (INVALID_ARGUMENT, HTTP 400, InvalidRequest): prompt: empty" in (
         ingress
     )
     proxy = wait_for_text(logs, "proxy", "unsupported Authorization scheme 'Token'")
-    for text in (ingress, proxy):
+    for text in (ingress, replica, proxy):
         assert "Traceback" not in text and not errors(text), text
 
     reg = cluster.registry()

@@ -19,8 +19,9 @@ from lora_core.errors import (
     RegistryUnavailable,
     Unauthorized,
 )
+from lora_core.serve_logging import SERVE_LOGGER
 from router.errors import status_for
-from router.serve_logs import SERVE_LOGGER, ClientErrorFilter, install_client_error_filter
+from router.serve_logs import ClientErrorFilter, install_client_error_filter
 
 
 def as_serve_raises(err: Exception) -> gRPCStatusError:
