@@ -6,14 +6,12 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
+from router.admin_bodies import AdapterNameRequest, LoadAdapterRequest, WarmAdapterRequest
 from router.choices import PROMPT_ALLOWED
 from router.openai_protocol import (
     BIG_BODY,
-    AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    LoadAdapterRequest,
-    WarmAdapterRequest,
     param_of_check,
     parse_body,
     parse_request,
