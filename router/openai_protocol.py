@@ -125,7 +125,7 @@ class _Sampling(BaseModel):
     takes it too, as vLLM's does: ignoring it would change what the client gets."""
     prompt_logprobs: PromptCount = None
     """Extension (as in vLLM): k, score the prompt: each prompt token's logprob given the
-    tokens before it, its rank and the k most likely tokens there (`router.prompt_scores`).
+    tokens before it, its rank and the k most likely tokens there (`router.prompt_logprobs`).
     Not streamed, as in vLLM: k > 0 with stream is refused, 0 with stream returns nothing."""
 
     @model_validator(mode="after")
