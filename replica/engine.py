@@ -197,8 +197,9 @@ class LLMEngine:
         result = self.runner.execute(batch)
         self.computed_tokens += sched.num_tokens
         self.scheduler.after_step(sched)
-        for (seq, _), (lps, top) in zip(batch.prompt_seqs, result.prompt, strict=True):
+        for (seq, _), (lps, ranks, top) in zip(batch.prompt_seqs, result.prompt, strict=True):
             seq.prompt_logprobs += lps
+            seq.prompt_ranks += ranks
             seq.prompt_top_logprobs += top
         outputs += [self._prompt_done(seq) for seq in batch.done]
         seqs = batch.sample_seqs
@@ -240,7 +241,10 @@ class LLMEngine:
         seq.prompt_logprobs_sent = True
         top = seq.prompt_top_logprobs if seq.params.prompt_logprobs else None
         return dataclasses.replace(
-            out, prompt_logprobs=seq.prompt_logprobs, prompt_top_logprobs=top
+            out,
+            prompt_logprobs=seq.prompt_logprobs,
+            prompt_ranks=seq.prompt_ranks,
+            prompt_top_logprobs=top,
         )
 
     def _banned(self, seq: Sequence) -> tuple[int, ...]:

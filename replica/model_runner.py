@@ -53,12 +53,12 @@ class StepLogits:
     """What one step's forward returns to the engine.
 
     logits: float32 [len(sample_seqs), V].
-    prompt: per `prompt_seqs` entry, (logprobs of the prompt tokens it scored, their top
-        tokens: as many as the sequence's params.prompt_logprobs, [] for 0).
+    prompt: per `prompt_seqs` entry, (logprobs of the prompt tokens it scored, their ranks,
+        their top tokens: as many as the sequence's params.prompt_logprobs, [] for 0).
     """
 
     logits: torch.Tensor
-    prompt: list[tuple[list[float], list[TopLogprobs]]] = field(default_factory=list)
+    prompt: list[tuple[list[float], list[int], list[TopLogprobs]]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -148,7 +148,7 @@ class ModelRunner:
         if batch.prompt_rows is None:
             return []
         k = max(seq.params.prompt_logprobs for seq, _ in batch.prompt_seqs)
-        lps, tops = score_rows(
+        lps, ranks, tops = score_rows(
             self.model.compute_logits,
             hidden.index_select(0, batch.prompt_rows),
             batch.prompt_targets,
@@ -158,7 +158,7 @@ class ModelRunner:
         for seq, count in batch.prompt_seqs:
             own = seq.params.prompt_logprobs
             top = [row[:own] for row in tops[at : at + count]] if own else []
-            out.append((lps[at : at + count], top))
+            out.append((lps[at : at + count], ranks[at : at + count], top))
             at += count
         return out
 

@@ -27,6 +27,8 @@ class RequestOutput:
     prompt_logprobs: with SamplingParams.prompt_logprobs, on the request's first output
         once its prompt ran (None on every other): the logprob of prompt tokens 1 ..
         P - 1 (the first token has none).
+    prompt_ranks: with prompt_logprobs, each of those tokens' rank in its position's
+        distribution (1 = the most likely; `replica.prompt_logprobs.score_rows`).
     prompt_top_logprobs: the most likely tokens at each of those positions (None unless
         prompt_logprobs > 0).
     """
@@ -41,6 +43,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     error: LoraFleetError | None = None
     prompt_logprobs: list[float] | None = None
+    prompt_ranks: list[int] | None = None
     prompt_top_logprobs: list[TopLogprobs] | None = None
 
     @property

@@ -37,16 +37,23 @@ def score_rows(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     k: int,
-) -> tuple[list[float], list[TopLogprobs]]:
+) -> tuple[list[float], list[int], list[TopLogprobs]]:
     """hidden: [m, H] at the scored positions; targets: long [m], the prompt token after
-    each -> (logprob of each target, its row's k most likely (token, logprob), most likely
-    first; [] when k is 0), under log_softmax of the raw logits."""
+    each -> (logprob of each target, its rank, its row's k most likely (token, logprob),
+    most likely first; [] when k is 0), under log_softmax of the raw logits.
+
+    A target's rank is 1 + the number of other tokens at least as likely (vLLM's: a token
+    tied with the target counts before it). Example: logprobs [-1, -2, -2] -> token 1 and
+    token 2 both rank 3, token 0 ranks 1."""
     lps: list[float] = []
+    ranks: list[int] = []
     tops: list[TopLogprobs] = []
     start = 0
     for rows in score_chunks(hidden):
         logp = torch.log_softmax(compute_logits(rows), dim=-1)
-        lps += logp.gather(1, targets[start : start + rows.shape[0], None])[:, 0].tolist()
+        own = logp.gather(1, targets[start : start + rows.shape[0], None])
+        lps += own[:, 0].tolist()
+        ranks += (logp >= own).sum(dim=-1).tolist()
         start += rows.shape[0]
         if k:
             values, ids = logp.topk(k, dim=-1)
@@ -54,4 +61,4 @@ def score_rows(
                 tuple(zip(row_ids, row_values, strict=True))
                 for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
             ]
-    return lps, tops
+    return lps, ranks, tops

@@ -33,8 +33,8 @@ class Sequence:
     running sequence is computing now (`replica.scheduler`); announced: this sequence
     has told the scheduler it is computing its blocks num_cached..announced-1.
 
-    prompt_logprobs / prompt_top_logprobs: with params.prompt_logprobs set, the logprob
-    (and the most likely tokens) of prompt tokens 1, 2, ... so far, gathered chunk by
+    prompt_logprobs / prompt_ranks / prompt_top_logprobs: with params.prompt_logprobs set,
+    the logprob (its rank, and the most likely tokens) of prompt tokens 1, 2, ... so far, gathered chunk by
     chunk as the prompt is computed; kept across preemption, so a recomputed chunk adds
     nothing twice. prompt_logprobs_sent: they went out with an output.
     """
@@ -65,6 +65,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
     prompt_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     detok_stream: Any = None

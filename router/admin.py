@@ -21,8 +21,8 @@ from lora_core.errors import (
     InvalidRequest,
     LoraFleetError,
 )
+from router.admin_bodies import LoadAdapterRequest
 from router.errors import unwrap
-from router.openai_protocol import LoadAdapterRequest
 
 if TYPE_CHECKING:
     from cluster.records import AdapterRecord, ServedBase

@@ -91,10 +91,21 @@ def check_top_count(k: int | None) -> int | None:
     return k
 
 
+def check_prompt_count(k: int | None) -> int | None:
+    """prompt_logprobs k (vLLM's): None or 0..MAX_TOP_LOGPROBS. vLLM's -1 (the whole
+    vocabulary) is refused by name: vLLM itself refuses it unless its max_logprobs is -1."""
+    if k == -1:
+        raise ValueError(
+            f"-1 (every token of the vocabulary) is not supported; allowed: null or 0 to "
+            f"{MAX_TOP_LOGPROBS}"
+        )
+    return check_top_count(k)
+
+
 def check_max_tokens(max_tokens: int, scores_prompt: bool, how: str) -> int:
     """max_tokens: >= 1, or 0 where the request returns its prompt only, e.g. to score it
-    (scores_prompt; how names what allows 0: REST's "echo: true", gRPC's
-    "prompt_logprobs set")."""
+    (scores_prompt; how names what allows 0: REST's "echo: true or prompt_logprobs set",
+    gRPC's "prompt_logprobs set")."""
     if max_tokens >= 1 or (scores_prompt and max_tokens == 0):
         return max_tokens
     raise ValueError(
@@ -226,7 +237,6 @@ UNHONOURED_SAMPLING: Unhonoured = {
     "include_stop_str_in_output": (_false, "false or null"),
     "skip_special_tokens": (_true, "true or null"),
     "return_tokens_as_token_ids": (_false, "false or null"),
-    "prompt_logprobs": (_nothing, "null"),
     "truncate_prompt_tokens": (_nothing, "null"),
     "allowed_token_ids": (_nothing, "null"),
     "bad_words": (_empty, "[] or null"),

@@ -33,17 +33,19 @@ from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
 from router import admin, rest
 from router.admin import SERVED_REPUBLISH_S, keep_served_published
+from router.admin_bodies import (
+    AdapterNameRequest,
+    LoadAdapterRequest,
+    UnloadAdapterRequest,
+    WarmAdapterRequest,
+)
 from router.auth import AdapterResolver, bearer_key
 from router.errors import unwrap
 from router.frontend import Frontend
 from router.grpc_service import GrpcInferenceMixin
 from router.openai_protocol import (
-    AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    LoadAdapterRequest,
-    UnloadAdapterRequest,
-    WarmAdapterRequest,
     param_of_check,
     parse_request,
 )

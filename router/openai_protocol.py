@@ -4,8 +4,8 @@ Unknown fields are ignored (clients send many optional ones); fields we cannot h
 (best_of other than n, suffix, chat's response_format and tools, and the
 vLLM fields of `body_checks.UNHONOURED_*`: min_p, guided_json, ...) are refused
 unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
-presence / frequency penalties are OpenAI's; top_k and repetition_penalty are vLLM's
-extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
+presence / frequency penalties are OpenAI's; top_k, repetition_penalty and prompt_logprobs
+are vLLM's extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
 (no lone surrogates). Types are strict: "2" is not an integer and "yes" is not a boolean.
 Ranges of the sampling fields are `SamplingParams`'s, shared with gRPC and the offline
 runner.
@@ -31,7 +31,6 @@ from pydantic import (
     model_validator,
 )
 
-from cluster.keys import check_name
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import (
     SamplingParams,
@@ -50,6 +49,7 @@ from router.body_checks import (
     check_cache_salt,
     check_content,
     check_max_tokens,
+    check_prompt_count,
     check_stop,
     check_tool_choice,
     check_top_count,
@@ -68,6 +68,8 @@ BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
 
 TopCount = Annotated[int | None, AfterValidator(check_top_count)]
 """How many most likely tokens to return per position (0..MAX_TOP_LOGPROBS)."""
+PromptCount = Annotated[int | None, AfterValidator(check_prompt_count)]
+"""prompt_logprobs k: TopCount, with vLLM's -1 (the whole vocabulary) refused by name."""
 
 
 def _token_keys(bias: dict[str, float]) -> dict[str, float]:
@@ -121,6 +123,31 @@ class _Sampling(BaseModel):
     best_of: int | None = None
     """Samples to draw, of which the n best are returned: only n itself (or null). Chat
     takes it too, as vLLM's does: ignoring it would change what the client gets."""
+    prompt_logprobs: PromptCount = None
+    """Extension (as in vLLM): k, score the prompt: each prompt token's logprob given the
+    tokens before it, its rank and the k most likely tokens there (`router.prompt_logprobs`).
+    Not streamed, as in vLLM: k > 0 with stream is refused, 0 with stream returns nothing."""
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> Self:
+        if self.stream and self.prompt_logprobs:
+            raise ValueError(
+                f"prompt_logprobs: got {self.prompt_logprobs} with stream: true; allowed: "
+                "null or 0 with stream: true (prompt logprobs are not streamed, as in vLLM)"
+            )
+        return self
+
+    @property
+    def returns_prompt_logprobs(self) -> bool:
+        """Whether the response carries prompt_logprobs (never a stream's)."""
+        return self.prompt_logprobs is not None and not self.stream
+
+    def _scoring(self, params: SamplingParams, echo_k: int | None = None) -> SamplingParams:
+        """params asking the engine for the prompt's scores when the response shows them:
+        as prompt_logprobs and (echo_k) as an echo's logprobs, with the larger k."""
+        shown = self.prompt_logprobs if self.returns_prompt_logprobs else None
+        ks = [k for k in (echo_k, shown) if k is not None]
+        return dataclasses.replace(params, prompt_logprobs=max(ks)) if ks else params
 
     @model_validator(mode="after")
     def _best_of_is_n(self) -> Self:
@@ -191,7 +218,8 @@ class CompletionRequest(_Sampling):
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(check_prompt)]
     """A string, a list of token ids, or a batch of them (`router.choices.batch_of`)."""
     max_tokens: int = 16
-    """Tokens to generate at most: >= 1, or 0 with echo (the prompt only, to score it)."""
+    """Tokens to generate at most: >= 1, or 0 with echo or prompt_logprobs (the prompt
+    only, to score it)."""
     logprobs: TopCount = None
     """k: return each sampled token's logprob and the k most likely tokens per position
     (with echo, each prompt token's too: `SamplingParams.prompt_logprobs`)."""
@@ -207,16 +235,15 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _max_tokens_zero_needs_echo(self) -> Self:
-        check_max_tokens(self.max_tokens, self.echo, "echo: true")
+        scores = self.echo or self.prompt_logprobs is not None
+        check_max_tokens(self.max_tokens, scores, "echo: true or prompt_logprobs set")
         return self
 
     def to_sampling_params(self) -> SamplingParams:
         params = self.sampling_params(
             self.max_tokens, self.logprobs is not None, self.logprobs or 0
         )
-        if self.echo and self.logprobs is not None:
-            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
-        return params
+        return self._scoring(params, self.logprobs if self.echo else None)
 
 
 class TextPart(BaseModel):
@@ -285,73 +312,16 @@ class ChatCompletionRequest(_Sampling):
         """default_max_tokens: used when neither max_tokens field is given (as vLLM does,
         the room the prompt leaves in the model's context)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self.sampling_params(
+        params = self.sampling_params(
             default_max_tokens if max_tokens is None else max_tokens,
             self.logprobs,
             self.top_logprobs or 0,
         )
+        return self._scoring(params)
 
     def chat_dicts(self) -> list[dict[str, str]]:
         """Messages as the tokenizer's chat template expects them."""
         return [{"role": m.role, "content": m.text()} for m in self.messages]
-
-
-def _adapter_name(name: str) -> str:
-    return check_name("adapter", name)
-
-
-def _tenant_name(name: str | None) -> str | None:
-    return name if name is None else check_name("tenant", name)
-
-
-def _path_text(path: str) -> str:
-    # A NUL cannot be in a file name; os.stat would refuse it later without naming the field.
-    if "\x00" in path:
-        raise ValueError(
-            f"contains a NUL character at index {path.index(chr(0))}; allowed: an absolute "
-            "path to a local directory"
-        )
-    return path
-
-
-class LoadAdapterRequest(BaseModel):
-    """POST /v1/load_lora_adapter (vLLM-compatible body); names follow the registry's rule."""
-
-    model_config = BODY_CONFIG
-
-    lora_name: Annotated[str, AfterValidator(_adapter_name)]
-    lora_path: Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
-    base_model: str | None = None
-    tenant: Annotated[str | None, AfterValidator(_tenant_name)] = None
-    """The owning tenant (it must exist); null: no owner (with replace: keep the owner)."""
-    public: bool | None = None
-    """Any tenant may use it; null: private (with replace: keep the current setting)."""
-    replace: bool = False
-
-
-class UnloadAdapterRequest(BaseModel):
-    """POST /v1/unload_lora_adapter (vLLM-compatible body)."""
-
-    model_config = BODY_CONFIG
-
-    lora_name: str = Field(min_length=1)
-    lora_path: str | None = None
-
-
-class AdapterNameRequest(BaseModel):
-    """POST /v1/pin_lora_adapter, /v1/unpin_lora_adapter."""
-
-    model_config = BODY_CONFIG
-
-    lora_name: str = Field(min_length=1)
-
-
-class WarmAdapterRequest(AdapterNameRequest):
-    """POST /v1/warm_lora_adapter."""
-
-    replicas: int
-    """On how many replicas to keep the adapter GPU-resident; 0 clears the target (the
-    registry checks the range, so REST and the CLI agree)."""
 
 
 M = TypeVar("M", bound=BaseModel)

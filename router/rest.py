@@ -17,6 +17,10 @@ but of the choices of one prompt a replica scores the prompt for one only, the f
 queues (`replica.async_engine`): every choice echoes the scores of the first choice whose
 first output carries them. All choices have their first output before anything is sent,
 so each stream's first chunk has the scores to echo.
+
+`prompt_logprobs` (vLLM's field; not streamed) returns the same scores in vLLM's shape
+(`router.prompt_logprobs`): on each completion choice, of its own prompt, and on a chat
+response; the engine scores with the larger k when echo's logprobs ask too.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from router.openai_responses import (
     sse,
     usage_chunk,
 )
+from router.prompt_logprobs import prompt_logprobs_json
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -91,11 +96,13 @@ class Echo:
 
     text: the prompt as sent (a token-id prompt decoded as generated text is); ids: its
     tokens; scores: the output that carries their logprobs, the first output of the
-    choice of this prompt that scored it (None: the choice's own first output)."""
+    choice of this prompt that scored it (None: the choice's own first output); k: the
+    logprobs k (top tokens per position) of the request."""
 
     text: str
     ids: tuple[int, ...]
     scores: RequestOutput | None = None
+    k: int = 0
 
 
 def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None = None) -> Piece:
@@ -103,7 +110,7 @@ def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None
     echo: the prompt to put first (given with a choice's first output only)."""
     entries = []
     if reader is not None and echo:
-        entries = reader.read_prompt(echo.ids, echo.scores or out, echo.text)
+        entries = reader.read_prompt(echo.ids, echo.scores or out, echo.text, echo.k)
     entries += reader.read(out) if reader is not None else []
     text = echo.text + out.new_text if echo else out.new_text
     return Piece(text, entries, out.finish_reason)
@@ -243,9 +250,10 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         return await refusal(front, api_key, e)
     head = Head.now(prepared[0].call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp = req.logprobs is not None
+    scores = [_scored(started[i * req.n : (i + 1) * req.n]) for i in range(len(prompts))]
     echoes = [
-        _echo(front, p, one, _scored(started[i * req.n : (i + 1) * req.n])) if req.echo else None
-        for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
+        _echo(front, p, one, scored, req.logprobs or 0) if req.echo else None
+        for p, one, scored in zip(prompts, ids, scores, strict=True)
         for _ in range(req.n)
     ]
     if not req.stream:
@@ -256,7 +264,15 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         except Exception as e:
             return error_response(e)
         usage = batch_usage(usages, req.n)
-        return JSONResponse(completion_body(head, wholes, usage, want_lp))
+        body = completion_body(head, wholes, usage, want_lp)
+        if req.returns_prompt_logprobs:  # each choice its own prompt's
+            per_prompt = [
+                prompt_logprobs_json(one, scored, req.prompt_logprobs, front.token_table)
+                for one, scored in zip(ids, scores, strict=True)
+            ]
+            for i, choice in enumerate(body["choices"]):
+                choice["prompt_logprobs"] = per_prompt[i // req.n]
+        return JSONResponse(body)
     body = _completion_events(front, started, req, head, echoes)
     return StreamingResponse(body, media_type="text/event-stream")
 
@@ -268,13 +284,17 @@ def _scored(started: list[Started]) -> RequestOutput | None:
 
 
 def _echo(
-    front: Frontend, prompt: str | list[int], ids: tuple[int, ...], scores: RequestOutput | None
+    front: Frontend,
+    prompt: str | list[int],
+    ids: tuple[int, ...],
+    scores: RequestOutput | None,
+    k: int,
 ) -> Echo:
     if isinstance(prompt, str):
-        return Echo(prompt, ids, scores)
+        return Echo(prompt, ids, scores, k)
     # as the engine decodes generated ids (replica.detokenizer): no HF space clean-up
     text = front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=True)
-    return Echo(text, ids, scores)
+    return Echo(text, ids, scores, k)
 
 
 async def _completion_events(
@@ -328,7 +348,12 @@ async def chat_completions(
             )
         except Exception as e:
             return error_response(e)
-        return JSONResponse(chat_body(head, wholes, total_usage(usages), req.logprobs))
+        body = chat_body(head, wholes, total_usage(usages), req.logprobs)
+        if req.returns_prompt_logprobs:  # on the response, as vLLM's chat has it
+            body["prompt_logprobs"] = prompt_logprobs_json(
+                ids, _scored(started), req.prompt_logprobs, front.token_table
+            )
+        return JSONResponse(body)
     body = _chat_events(front, started, req, head)
     return StreamingResponse(body, media_type="text/event-stream")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replica.outputs import RequestOutput
 from replica.prompt_logprobs import SCORE_ROWS
 from replica.sampling_params import SamplingParams
 from tests.hf_reference import hf_logp
@@ -29,16 +30,24 @@ def _run(engine, requests) -> dict[str, dict]:
     return got
 
 
-def _prompt_lps(outs) -> tuple[list[float], list | None]:
-    """The one output that carries prompt logprobs: (logprobs, top)."""
+def _prompt_lps(outs) -> RequestOutput:
+    """The one output that carries prompt logprobs."""
     carrying = [o for o in outs if o.prompt_logprobs is not None]
     assert len(carrying) == 1, [o.prompt_logprobs for o in outs]
-    return carrying[0].prompt_logprobs, carrying[0].prompt_top_logprobs
+    return carrying[0]
 
 
-def _check(lps, top, logp: torch.Tensor, prompt: list[int], k: int) -> None:
+def _check(out: RequestOutput, logp: torch.Tensor, prompt: list[int], k: int) -> None:
+    lps, top = out.prompt_logprobs, out.prompt_top_logprobs
     want = logp[torch.arange(len(prompt) - 1), prompt[1:]]
     assert lps == pytest.approx(want.tolist(), abs=1e-4)
+    # rank: 1 + the tokens at least as likely as the prompt token, but for tokens within
+    # float32 noise (1e-4) of it, which HF's forward may order either way
+    above = (logp > want[:, None] + 1e-4).sum(-1).add(1).tolist()
+    near = (logp >= want[:, None] - 1e-4).sum(-1).tolist()
+    assert len(out.prompt_ranks) == len(lps)
+    assert all(a <= r <= b for a, r, b in zip(above, out.prompt_ranks, near, strict=True))
+    assert out.prompt_ranks != [1] * len(lps)  # the tiny model's prompt tokens are no argmax
     if not k:
         assert top is None
         return
@@ -61,10 +70,10 @@ def test_chunked_prompt_in_the_prefix_cache_is_scored_by_its_own_forward(
     got = _run(engine, [("scored", prompt, scored, ref)])["scored"]
     assert engine.computed_tokens - before >= len(prompt)  # no prefix hit was taken
     assert got["ids"] == warm["warm"]["ids"]
-    lps, top = _prompt_lps(got["outs"])
+    out = _prompt_lps(got["outs"])
     assert got["outs"][0].prompt_logprobs is not None  # with the first token
     logp = hf_logp(llama_dir, llama_adapters[adapter] if adapter else None, prompt)[:-1]
-    _check(lps, top, logp, prompt, K)
+    _check(out, logp, prompt, K)
 
 
 def test_max_tokens_zero_runs_the_prompt_only(llama_dir, llama_adapters, refs):
@@ -75,7 +84,7 @@ def test_max_tokens_zero_runs_the_prompt_only(llama_dir, llama_adapters, refs):
     (out,) = got["outs"]
     assert (out.new_token_ids, out.finish_reason, out.num_output_tokens) == ([], "length", 0)
     logp = hf_logp(llama_dir, llama_adapters["qv8"], prompt)[:-1]
-    _check(out.prompt_logprobs, out.prompt_top_logprobs, logp, prompt, 0)
+    _check(out, logp, prompt, 0)
     assert not engine.has_unfinished() and engine.blocks.usage() == 0.0
 
 
@@ -101,16 +110,16 @@ def test_preempted_scoring_requests_score_each_token_once(llama_dir, llama_adapt
     got = _run(engine, reqs)
     assert engine.scheduler.num_preemptions > 0
     for i, (p, n) in enumerate(zip(prompts, names, strict=True)):
-        lps, top = _prompt_lps(got[str(i)]["outs"])
         logp = hf_logp(llama_dir, llama_adapters[n] if n else None, p)[:-1]
-        _check(lps, top, logp, p, 2)
+        _check(_prompt_lps(got[str(i)]["outs"]), logp, p, 2)
 
 
 def test_a_one_token_prompt_has_no_prompt_logprobs(llama_dir):
     engine = small_engine(llama_dir)
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
     got = _run(engine, [("one", [5], params, None)])["one"]
-    assert _prompt_lps(got["outs"]) == ([], [])
+    out = _prompt_lps(got["outs"])
+    assert (out.prompt_logprobs, out.prompt_ranks, out.prompt_top_logprobs) == ([], [], [])
 
 
 @pytest.mark.parametrize(
@@ -137,4 +146,4 @@ def test_a_tensor_parallel_driver_scores_prompts(
     finally:
         engine.close()
     logp = hf_logp(model_dir, llama_adapters["qv8"], prompt)[:-1]
-    _check(out.prompt_logprobs, out.prompt_top_logprobs, logp, prompt, K)
+    _check(out, logp, prompt, K)

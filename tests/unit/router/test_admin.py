@@ -19,8 +19,9 @@ from lora_core.errors import (
     LoraFleetError,
 )
 from router.admin import load_adapter, name_at_fault, unpin_adapter
+from router.admin_bodies import LoadAdapterRequest
 from router.errors import openai_error_body, status_for
-from router.openai_protocol import LoadAdapterRequest, parse_body
+from router.openai_protocol import parse_body
 
 SHAPE = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
                   num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip

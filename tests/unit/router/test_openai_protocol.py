@@ -6,14 +6,12 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
+from router.admin_bodies import AdapterNameRequest, LoadAdapterRequest, WarmAdapterRequest
 from router.choices import PROMPT_ALLOWED
 from router.openai_protocol import (
     BIG_BODY,
-    AdapterNameRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    LoadAdapterRequest,
-    WarmAdapterRequest,
     param_of_check,
     parse_body,
     parse_request,
@@ -52,8 +50,8 @@ def test_completion_fields_map_to_sampling_params():
 
 
 ZERO_ALLOWED = (
-    "allowed: an integer >= 1, or 0 with echo: true (the prompt only, e.g. to score it "
-    "with logprobs)"
+    "allowed: an integer >= 1, or 0 with echo: true or prompt_logprobs set (the prompt "
+    "only, e.g. to score it with logprobs)"
 )
 
 
@@ -65,7 +63,7 @@ ZERO_ALLOWED = (
         ({"max_tokens": -1, "echo": True}, f"max_tokens: got -1; {ZERO_ALLOWED}"),
     ],
 )
-def test_max_tokens_zero_only_with_echo(fields, message):
+def test_max_tokens_zero_only_with_echo_or_prompt_logprobs(fields, message):
     with pytest.raises(InvalidRequest) as e:
         parse_body(CompletionRequest, {"model": "a", "prompt": "x", **fields})
     assert (str(e.value), e.value.param) == (message, "max_tokens")
@@ -73,6 +71,10 @@ def test_max_tokens_zero_only_with_echo(fields, message):
         CompletionRequest, {"model": "a", "prompt": "x", "max_tokens": 0, "echo": True}
     )
     assert req.to_sampling_params() == SamplingParams(max_tokens=0)
+    req = parse_body(
+        CompletionRequest, {"model": "a", "prompt": "x", "max_tokens": 0, "prompt_logprobs": 0}
+    )
+    assert req.to_sampling_params() == SamplingParams(max_tokens=0, prompt_logprobs=0)
 
 
 @pytest.mark.parametrize("model", [CompletionRequest, ChatCompletionRequest])

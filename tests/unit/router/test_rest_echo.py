@@ -23,7 +23,8 @@ GENERATED = [("x", 70), ("y", 71)]  # (text, token id) of each step
 
 class EngineLike:
     """Answers a call as the engine does: prompt logprobs (token i scores score(ids, i),
-    by default -i / 10, its top tokens (i, -0.1)) with the first output when asked, then
+    by default -i / 10, ranks i + 1, its top tokens (i, -0.1)) with the first output when
+    asked, then
     GENERATED, or nothing generated with max_tokens 0. As a replica, it scores the
     prompt for the first call of a group only (`replica.async_engine`), or for the calls
     `scores_for` picks. fail: numbers (1-based) of the calls whose replica dies after
@@ -49,9 +50,10 @@ class EngineLike:
         self.calls.append(call)
         dies = len(self.calls) in self.fail
         p, n = call.params, len(call.prompt_token_ids)
-        lps = tops = None
+        lps = ranks = tops = None
         if self.scores(call):
             lps = [self.score(call.prompt_token_ids, i) for i in range(1, n)]
+            ranks = [i + 1 for i in range(1, n)]
             tops = (
                 [((i, -0.1),) * p.prompt_logprobs for i in range(1, n)]
                 if p.prompt_logprobs
@@ -63,6 +65,7 @@ class EngineLike:
                 finish_reason="length",
                 num_prompt_tokens=n,
                 prompt_logprobs=lps,
+                prompt_ranks=ranks,
                 prompt_top_logprobs=tops,
             )
             return
@@ -78,6 +81,7 @@ class EngineLike:
                 num_prompt_tokens=n,
                 num_output_tokens=step + 1,
                 prompt_logprobs=lps if step == 0 else None,
+                prompt_ranks=ranks if step == 0 else None,
                 prompt_top_logprobs=tops if step == 0 else None,
             )
             if dies:

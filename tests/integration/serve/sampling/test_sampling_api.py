@@ -8,7 +8,7 @@ aborts every choice in the engine, and with echo and logprobs every choice echoe
 prompt scores of n = 1, computed once. Penalties and logit_bias: REST and gRPC answer what
 an offline engine with the same SamplingParams generates.
 
-One module-scoped app with one replica (see cluster_fixture.py).
+One app with one replica, shared with this package's other modules (conftest.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from router.choices import MAX_N, N_ALLOWED
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.hf_reference import hf_logp
-from tests.integration.serve.cluster_fixture import offline_texts, start_cluster, stop_cluster
+from tests.integration.serve.cluster_fixture import offline_texts
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -36,13 +36,6 @@ MAX_TOKENS = 8
 SEED = 1234
 INT64_MAX = 2**63 - 1
 KINDS = ["completions", "chat"]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1)
-    yield c
-    stop_cluster(c)
 
 
 def create(cluster, kind: str, model: str = "demo-poet", **kw):

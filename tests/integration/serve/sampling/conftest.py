@@ -1,0 +1,15 @@
+"""The sampling API's modules share one cluster: one app with one replica (a cluster
+start is the slow part of these tests), stopped once the package's last test ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1)
+    yield c
+    stop_cluster(c)
