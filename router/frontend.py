@@ -191,8 +191,7 @@ class Frontend:
         """Tokenizes off the event loop, so a long prompt does not stall every other
         request on the ingress."""
         if isinstance(prompt, str):
-            self.check_prompt_chars(len(prompt), "prompt")
-            ids = (await self._off_loop(self._encoder, prompt)).input_ids
+            ids = list(await self.encode_text(prompt))
         else:
             ids = list(prompt)
             check_prompt_ids(ids, self.vocab_size)
@@ -202,14 +201,26 @@ class Frontend:
             )
         return tuple(ids)
 
-    async def encode_chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+    async def encode_text(self, text: str, add_special_tokens: bool = True) -> tuple[int, ...]:
+        """Tokenizes text (maybe empty) in the worker thread."""
+        self.check_prompt_chars(len(text), "prompt")
+        out = await self._off_loop(self._encoder, text, add_special_tokens=add_special_tokens)
+        return tuple(out.input_ids)
+
+    async def decode(self, ids: list[int]) -> str:
+        """Token ids (checked to be in the vocabulary) -> text, in the worker thread."""
+        return await self._off_loop(self._encoder.decode, ids)
+
+    async def encode_chat(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """Renders and tokenizes in a worker thread, like `encode_prompt`."""
         self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = await self._off_loop(
                 self._encoder.apply_chat_template,
                 messages,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 return_dict=False,
             )

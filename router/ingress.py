@@ -31,7 +31,7 @@ from lora_core.errors import CapacityExceeded, InvalidRequest, ReplicaFailed
 from replica.models.config import max_positions, resolve_max_model_len
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
-from router import admin, rest
+from router import admin, rest, tokenize
 from router.admin import SERVED_REPUBLISH_S, keep_served_published
 from router.admin_bodies import (
     AdapterNameRequest,
@@ -264,6 +264,16 @@ class LoraIngress(GrpcInferenceMixin):
             return rest.error_response(e)
         parent = None if resolved.adapter is None else resolver.base_name
         return JSONResponse(model_card(model, parent, "lorafleet"))
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's tokenizer route (`router.tokenize`)."""
+        return await tokenize.tokenize(self.frontend, _key(request), await request.body())
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's detokenizer route (`router.tokenize`)."""
+        return await tokenize.detokenize(self.frontend, _key(request), await request.body())
 
     @app.get("/health")
     async def health(self) -> Response:

@@ -1,0 +1,113 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize`: the served tokenizer, for clients that
+count a prompt's tokens or fit it to the context before sending it.
+
+Bodies as vLLM's: /tokenize takes `prompt` (a string; `add_special_tokens`, default
+true) or `messages` (rendered by the chat template as /v1/chat/completions renders them;
+`add_generation_prompt`, default true), and `return_token_strs`; it answers
+{"count", "max_model_len", "tokens", "token_strs"}. /detokenize takes `tokens` and
+answers {"prompt"}. `model` is optional (the base model); when given it is resolved as on
+the inference routes, so an unknown or forbidden adapter is the same 404. With auth on a
+valid key is needed either way. Every adapter shares the base model's tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, Field, model_validator
+from starlette.responses import JSONResponse, Response
+
+from lora_core.errors import InvalidRequest
+from router.body_checks import only_neutral
+from router.frontend import Frontend
+from router.openai_protocol import BODY_CONFIG, ChatMessage, parse_request
+from router.rest import refusal
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: exactly one of prompt and messages."""
+
+    model_config = BODY_CONFIG
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+    """Default true for a prompt (vLLM's); a chat template adds its own special tokens,
+    so with messages only false (the default) is taken."""
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    continue_final_message: Annotated[bool, only_neutral(lambda v: v is False, "false")] = False
+    chat_template: Annotated[Any, only_neutral(lambda v: v is None, "null")] = None
+    tools: Annotated[list[Any], only_neutral(lambda v: not v, "[] or null")] = []
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("body: give exactly one of prompt (a string) and messages")
+        if self.messages is not None and self.add_special_tokens:
+            raise ValueError(
+                "add_special_tokens: true with messages; allowed: false or absent (the chat "
+                "template adds the model's special tokens itself)"
+            )
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize."""
+
+    model_config = BODY_CONFIG
+
+    model: str | None = None
+    tokens: list[int]
+
+
+async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Response:
+    """The /tokenize answer for a raw body: the tokens, or the error JSON (a bad body
+    answers 401 first when the key is bad too, as the inference routes do)."""
+    try:
+        req = await parse_request(TokenizeRequest, body)
+        await _authorize(front, api_key, req.model)
+        if req.messages is not None:
+            ids = await front.encode_chat(
+                [{"role": m.role, "content": m.text()} for m in req.messages],
+                add_generation_prompt=req.add_generation_prompt,
+            )
+        else:
+            ids = await front.encode_text(req.prompt, req.add_special_tokens is not False)
+    except Exception as e:
+        return await refusal(front, api_key, e)
+    strs = front.tokenizer.convert_ids_to_tokens(list(ids)) if req.return_token_strs else None
+    return JSONResponse(
+        {
+            "count": len(ids),
+            "max_model_len": front.max_model_len,
+            "tokens": list(ids),
+            "token_strs": strs,
+        }  # fmt: skip
+    )
+
+
+async def detokenize(front: Frontend, api_key: str | None, body: bytes) -> Response:
+    """The /detokenize answer for a raw body: the text of the tokens, or the error JSON."""
+    try:
+        req = await parse_request(DetokenizeRequest, body)
+        await _authorize(front, api_key, req.model)
+        bad = [t for t in req.tokens if not 0 <= t < front.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                f"tokens: token id {bad[0]} out of range; allowed: 0 <= id < {front.vocab_size}",
+                "tokens",
+            )
+        text = await front.decode(req.tokens)
+    except Exception as e:
+        return await refusal(front, api_key, e)
+    return JSONResponse({"prompt": text})
+
+
+async def _authorize(front: Frontend, api_key: str | None, model: str | None) -> None:
+    """The key (with auth on), and `model` when given, checked as inference checks them."""
+    if model is None:
+        await front.resolver.tenant(api_key)
+    else:
+        await front.resolver.resolve(api_key, model)
