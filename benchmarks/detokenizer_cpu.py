@@ -8,7 +8,7 @@ to every sequence and runs `Detokenizer.update` on it, as `LLMEngine._append` do
 figure is the median time of one step (all 128 updates) over --steps steps once the
 outputs are L tokens long. Beside it: the H100 decode step of the 128 x 32-adapter engine
 benchmark (benchmarks/results/logs/engine_gpu_h100_c81e25b.json, the run this result
-quotes; results/engine_gpu_h100.json has a later one), which this host time adds to, since
+quotes; results/engine_gpu_h100.json has the latest), which this host time adds to, since
 the engine detokenizes between GPU steps.
 
     python benchmarks/detokenizer_cpu.py --out benchmarks/results/detokenizer_cpu.json
