@@ -19,6 +19,7 @@ from replica.model_runner import ModelRunner
 from replica.models.config import resolve_max_model_len
 from replica.models.loader import load_model
 from replica.parallel import SINGLE, TPGroup
+from replica.vml_warmup import warm_vector_math
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +83,9 @@ class ModelShard:
 
 def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE) -> ModelShard:
     """Load rank tp.rank's shard of config.model on `device` with its KV cache and slots."""
+    # Every process that runs a model builds a shard first (a TP worker is a fresh one):
+    # its first multi-threaded cos / sin must not be MKL's first call (replica.vml_warmup).
+    warm_vector_math()
     dtype = TORCH_DTYPES[config.dtype]
     model, model_dir = load_model(config.model, dtype, device, tp)
     cfg = model.config

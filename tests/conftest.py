@@ -45,6 +45,11 @@ atexit.register(_exit_before_native_teardown)
 
 def pytest_sessionstart(session) -> None:
     _SESSION["session"] = session
+    # The HF references (and the tiny models' init) run in this process too: their first
+    # multi-threaded cos / sin / erfinv must not be MKL's first call (replica.vml_warmup).
+    from replica.vml_warmup import warm_vector_math
+
+    warm_vector_math()
 
 
 from tests.tiny import ADAPTER_SPECS, make_peft_adapter, make_tiny_model  # noqa: E402 - after the atexit hook

@@ -124,18 +124,16 @@ def test_a_one_token_prompt_has_no_prompt_logprobs(llama_dir):
 
 @pytest.mark.parametrize(
     ("model", "repeat", "batched"),
-    # A 369-token prompt scored in one step (two SCORE_ROWS chunks gathered) was kept
-    # out: about 1 run in 30 its tp 2 logprobs move by up to 6.1e-4 from HF's, with the
-    # same figures before the vocab-parallel lm_head, so the fault is older and in the
-    # TP forward; the gathers of several chunks are tested in test_vocab_parallel.py.
-    [("llama", 1, 8), ("odd_vocab", 1, 8)],
+    # odd 8 x 512: one step of 2 SCORE_ROWS chunks; as the worker's first step it is also
+    # its process's first multi-threaded cos / sin (replica.vml_warmup)
+    [("llama", 1, 8), ("odd_vocab", 1, 8), ("odd_vocab", 8, 512)],
 )
 def test_a_tensor_parallel_driver_scores_prompts(
     model, repeat, batched, llama_adapters, refs, request
 ):
     """tp 2 (gloo): the driver scores the prompt from the logits it gathers from both
-    ranks' vocab shards (V 383 is padded to 384 on rank 1), in 8-token chunks (the worker
-    follows each lm_head call)."""
+    ranks' vocab shards (V 383 is padded to 384 on rank 1): in 8-token chunks, and a
+    prompt longer than SCORE_ROWS in one step (the worker follows each lm_head call)."""
     model_dir = request.getfixturevalue(f"{model}_dir")
     engine = small_engine(model_dir, tensor_parallel_size=2, max_num_batched_tokens=batched)
     try:
