@@ -1,0 +1,99 @@
+"""scripts/run_cluster.sh refuses a cluster whose ports another one holds: Serve's proxies
+bind with SO_REUSEPORT, so a second cluster on a host would share them and the kernel
+would split requests between two clusters with separate registries."""
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.preflight import main, ports, taken_ports
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def proxy_port():
+    """A port held as Serve's proxy holds it: listening, SO_REUSEPORT on."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_second_proxy_would_share_the_port(proxy_port):
+    # why the check exists: the bind a second cluster's proxy makes succeeds
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("0.0.0.0", proxy_port))
+
+
+def test_a_port_a_proxy_holds_is_refused_naming_the_field(proxy_port):
+    config = {"http_options": {"host": "0.0.0.0", "port": proxy_port}}
+    assert taken_ports(config) == [
+        f"port {proxy_port} (http_options.port) is in use on 0.0.0.0: a cluster (another "
+        "`serve run`) or another server holds it; allowed: stop it first, or set another "
+        "http_options.port"
+    ]
+    grpc = {"grpc_options": {"port": proxy_port, "grpc_servicer_functions": ["m.f"]}}
+    (problem,) = taken_ports({"http_options": {"port": free_port()}, **grpc})
+    assert problem.startswith(f"port {proxy_port} (grpc_options.port) is in use on ")
+
+
+def test_free_ports_pass_and_grpc_counts_only_when_served(proxy_port):
+    assert taken_ports({"http_options": {"port": free_port()}}) == []
+    # Serve starts no gRPC server without servicer functions
+    assert (
+        taken_ports({"http_options": {"port": free_port()}, "grpc_options": {"port": proxy_port}})
+        == []
+    )
+
+
+def test_the_cluster_config_checks_both_proxy_ports():
+    config = yaml.safe_load((REPO / "deploy/cluster.yaml").read_text())
+    assert [(field, port) for field, _, port in ports(config)] == [
+        ("http_options.port", 8000),
+        ("grpc_options.port", 9000),
+    ]
+
+
+def test_main_prints_one_line_per_taken_port_and_fails(proxy_port, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"http_options": {"host": "0.0.0.0", "port": proxy_port}}))
+    assert main([str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lorafleet: error: port {proxy_port} ")
+    path.write_text(yaml.safe_dump({"http_options": {"port": free_port()}}))
+    assert main([str(path)]) == 0
+
+
+def test_run_cluster_checks_the_ports_first():
+    script = (REPO / "scripts/run_cluster.sh").read_text()
+    check = script.index("python -m deploy.preflight deploy/cluster.yaml")
+    assert check < script.index("exec serve run deploy/cluster.yaml")
+
+
+def test_a_stopped_proxys_connections_do_not_count():
+    # a cluster restarted at once: the connections its proxy closed wait in TIME_WAIT
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Serve binds
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server closes first: its side waits in TIME_WAIT
+    client.close()
+    listener.close()
+    assert taken_ports({"http_options": {"host": "0.0.0.0", "port": port}}) == []
