@@ -1,14 +1,20 @@
-"""scripts/run_cluster.sh refuses a cluster whose ports another one holds: Serve's proxies
-bind with SO_REUSEPORT, so a second cluster on a host would share them and the kernel
-would split requests between two clusters with separate registries."""
+"""scripts/run_cluster.sh (deploy/run_cluster.py) refuses a cluster whose ports another one
+holds: Serve's proxies bind with SO_REUSEPORT, so a second cluster on a host would share
+them and the kernel would split requests between two clusters with separate registries.
+And it stops `serve run` on SIGTERM as Ctrl-C does, gracefully."""
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from deploy.preflight import main, ports, taken_ports
+from deploy.run_cluster import main, ports, taken_ports
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -71,17 +77,55 @@ def test_the_cluster_config_checks_both_proxy_ports():
 def test_main_prints_one_line_per_taken_port_and_fails(proxy_port, tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"http_options": {"host": "0.0.0.0", "port": proxy_port}}))
-    assert main([str(path)]) == 1
+    assert main([str(path)]) == 1  # before serve run starts (none on PATH needed)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"lorafleet: error: port {proxy_port} ")
-    path.write_text(yaml.safe_dump({"http_options": {"port": free_port()}}))
-    assert main([str(path)]) == 0
 
 
-def test_run_cluster_checks_the_ports_first():
+# Stands in for `serve run`: Serve's CLI shuts down gracefully on KeyboardInterrupt only.
+FAKE_SERVE = """#!PYTHON
+import os, sys, time
+try:
+    print(os.getpid(), flush=True)
+    print("args", *sys.argv[1:], flush=True)
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    print("graceful shutdown", flush=True)
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_reaches_serve_run_as_ctrl_c(tmp_path, signum):
+    fake = tmp_path / "bin" / "serve"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_SERVE.replace("PYTHON", sys.executable))
+    fake.chmod(0o755)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"http_options": {"port": free_port()}}))
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "deploy.run_cluster", str(config), "--non-blocking"],
+        env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    fake_pid = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline() == f"args run {config} --non-blocking\n"
+        launcher.send_signal(signum)
+        out, _ = launcher.communicate(timeout=10)
+    finally:
+        launcher.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(fake_pid, signal.SIGKILL)  # in a session of its own: not killed with it
+    assert (launcher.returncode, out) == (0, "graceful shutdown\n")
+
+
+def test_run_cluster_sh_starts_through_the_launcher():
     script = (REPO / "scripts/run_cluster.sh").read_text()
-    check = script.index("python -m deploy.preflight deploy/cluster.yaml")
-    assert check < script.index("exec serve run deploy/cluster.yaml")
+    assert 'exec python -m deploy.run_cluster deploy/cluster.yaml "$@"' in script
+    assert "exec serve run" not in script
 
 
 def test_a_stopped_proxys_connections_do_not_count():
