@@ -1,5 +1,8 @@
 """`python -m deploy.run_cluster CONFIG [serve run options]`: `serve run CONFIG`, as
-scripts/run_cluster.sh starts the cluster, with two things Serve's CLI does not do.
+scripts/run_cluster.sh starts the cluster, with what Serve's CLI does not do: it refuses
+cluster args that build_app would refuse (Serve retries a failing build, and `serve run`
+stays up printing tracebacks) and ports another cluster holds, and it stops on SIGTERM as
+on Ctrl-C.
 
 Ports: Serve's proxies bind with SO_REUSEPORT (`SERVE_SOCKET_REUSE_PORT_ENABLED`, on by
 default), so a second `serve run` on a host where a cluster already serves starts without
@@ -33,6 +36,7 @@ import yaml
 # [::] (every address, both families), and starts only with servicer functions.
 HTTP_HOST, HTTP_PORT, GRPC_PORT = "127.0.0.1", 8000, 9000
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+BUILD_APP = "deploy.builder:build_app"
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -71,6 +75,23 @@ def taken_ports(config: dict) -> list[str]:
     ]
 
 
+def bad_args(config: dict) -> list[str]:
+    """What `deploy.builder.parse_args` refuses in the args of the config's lorafleet apps:
+    build_app would refuse the same, but Serve retries a failing build and `serve run`
+    stays up, printing the refusal among tracebacks."""
+    from deploy.builder import parse_args  # Ray Serve and the engine config: slow imports
+    from lora_core.errors import InvalidRequest
+
+    problems = []
+    for app in config.get("applications") or []:
+        if app.get("import_path") == BUILD_APP:
+            try:
+                parse_args(app.get("args") or {})
+            except InvalidRequest as e:
+                problems.append(f"application {app.get('name', '')!r}: {e}")
+    return problems
+
+
 def serve_run(args: list[str]) -> int:
     """Run `serve run ARGS` until it exits, passing each signal of FORWARDED on as SIGINT
     -> its exit status (128 + the signal's number when a signal ended it)."""
@@ -101,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     config = yaml.safe_load(Path(argv[0]).read_text()) or {}
-    problems = taken_ports(config)
+    problems = bad_args(config) + taken_ports(config)
     for problem in problems:
         print(f"lorafleet: error: {problem}", file=sys.stderr)
     if problems:

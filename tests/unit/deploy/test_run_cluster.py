@@ -82,6 +82,18 @@ def test_main_prints_one_line_per_taken_port_and_fails(proxy_port, tmp_path, cap
     assert len(err) == 1 and err[0].startswith(f"lorafleet: error: port {proxy_port} ")
 
 
+def test_bad_cluster_args_are_refused_before_serve_starts(tmp_path, capsys):
+    app = {"name": "lorafleet", "import_path": "deploy.builder:build_app",
+           "args": {"max_queued_requests": 0}}  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"http_options": {"port": free_port()}, "applications": [app]}))
+    assert main([str(path)]) == 1
+    assert capsys.readouterr().err == (
+        "lorafleet: error: application 'lorafleet': cluster args: max_queued_requests: 0; "
+        "allowed: -1 (unbounded) or a positive count\n"
+    )
+
+
 # Stands in for `serve run`: Serve's CLI shuts down gracefully on KeyboardInterrupt only.
 FAKE_SERVE = """#!PYTHON
 import os, sys, time
