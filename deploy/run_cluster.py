@@ -19,7 +19,8 @@ replicas finish their requests and remove their registry rows. A SIGTERM killed 
 once, cutting requests off and leaving the replicas' rows (and residency) in a Redis that
 outlives the cluster. So `serve run` runs in a session of its own and every SIGINT,
 SIGTERM or SIGHUP this process gets reaches it as one SIGINT (a second one cuts the
-graceful shutdown short, as a second Ctrl-C does).
+graceful shutdown short, as a second Ctrl-C does), but for one it was started ignoring
+(nohup's SIGHUP, a background job's SIGINT).
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def bad_args(config: dict) -> list[str]:
     return problems
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def serve_run(args: list[str]) -> int:
     """Run `serve run ARGS` until it exits, passing each signal of FORWARDED on as SIGINT
     -> its exit status (128 + the signal's number when a signal ended it)."""
@@ -105,9 +110,14 @@ def serve_run(args: list[str]) -> int:
             child.send_signal(signal.SIGINT)
 
     for signum in FORWARDED:
-        signal.signal(signum, forward)  # handled, so the child starts with SIGINT default
-    # a session of its own: a terminal's Ctrl-C reaches it once, through forward
-    child = subprocess.Popen(["serve", "run", *args], start_new_session=True)
+        # one ignored stays so: nohup's SIGHUP, a background job's SIGINT
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, forward)
+    # a session of its own: a terminal's Ctrl-C reaches it once, through forward; and
+    # SIGINT at its default, so that what is forwarded is a KeyboardInterrupt in it
+    child = subprocess.Popen(
+        ["serve", "run", *args], start_new_session=True, preexec_fn=_default_sigint
+    )
     for _ in pending:
         child.send_signal(signal.SIGINT)
     code = child.wait()

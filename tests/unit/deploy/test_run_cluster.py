@@ -108,8 +108,9 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_stop_signal_reaches_serve_run_as_ctrl_c(tmp_path, signum):
+def launch(tmp_path: Path, ignoring: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """The launcher on a stand-in serve (started ignoring some signals) -> (it, the
+    stand-in's pid), once the stand-in runs."""
     fake = tmp_path / "bin" / "serve"
     fake.parent.mkdir()
     fake.write_text(FAKE_SERVE.replace("PYTHON", sys.executable))
@@ -121,17 +122,36 @@ def test_a_stop_signal_reaches_serve_run_as_ctrl_c(tmp_path, signum):
     launcher = subprocess.Popen(
         [sys.executable, "-m", "deploy.run_cluster", str(config), "--non-blocking"],
         env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in ignoring],
     )  # fmt: skip
     fake_pid = int(launcher.stdout.readline())
+    assert launcher.stdout.readline() == f"args run {config} --non-blocking\n"
+    return launcher, fake_pid
+
+
+def stop(launcher: subprocess.Popen, fake_pid: int, signum: int) -> tuple[int, str]:
     try:
-        assert launcher.stdout.readline() == f"args run {config} --non-blocking\n"
         launcher.send_signal(signum)
         out, _ = launcher.communicate(timeout=10)
     finally:
         launcher.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(fake_pid, signal.SIGKILL)  # in a session of its own: not killed with it
-    assert (launcher.returncode, out) == (0, "graceful shutdown\n")
+    return launcher.returncode, out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_reaches_serve_run_as_ctrl_c(tmp_path, signum):
+    assert stop(*launch(tmp_path), signum) == (0, "graceful shutdown\n")
+
+
+def test_under_nohup_in_the_background_sighup_is_ignored_and_sigterm_stops(tmp_path):
+    # `nohup bash scripts/run_cluster.sh &`: SIGHUP and SIGINT ignored from the start
+    launcher, fake_pid = launch(tmp_path, ignoring=(signal.SIGHUP, signal.SIGINT))
+    launcher.send_signal(signal.SIGHUP)  # the terminal closing
+    with pytest.raises(subprocess.TimeoutExpired):
+        launcher.wait(timeout=0.5)
+    assert stop(launcher, fake_pid, signal.SIGTERM) == (0, "graceful shutdown\n")
 
 
 def test_run_cluster_sh_starts_through_the_launcher():
