@@ -206,6 +206,13 @@ class ClusterArgs(BaseModel):
                 raise ValueError(f"{root!r} is relative; allowed: absolute directories")
         return roots
 
+    @field_validator("max_queued_requests")
+    @classmethod
+    def _max_queued(cls, n: int) -> int:
+        if n == 0:  # Serve's deployment refused it, as a traceback of build_app
+            raise ValueError("0; allowed: -1 (unbounded) or a positive count")
+        return n
+
     @field_validator("admin_key")
     @classmethod
     def _admin_key(cls, key: str) -> str:
@@ -227,6 +234,11 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"num_gpus_per_replica={gpus:g} with tensor_parallel_size={tp}; allowed: "
                 f"num_gpus_per_replica {tp} (one GPU per rank) or 0 (CPU)"
+            )
+        if self.redis_port is not None and self.redis_url:
+            raise ValueError(
+                f"redis_port={self.redis_port} with redis_url; allowed: redis_port only "
+                "without redis_url (the port of the local redis-server started then)"
             )
         if self.hot_queue_len > self.overload_queue_len:
             raise ValueError("hot_queue_len must be <= overload_queue_len")

@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
-exec serve run deploy/cluster.yaml "$@"
+# deploy/run_cluster.py: serve run, refused while another cluster holds the ports, and
+# stopped by SIGTERM as by Ctrl-C (gracefully: replicas leave the registry).
+exec python -m deploy.run_cluster deploy/cluster.yaml "$@"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from cluster.client import DEFAULT_URL, RetryPolicy, redact
 from cluster.registry import MAX_LORA_RANK, Registry
-from lora_core.errors import LoraFleetError
+from lora_core.errors import LoraFleetError, RegistryUnavailable
 
 # Without --redis-timeout: the most one Redis command may take, retries included. Every
 # verb's commands are short (paged listings: ~20 ms a page, ~35 ms for the names of 10k
@@ -23,6 +23,14 @@ DEFAULT_MAX_LORA_RANK = 64
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, one line instead of a traceback
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a tool killed by SIGPIPE
 Handler = Callable[[Registry, argparse.Namespace], int]
+# The default URL (no --redis-url, no LORAFLEET_REDIS_URL) is rarely a cluster's: one
+# started without redis_url has a local Redis on a port picked at start, and a Redis that
+# answers there (a system redis-server) holds no cluster: each verb read or wrote the
+# wrong registry without a word.
+URL_HINT = (
+    '`serve run` prints its registry\'s URL at start ("lorafleet: local registry at ..."): '
+    "pass it as --redis-url or LORAFLEET_REDIS_URL"
+)
 
 
 def env_default(name: str, default: str) -> str:
@@ -146,8 +154,17 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         return fail(e)
+    default = args.redis_url == DEFAULT_URL
     try:
+        if default and registry.get_served() is None:
+            print(
+                f"lorafleet: note: no cluster serves from the default registry {DEFAULT_URL} "
+                f"(namespace {args.namespace}); {URL_HINT}",
+                file=sys.stderr,
+            )
         return handler(registry, args)
+    except RegistryUnavailable as e:
+        return fail(e, f" (the default URL; {URL_HINT})" if default else "")
     except (LoraFleetError, ValueError) as e:
         return fail(e)
     except KeyboardInterrupt:
@@ -162,9 +179,9 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         registry.close()
 
 
-def fail(err: BaseException) -> int:
+def fail(err: BaseException, hint: str = "") -> int:
     print(
-        f"lorafleet: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+        f"lorafleet: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}" + hint,
         file=sys.stderr,
     )
     return 1

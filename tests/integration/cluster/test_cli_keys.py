@@ -100,4 +100,9 @@ def test_empty_redis_url_env_counts_as_unset(cli, acme: Registry, redis_url, mon
     monkeypatch.setenv("LORAFLEET_REDIS_URL", "")
     assert cli("tenants", "list", "--redis-url", redis_url) == (0, "TENANT\nacme\n", "")
     monkeypatch.setattr("cluster.cli.common.DEFAULT_URL", redis_url)  # the default Redis
-    assert cli("tenants", "list") == (0, "TENANT\nacme\n", "")
+    code, out, err = cli("tenants", "list")
+    assert (code, out) == (0, "TENANT\nacme\n")
+    # the default it used, where no cluster serves (test_cli_default_url.py)
+    assert err.startswith(
+        f"lorafleet: note: no cluster serves from the default registry {redis_url} "
+    )

@@ -50,6 +50,10 @@ def test_defaults_match_cluster_yaml():
         ({"tp_step_timeout_s": "inf"}, "tp_step_timeout_s"),
         ({"adapter_roots": ["adapters"]}, "adapter_roots: 'adapters' is relative; allowed"),
         ({"prefix_cache_scope": "none"}, "prefix_cache_scope"),
+        # Serve refuses 0 (a traceback of build_app); a redis_port beside redis_url was
+        # ignored without a word
+        ({"max_queued_requests": 0}, "max_queued_requests: 0; allowed: -1"),
+        ({"redis_url": "redis://h:1/0", "redis_port": 6390}, "redis_port=6390 with redis_url"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):
