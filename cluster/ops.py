@@ -83,7 +83,10 @@ def _status(name: str, reply: list[Any]) -> list[Any]:
     if status == "unauthorized":
         raise Unauthorized("missing or unknown API key; allowed: a key issued by `tenants key`")
     if status == "no_tenant":
-        raise InvalidRequest(f"tenant {rest[0]!r} does not exist; create it first")
+        raise InvalidRequest(
+            f"tenant {rest[0]!r} does not exist; allowed: a tenant that `tenants list` shows "
+            "(`tenants create` makes one)"
+        )
     raise AssertionError(f"unexpected script status {status!r}")
 
 

@@ -89,4 +89,7 @@ def test_cli_tenants_delete(registry: Registry, redis_url):
     assert done.stdout == "deleted tenant acme (1 keys revoked, 0 grants removed)\n"
     again = cli("delete", "acme")
     assert (again.returncode, again.stdout) == (1, "")
-    assert again.stderr == "lorafleet: error: tenant 'acme' does not exist; create it first\n"
+    assert (
+        again.stderr
+        == "lorafleet: error: tenant 'acme' does not exist; allowed: a tenant that `tenants list` shows (`tenants create` makes one)\n"
+    )

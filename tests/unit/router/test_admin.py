@@ -67,7 +67,9 @@ def refusal(error: LoraFleetError, **fields) -> tuple[int, dict]:
     return status_for(e.value).http, openai_error_body(e.value)["error"]
 
 
-NO_TENANT = InvalidRequest("tenant 'ghost' does not exist; create it first")
+NO_TENANT = InvalidRequest(
+    "tenant 'ghost' does not exist; allowed: a tenant that `tenants list` shows (`tenants create` makes one)"
+)
 
 
 def test_an_unknown_tenant_is_named_with_how_to_create_one():
