@@ -147,7 +147,7 @@ def test_bad_fields_are_refused_when_the_body_is_parsed(fields, param, message):
 @pytest.mark.parametrize("path", ["adapters/a1", ".", "../../srv/a1", "~/a1", "~root/a1"])
 def test_a_relative_path_is_refused_before_the_registry_is_asked(path):
     # The ingress would resolve it against its own working directory or home, which the
-    # caller neither knows nor controls (README: "a relative path" is a 422).
+    # caller neither knows nor controls (docs/api.md: "a relative path" is a 422).
     catalog = FakeCatalog()
     body = parse_body(LoadAdapterRequest, {"lora_name": "a1", "lora_path": path})
     with pytest.raises(AdapterLoadFailed) as e:
