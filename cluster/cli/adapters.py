@@ -246,6 +246,17 @@ def _warm(reg: Registry, args: argparse.Namespace) -> int:
     reg.warm(args.name, args.replicas, args.pool)
     if args.replicas == 0:
         print(f"cleared the warm target of {args.name}")
-    else:
-        print(f"warm target of {args.name}: {args.replicas} replicas (pool {args.pool})")
+        return 0
+    print(f"warm target of {args.name}: {args.replicas} replicas (pool {args.pool})")
+    live = [
+        r
+        for r in reg.list_replicas()
+        if r.live and (args.pool == "all" or r.pool in (args.pool, "mixed"))
+    ]
+    if len(live) < args.replicas:
+        print(
+            f"lorafleet: note: {len(live)} live replicas in pool {args.pool} now; the target "
+            "is kept and met as replicas join",
+            file=sys.stderr,
+        )
     return 0

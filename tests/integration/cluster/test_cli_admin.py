@@ -70,7 +70,7 @@ def test_register_list_show_json(cli, adapters, registry: Registry):
     assert out == f"registered a version 1 (rank 8, sha256 {h[:16]})\n"
     ok(cli("adapters", "register", "b", str(adapters["small"]), "--public"))
     ok(cli("adapters", "pin", "a", "--pool", "decode"))
-    ok(cli("adapters", "warm", "b", "--replicas", "2"))
+    assert cli("adapters", "warm", "b", "--replicas", "2").returncode == 0  # with a note
     epoch = registry.register_replica("r1", "decode", "dep", 4, 30.0)
     registry.report_resident("r1", epoch, ("a", 1), "gpu")
     listed = json.loads(ok(cli("adapters", "list", "--json")))
@@ -326,8 +326,23 @@ def test_show_table_reads_like_the_list(cli, adapters, registry: Registry):
     assert (rows["public"], rows["pin_pool"], rows["locations"]) == ("False", "-", "-")
 
 
-def test_warm_zero_says_it_cleared_the_target(cli, adapters, registry: Registry):
+def test_warm_notes_a_target_above_the_live_replicas_and_zero_clears(
+    cli, adapters, registry: Registry
+):
+    """The target is kept either way; the note says it is not met yet. A decode target
+    counts decode and mixed replicas (prefill ones cannot hold it)."""
     registry.register_adapter("a", str(adapters["a"]))
+    short = cli("adapters", "warm", "a", "--replicas", "2", "--pool", "decode")
+    assert (short.returncode, short.stdout) == (0, "warm target of a: 2 replicas (pool decode)\n")
+    assert short.stderr == (
+        "lorafleet: note: 0 live replicas in pool decode now; the target is kept and met as "
+        "replicas join\n"
+    )
+    for rid, pool in (("r1", "decode"), ("r2", "prefill")):
+        registry.register_replica(rid, pool, "dep", 4, 30.0)
+    assert "1 live replicas in pool decode" in cli("adapters", "warm", "a", "--replicas", "2",
+                                                    "--pool", "decode").stderr  # fmt: skip
+    registry.register_replica("r3", "mixed", "dep", 4, 30.0)
     assert ok(cli("adapters", "warm", "a", "--replicas", "2", "--pool", "decode")) == (
         "warm target of a: 2 replicas (pool decode)\n"
     )
