@@ -20,6 +20,8 @@ from pathlib import Path
 
 import ray
 
+from deploy.run_cluster import port_taken
+
 ACTOR_NAME = "lorafleet-local-redis"
 ACTOR_NAMESPACE = "lorafleet"
 INSTALL_HINT = (
@@ -38,18 +40,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # as redis-server binds: a cluster stopped a moment ago leaves its Redis port's
-        # closed connections in TIME_WAIT (~60 s), which would fail a plain bind
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -66,7 +56,7 @@ def start_redis_server(port: int | None, data_dir: Path) -> tuple[str, subproces
         raise RedisNotInstalled(INSTALL_HINT)
     if port is None:
         port = free_port()
-    elif not _port_free(port):
+    elif port_taken("127.0.0.1", port):  # SO_REUSEADDR, as redis-server binds
         raise RuntimeError(f"port {port} on 127.0.0.1 is taken; pick another redis_port or none")
     data_dir.mkdir(parents=True, exist_ok=True)
     args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]

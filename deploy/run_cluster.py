@@ -42,8 +42,8 @@ BUILD_APP = "deploy.builder:build_app"
 
 def port_taken(host: str, port: int) -> bool:
     """Whether a listener holds host:port (a plain bind fails). SO_REUSEADDR, as the
-    proxies bind, so connections of a cluster stopped a moment ago (TIME_WAIT) do not
-    count."""
+    proxies and redis-server bind, so connections of a cluster stopped a moment ago
+    (TIME_WAIT, ~60 s) do not count (`deploy.local_redis` checks a fixed redis_port so)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -10,13 +10,14 @@ from lora_core.identity import AdapterRef
 from replica.sampling_params import SamplingParams
 
 
-def check_prompt_ids(ids: Sequence[int], vocab_size: int) -> None:
-    """Refuse token ids outside the vocabulary (InvalidRequest naming the first), as the
-    ingress and the offline runner answer a token-id prompt."""
+def check_prompt_ids(ids: Sequence[int], vocab_size: int, field: str = "prompt") -> None:
+    """Refuse token ids outside the vocabulary (InvalidRequest naming the first and the
+    body field), as the ingress and the offline runner answer a token-id prompt and the
+    ingress a /detokenize."""
     bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
     if bad:
         raise InvalidRequest(
-            f"prompt: token id {bad[0]!r} out of range; allowed: 0 <= id < {vocab_size}", "prompt"
+            f"{field}: token id {bad[0]!r} out of range; allowed: 0 <= id < {vocab_size}", field
         )
 
 

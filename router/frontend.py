@@ -191,15 +191,15 @@ class Frontend:
         """Tokenizes off the event loop, so a long prompt does not stall every other
         request on the ingress."""
         if isinstance(prompt, str):
-            ids = list(await self.encode_text(prompt))
+            ids = await self.encode_text(prompt)
         else:
-            ids = list(prompt)
+            ids = tuple(prompt)
             check_prompt_ids(ids, self.vocab_size)
         if not ids:
             raise InvalidRequest(
                 "prompt: empty; allowed: a non-empty string or token id list", "prompt"
             )
-        return tuple(ids)
+        return ids
 
     async def encode_text(self, text: str, add_special_tokens: bool = True) -> tuple[int, ...]:
         """Tokenizes text (maybe empty) in the worker thread."""

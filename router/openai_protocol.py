@@ -321,7 +321,12 @@ class ChatCompletionRequest(_Sampling):
 
     def chat_dicts(self) -> list[dict[str, str]]:
         """Messages as the tokenizer's chat template expects them."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return chat_dicts(self.messages)
+
+
+def chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the tokenizer's chat template expects them (chat and /tokenize)."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -17,10 +17,10 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, Field, model_validator
 from starlette.responses import JSONResponse, Response
 
-from lora_core.errors import InvalidRequest
+from replica.serve_protocol import check_prompt_ids
 from router.body_checks import only_neutral
 from router.frontend import Frontend
-from router.openai_protocol import BODY_CONFIG, ChatMessage, parse_request
+from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts, parse_request
 from router.rest import refusal
 
 
@@ -70,21 +70,21 @@ async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Respons
         await _authorize(front, api_key, req.model)
         if req.messages is not None:
             ids = await front.encode_chat(
-                [{"role": m.role, "content": m.text()} for m in req.messages],
-                add_generation_prompt=req.add_generation_prompt,
+                chat_dicts(req.messages), add_generation_prompt=req.add_generation_prompt
             )
         else:
             ids = await front.encode_text(req.prompt, req.add_special_tokens is not False)
     except Exception as e:
         return await refusal(front, api_key, e)
-    strs = front.tokenizer.convert_ids_to_tokens(list(ids)) if req.return_token_strs else None
+    tokens = list(ids)
+    strs = front.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
     return JSONResponse(
         {
-            "count": len(ids),
+            "count": len(tokens),
             "max_model_len": front.max_model_len,
-            "tokens": list(ids),
+            "tokens": tokens,
             "token_strs": strs,
-        }  # fmt: skip
+        }
     )
 
 
@@ -93,12 +93,7 @@ async def detokenize(front: Frontend, api_key: str | None, body: bytes) -> Respo
     try:
         req = await parse_request(DetokenizeRequest, body)
         await _authorize(front, api_key, req.model)
-        bad = [t for t in req.tokens if not 0 <= t < front.vocab_size]
-        if bad:
-            raise InvalidRequest(
-                f"tokens: token id {bad[0]} out of range; allowed: 0 <= id < {front.vocab_size}",
-                "tokens",
-            )
+        check_prompt_ids(req.tokens, front.vocab_size, "tokens")
         text = await front.decode(req.tokens)
     except Exception as e:
         return await refusal(front, api_key, e)
