@@ -24,3 +24,34 @@ def config_base_model(path: str) -> str | None:
     if not path.strip() or not config.is_file():  # Path("") is the working directory
         return None
     return LoraSpec.from_file(config).base_model or None
+
+
+def base_model_note(path: str, served_id: str) -> str | None:
+    """A note when the adapter config at path names a base model other than served_id,
+    the model this cluster serves (None when it names none, the same one, or one whose last
+    path component is served_id: "meta-llama/Llama-3-8B" is "Llama-3-8B", case aside).
+
+    Registration takes such an adapter when its shapes fit the served model, as vLLM and
+    LoRAX do: names are not reliable (served_model_name can be any alias, a base model
+    moves between directories). But an adapter trained on another model of the same shapes
+    (Llama-3 on Llama-3.1) loads and answers without error, and only its users would see
+    the damage, so the operator hears of it when it is registered."""
+    try:
+        named = config_base_model(path)
+    except Exception:  # the registration has read it: a config gone since is not worth a note
+        return None
+    if not named or _same_model(named, served_id):
+        return None
+    return (
+        f"the adapter's config names base model {named!r}; this cluster serves "
+        f"{served_id!r}. Its shapes fit, so it was registered as adapting {served_id!r}: "
+        "check that it was trained on this model (an adapter trained on another model "
+        "of the same shapes loads and answers, but not as it was trained to)"
+    )
+
+
+def _same_model(named: str, served_id: str) -> bool:
+    def last(name: str) -> str:
+        return name.rstrip("/").rsplit("/", 1)[-1].casefold()
+
+    return named.casefold() == served_id.casefold() or last(named) == last(served_id)

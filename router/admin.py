@@ -12,6 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Protocol
 
+from cluster.catalog import base_model_note
 from lora_core.aio import raise_if_cancelled
 from lora_core.errors import (
     AdapterAlreadyExists,
@@ -137,7 +138,16 @@ async def load_adapter(
         )
     except LoraFleetError as e:
         raise await _at_fault(registry, served, req, e) from None
-    return {"lora_name": rec.name, "version": rec.version, "content_hash": rec.content_hash}
+    out: dict[str, str | int] = {
+        "lora_name": rec.name,
+        "version": rec.version,
+        "content_hash": rec.content_hash,
+    }
+    if req.base_model is None:  # an explicit base_model was checked against the served one
+        warning = await asyncio.to_thread(base_model_note, path, served.model_id)
+        if warning is not None:
+            out["warning"] = warning
+    return out
 
 
 def check_adapter_path(path: str, roots: tuple[str, ...]) -> str:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cluster.catalog import config_base_model
+from cluster.catalog import base_model_note, config_base_model
 from cluster.cli.common import (
     DEFAULT_MAX_LORA_RANK,
     add_max_lora_rank,
@@ -153,8 +153,11 @@ def _register(reg: Registry, args: argparse.Namespace) -> int:
             f"registered {rec.name} version {rec.version} (rank {rec.rank}, "
             f"sha256 {rec.content_hash[:16]})"
         )
-    if note is not None:
-        print(f"lorafleet: note: {note}", file=sys.stderr)
+    notes = [note]
+    if served is not None and args.base_model is None:  # an explicit one was checked
+        notes.append(base_model_note(args.path, served.model_id))
+    for text in filter(None, notes):
+        print(f"lorafleet: note: {text}", file=sys.stderr)
     return 0
 
 

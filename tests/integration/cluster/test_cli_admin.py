@@ -274,6 +274,34 @@ def test_register_checks_the_clusters_served_base(cli, adapters, registry: Regis
     assert registry.get_adapter("s").base_model == "tiny-base"
 
 
+def test_register_notes_an_adapter_config_naming_another_base(cli, registry: Registry, tmp_path):
+    shape = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
+                      num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip
+    registry.set_served(ServedBase("Meta-Llama-3-8B", shape, max_lora_rank=16))
+    path = _save_peft(tmp_path / "other", seed=4, r=4, targets=["q_proj"])
+    config = path / "adapter_config.json"
+    config.write_text(
+        json.dumps(
+            {**json.loads(config.read_text()), "base_model_name_or_path": "org/Llama-3.1-8B"}
+        )
+    )
+    proc = cli("adapters", "register", "other", str(path))
+    assert proc.returncode == 0 and proc.stdout.startswith("registered other version 1"), proc
+    [note] = proc.stderr.splitlines()
+    assert note.startswith("lorafleet: note: the adapter's config names base model "
+                           "'org/Llama-3.1-8B'; this cluster serves 'Meta-Llama-3-8B'")  # fmt: skip
+    assert registry.get_adapter("other").base_model == "Meta-Llama-3-8B"
+    # an operator who names the served model vouches for it; a config naming it needs no note
+    ok(cli("adapters", "register", "other", str(path), "--replace", "--base-model",
+           "Meta-Llama-3-8B"))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {**json.loads(config.read_text()), "base_model_name_or_path": "meta/Meta-Llama-3-8B"}
+        )
+    )
+    ok(cli("adapters", "register", "same", str(path)))
+
+
 def test_register_rank_limit_defaults_to_the_clusters(cli, registry: Registry, tmp_path):
     big = _save_peft(tmp_path / "r80", seed=3, r=80, targets=["q_proj"])
     # no cluster published its limit: the default one (64, the cluster's default)

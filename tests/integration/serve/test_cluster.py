@@ -9,6 +9,8 @@ model and adapter directories.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import time
 import uuid
 
@@ -321,6 +323,25 @@ def test_adapters_that_cannot_serve_are_refused_not_500(cluster, tmp_path):
     reg.close()
 
 
+def test_load_warns_when_the_adapter_config_names_another_base(cluster, tmp_path):
+    path = tmp_path / "other-base"
+    shutil.copytree(cluster.adapters["extra-1"], path)
+    config = path / "adapter_config.json"
+    cfg = {**json.loads(config.read_text()), "base_model_name_or_path": "org/another-model"}
+    config.write_text(json.dumps(cfg))
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    body = {"lora_name": "other-base", "lora_path": str(path)}
+    r = httpx.post(f"{cluster.http}/v1/load_lora_adapter", json=body, headers=admin, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["warning"].startswith(
+        f"the adapter's config names base model 'org/another-model'; this cluster serves "
+        f"{cluster.base!r}"
+    )
+    reg = cluster.registry()
+    assert reg.unregister_adapter("other-base") in ("draining", "removed")
+    reg.close()
+
+
 def test_admin_endpoints(cluster):
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     path = str(cluster.adapters["extra-1"])
@@ -329,6 +350,7 @@ def test_admin_endpoints(cluster):
     assert r.status_code == 401
     r = httpx.post(f"{cluster.http}/v1/load_lora_adapter", json=body, headers=admin, timeout=30)
     assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    assert "warning" not in r.json()  # its config names no other base model
     assert (
         complete(cluster, "late-tenant").choices[0].text
         == complete(cluster, "extra-1").choices[0].text
