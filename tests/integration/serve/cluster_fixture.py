@@ -49,6 +49,18 @@ class Cluster:
     def registry(self) -> Registry:
         return Registry(self.redis_url)
 
+    def grpc_stub(self):
+        """An Inference stub on a new channel to the cluster's gRPC proxy."""
+        import grpc
+
+        from router.proto import lorafleet_pb2_grpc as pb_grpc
+
+        return pb_grpc.InferenceStub(grpc.insecure_channel(self.grpc))
+
+    def grpc_auth(self, key: str = "ops") -> tuple[tuple[str, str], ...]:
+        """gRPC metadata carrying the API key of `key` (a name in `keys`)."""
+        return (("authorization", f"Bearer {self.keys[key]}"),)
+
     def replica_actors(self) -> dict[str, ray.actor.ActorHandle]:
         """Serve replica id -> actor handle of each live LoraReplica."""
         out = {}
