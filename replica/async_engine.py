@@ -193,6 +193,8 @@ class AsyncEngine:
                 self.engine.abort(request_id)
 
     def _add(self, request_id, prompt_token_ids, params, adapter, cache_salt="") -> None:
+        if params.structured_outputs is not None:  # compiled once, outside the engine lock
+            self.engine.grammars.compile(params.structured_outputs)
         if adapter is None:
             with self._engine_locked():
                 self.engine.add_request(request_id, prompt_token_ids, params, cache_salt=cache_salt)

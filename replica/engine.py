@@ -26,6 +26,7 @@ from replica.sampler import SeedStream, sample
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
 from replica.sequence import Sequence, Status
+from replica.structured import Grammars, restrict
 
 log = logging.getLogger("lorafleet.engine")
 
@@ -52,6 +53,7 @@ class LLMEngine:
         self.eos_ids = p.eos_token_ids
         self._eos_tuple = tuple(sorted(self.eos_ids))
         self.vocab_size = p.vocab_size
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)
         self._seqs: dict[str, Sequence] = {}
         self._arrival = itertools.count()
         self._pending: list[RequestOutput] = []
@@ -98,6 +100,8 @@ class LLMEngine:
         if request_id in self._seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         self._check_prompt(prompt_token_ids, params)
+        spec = params.structured_outputs
+        matcher = self.grammars.matcher(spec) if spec is not None else None
         if adapter is not None:
             self.adapters.register(adapter)
         seq = Sequence(
@@ -109,6 +113,7 @@ class LLMEngine:
             arrival=next(self._arrival),
             rng=SeedStream(params.seed) if params.seed is not None else None,
             cache_salt=cache_salt,
+            matcher=matcher,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq, want_held)
@@ -207,11 +212,21 @@ class LLMEngine:
             return outputs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]
         banned = [self._banned(s) for s in seqs]
-        sampled = sample(result.logits, params, streams, self.generator, seqs, banned)
+        guided = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if guided:  # the host fills the masks while the device runs the forward
+            allowed = self.grammars.allowed([seqs[i].matcher for i in guided], result.logits.device)
+            logits = restrict(result.logits, guided, allowed)
+        else:
+            logits = result.logits
+        sampled = sample(logits, params, streams, self.generator, seqs, banned)
         bad = set(sampled.non_finite)
         for i, seq in enumerate(seqs):
             if i in bad:
-                outputs.append(self._fail(seq, NonFiniteLogits(seq.request_id, seq.num_output)))
+                outputs.append(self._fail(seq, self._non_finite(seq)))
+                continue
+            if seq.matcher is not None and not seq.matcher.accept_token(sampled.tokens[i]):
+                why = f"request {seq.request_id}: the grammar refused a token it allowed"
+                outputs.append(self._fail(seq, LoraFleetError(why)))
                 continue
             if seq.params.logprobs:
                 seq.logprobs.append(sampled.logprobs[i])
@@ -219,6 +234,18 @@ class LLMEngine:
                 seq.top_logprobs.append(sampled.top[i])
             outputs.append(self._append(seq, sampled.tokens[i]))
         return outputs
+
+    def _non_finite(self, seq: Sequence) -> LoraFleetError:
+        """The error of a row left with no finite logit: with structured outputs, when
+        the grammar's tokens were all masked by the request's other fields, its own."""
+        if seq.matcher is None:
+            return NonFiniteLogits(seq.request_id, seq.num_output)
+        return InvalidRequest(
+            f"request {seq.request_id}: at output token {seq.num_output} the structured "
+            "output allows no token the request's other fields leave (or the model's "
+            "logits are not finite); generation stopped",
+            "structured_outputs",
+        )
 
     def _fail(self, seq: Sequence, error: LoraFleetError) -> RequestOutput:
         """Stop seq with `error` (its tokens so far were delivered already)."""

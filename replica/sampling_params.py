@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lora_core.errors import InvalidRequest
+from replica.structured import StructuredOutput
 
 MAX_TEMPERATURE = 2.0
 # Signed 64-bit: gRPC's seed is an int64, and torch.Generator.manual_seed, which also
@@ -102,6 +103,9 @@ class SamplingParams:
     logit_bias: ((token id, bias), ...) sorted by id, each id once; logit[id] += bias
         (-100 <= bias <= 100, at most 300 ids; the engine checks ids against its vocabulary).
     See replica/logits_processors.py for the order they apply in.
+    structured_outputs: None, or what the output must match (a JSON schema, a regular
+        expression, ...: `replica.structured`); its mask applies after all of the above.
+        Not with min_tokens or ignore_eos (the grammar ends the output).
     """
 
     max_tokens: int = 16
@@ -120,6 +124,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    structured_outputs: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 0:
@@ -171,6 +176,30 @@ class SamplingParams:
         self._check_top_logprobs()
         self._check_penalties()
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
+        self._check_structured()
+
+    def _check_structured(self) -> None:
+        spec = self.structured_outputs
+        if spec is None:
+            return
+        if not isinstance(spec, StructuredOutput):
+            raise InvalidRequest(
+                f"structured_outputs: got {type(spec).__name__}; allowed: null or a StructuredOutput",
+                "structured_outputs",
+            )
+        # the grammar decides where the output ends: EOS is its end, allowed only there
+        if self.min_tokens:
+            raise InvalidRequest(
+                f"min_tokens={self.min_tokens} with structured outputs; allowed: 0 (the "
+                "grammar decides where the output ends)",
+                "min_tokens",
+            )
+        if self.ignore_eos:
+            raise InvalidRequest(
+                "ignore_eos: true with structured outputs; allowed: false (the grammar "
+                "ends the output with EOS)",
+                "ignore_eos",
+            )
 
     def _check_stop_token_ids(self) -> None:
         ids = self.stop_token_ids

@@ -58,6 +58,8 @@ class Sequence:
     announced: int = 0
     lora_slot: int = -1
     holds_slot: bool = False
+    matcher: Any = None
+    """With params.structured_outputs: the xgrammar GrammarMatcher of the tokens so far."""
     finish_reason: str | None = None
     text: str = ""
     emitted_text_len: int = 0

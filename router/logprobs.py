@@ -26,6 +26,10 @@ from tokenizers import decoders
 
 from replica.outputs import RequestOutput, TopLogprobs
 
+LOGPROB_FLOOR = -9999.0
+"""What a logprob of -inf is sent as (vLLM's clamp; JSON has no infinity): a prompt
+token's, or a top token a structured output's grammar forbids (`replica.structured`)."""
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: vocab character -> the byte it stands for.
@@ -177,4 +181,4 @@ class LogprobReader:
 
     def _candidate(self, token_id: int, logprob: float) -> Candidate:
         info = self.table[token_id]
-        return Candidate(info.text, info.raw, logprob)
+        return Candidate(info.text, info.raw, max(logprob, LOGPROB_FLOOR))

@@ -25,10 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replica.outputs import RequestOutput
-from router.logprobs import TokenTable
-
-LOGPROB_FLOOR = -9999.0
-"""What a logprob of -inf is sent as (vLLM's `clamp_prompt_logprobs`)."""
+from router.logprobs import LOGPROB_FLOOR, TokenTable
 
 PromptLogprobs = list[dict[str, dict[str, Any]] | None]
 

@@ -1,0 +1,221 @@
+"""Structured outputs: a request's tokens kept to a JSON schema, any JSON object, a
+regular expression, one of a list of strings, or an EBNF grammar (vLLM's structured
+outputs and OpenAI's `response_format`). xgrammar does the grammar work, as in vLLM.
+
+How a step runs: each constrained sequence holds an `xgrammar.GrammarMatcher` (its
+grammar compiled once per engine and cached). After the model's forward is launched, the
+host fills one bitmask row per constrained sequence (the tokens its matcher allows next:
+this overlaps with the device's forward), copies the bitmask over once, and every other
+token's logit is set to -inf before the sampler sees the logits (so before logit_bias,
+the penalties, the argmax or the draw). The sampled token is then fed to the matcher.
+As in vLLM, a constrained request's logprobs are those of this masked distribution: a
+token the grammar forbids has logprob -inf and is never among the top logprobs (every
+other logits change leaves logprobs raw). A batch with no constrained row pays nothing.
+
+JSON grammars are compiled without free whitespace between tokens (xgrammar's
+`any_whitespace=False`): one space after ':' and ',', none elsewhere, so a model cannot
+run to max_tokens emitting newlines inside a JSON value (a known failure of free-whitespace
+JSON grammars). Output that reaches max_tokens first ends with "length" and may be
+incomplete, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lora_core.errors import InvalidRequest
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_SPEC_CHARS = 65536
+"""Longest schema, regular expression or grammar taken (characters)."""
+MAX_CHOICES = 256
+MAX_CHOICE_CHARS = 1024
+CACHE_SIZE = 256
+"""Compiled grammars an engine keeps (least recently used dropped first)."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What a request's output must match.
+
+    kind: "json" (value: a JSON schema, as JSON text), "json_object" (any JSON object;
+    value ""), "regex" (value: the expression, matched whole), "choice" (value: a tuple of
+    strings; the output is exactly one of them) or "grammar" (value: EBNF, xgrammar's
+    dialect of GBNF, with a `root` rule).
+
+    Example: StructuredOutput("choice", ("yes", "no")).
+    """
+
+    kind: str
+    value: str | tuple[str, ...] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"structured output kind {self.kind!r}; allowed: {', '.join(KINDS)}")
+        if self.kind == "choice":
+            if not isinstance(self.value, tuple) or not 1 <= len(self.value) <= MAX_CHOICES:
+                raise ValueError(f"choice: 1 to {MAX_CHOICES} strings")
+            for c in self.value:
+                if not isinstance(c, str) or not 1 <= len(c) <= MAX_CHOICE_CHARS:
+                    raise ValueError(f"choice: each a string of 1 to {MAX_CHOICE_CHARS} characters")
+        elif self.kind == "json_object":
+            if self.value != "":
+                raise ValueError("json_object takes no value")
+        elif not isinstance(self.value, str) or not 1 <= len(self.value) <= MAX_SPEC_CHARS:
+            raise ValueError(f"{self.kind}: a string of 1 to {MAX_SPEC_CHARS} characters")
+
+    def grammar(self) -> Any:
+        """The tokenizer-free `xgrammar.Grammar`; ValueError naming what is wrong (a
+        schema xgrammar does not support, a regular expression or grammar that does not
+        parse). Example: StructuredOutput("regex", "a(b").grammar() -> ValueError."""
+        import xgrammar as xgr
+
+        try:
+            if self.kind == "json":
+                return xgr.Grammar.from_json_schema(self.value, any_whitespace=False)
+            if self.kind == "json_object":
+                return xgr.Grammar.builtin_json_grammar()
+            if self.kind == "regex":
+                return xgr.Grammar.from_regex(self.value)
+            if self.kind == "choice":
+                return xgr.Grammar.from_ebnf(choice_ebnf(self.value))
+            return xgr.Grammar.from_ebnf(self.value)
+        except RuntimeError as e:
+            raise ValueError(_reason(e)) from None
+
+
+def choice_ebnf(choices: Iterable[str]) -> str:
+    """An EBNF grammar matching exactly one of choices.
+    Example: ("a", 'b"') -> 'root ::= "a" | "b\\""'."""
+    return "root ::= " + " | ".join(f'"{_escape(c)}"' for c in choices)
+
+
+def _escape(text: str) -> str:
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _reason(e: RuntimeError) -> str:
+    """xgrammar's message without its source location ("[05:07:12] /project/cpp/x.cc:94: ")."""
+    text = str(e).strip()
+    return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(e).__name__
+
+
+def parse_json_schema(schema: object, field: str) -> str:
+    """A JSON schema given as an object or as JSON text -> its JSON text; InvalidRequest
+    naming field when it is neither an object nor text of one."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise InvalidRequest(
+                f"{field}: not valid JSON; allowed: a JSON schema", field
+            ) from None
+    if not isinstance(schema, dict):
+        raise InvalidRequest(
+            f"{field}: got {type(schema).__name__}; allowed: a JSON schema object", field
+        )
+    return json.dumps(schema, sort_keys=True)
+
+
+class Grammars:
+    """One engine's compiled grammars and the token masks of a step.
+
+    tokenizer: the engine's (a Hugging Face tokenizer); vocab_size: the width of the
+    model's logits (may exceed the tokenizer's: those ids are never allowed); stop_ids:
+    the tokens that end a sequence (EOS), which a grammar allows once it is complete.
+    Thread-safe: the async front compiles before taking the engine lock."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Iterable[int]):
+        self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, sorted(stop_ids)
+        self._compiler: Any = None
+        self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._shifts: dict[torch.device, torch.Tensor] = {}
+
+    def compile(self, spec: StructuredOutput) -> Any:
+        """The `xgrammar.CompiledGrammar` of spec, compiled on first use; InvalidRequest
+        (param "structured_outputs") when spec does not compile."""
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is not None:
+                self._cache.move_to_end(spec)
+                return compiled
+            try:
+                compiled = self._get_compiler().compile_grammar(spec.grammar())
+            except ValueError as e:
+                raise InvalidRequest(
+                    f"structured output ({spec.kind}): {e}", "structured_outputs"
+                ) from None
+            self._cache[spec] = compiled
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return compiled
+
+    def matcher(self, spec: StructuredOutput) -> Any:
+        """A new `xgrammar.GrammarMatcher` for one sequence."""
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compile(spec))
+
+    def allowed(self, matchers: list[Any], device: torch.device) -> torch.Tensor:
+        """bool [len(matchers), vocab_size] on device: the tokens each matcher allows next
+        (filled on the host, one copy to the device, unpacked there)."""
+        import xgrammar as xgr
+
+        bits = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i, m in enumerate(matchers):
+            m.fill_next_token_bitmask(bits, i)
+        return unpack_bitmask(bits.to(device), self.vocab_size, self._shift(device))
+
+    def _shift(self, device: torch.device) -> torch.Tensor:
+        shifts = self._shifts.get(device)
+        if shifts is None:
+            shifts = self._shifts[device] = torch.arange(32, dtype=torch.int32, device=device)
+        return shifts
+
+    def _get_compiler(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids
+            )
+            self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        return self._compiler
+
+
+def unpack_bitmask(
+    bits: torch.Tensor, vocab_size: int, shifts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """int32 [n, ceil(V / 32)] (bit j of word w: token 32 w + j is allowed) -> bool [n, V]."""
+    if shifts is None:
+        shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    unpacked = (bits.unsqueeze(-1) >> shifts) & 1
+    return unpacked.view(bits.shape[0], -1)[:, :vocab_size].bool()
+
+
+def restrict(logits: torch.Tensor, rows: list[int], allowed: torch.Tensor) -> torch.Tensor:
+    """float32 [n, V] -> a copy with every logit of rows that `allowed` ([len(rows), V],
+    in rows' order) does not allow set to -inf (a copy: the model's logits are inference
+    tensors, maybe a CUDA graph's output buffer)."""
+    index = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
+    return logits.index_put((index,), logits[index].masked_fill(~allowed, float("-inf")))
