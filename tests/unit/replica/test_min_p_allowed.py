@@ -5,6 +5,7 @@ logit_bias and the penalties); rows without them are untouched and cost nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -223,4 +224,6 @@ def test_allowed_values_are_normalised():
     p = SamplingParams(min_p=1, allowed_token_ids=[5, 3, 5, 0])
     assert (p.min_p, p.allowed_token_ids) == (1.0, (0, 3, 5))
     assert p.allowed_array.tolist() == [0, 3, 5] and p.processes_logits
+    # a choice's params (n > 1) keep them, not checked again
+    assert dataclasses.replace(p, seed=1).allowed_token_ids == (0, 3, 5)
     assert not SamplingParams(min_p=0.3).processes_logits
