@@ -125,6 +125,8 @@ class LLMEngine:
             raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size})")
         self._check_in_vocab("logit_bias", [t for t, _ in params.logit_bias])
         self._check_in_vocab("stop_token_ids", params.stop_token_ids)
+        self._check_in_vocab("allowed_token_ids", params.allowed_token_ids or ())
+        self._check_allowed_can_start(params)
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -142,6 +144,20 @@ class LLMEngine:
                 f"{field}: token id {largest} out of range; allowed: token ids "
                 f"0 <= id < {self.vocab_size}",
                 field,
+            )
+
+    def _check_allowed_can_start(self, p: SamplingParams) -> None:
+        """Refuse allowed_token_ids that are all banned below min_tokens (each would stop
+        the request): the first step would have no token left to sample."""
+        if p.allowed_token_ids is None or not p.min_tokens:
+            return
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
+        if stops.issuperset(p.allowed_token_ids):
+            raise InvalidRequest(
+                f"allowed_token_ids: every allowed token ends the request (EOS or "
+                f"stop_token_ids), which min_tokens={p.min_tokens} forbids before then; "
+                "allowed: at least one other token id, or min_tokens 0",
+                "allowed_token_ids",
             )
 
     def _check_fits_cache(self, prompt_len: int, max_tokens: int) -> None:

@@ -1,14 +1,19 @@
 """Per-request changes of the logits that decide which token is picked: logit_bias, the
-repetition / presence / frequency penalties (OpenAI and vLLM semantics) and the tokens a
-row may not sample this step (min_tokens' stop tokens: a bias of -inf).
+repetition / presence / frequency penalties (OpenAI and vLLM semantics), the tokens a
+row may not sample this step (min_tokens' stop tokens: a bias of -inf) and the only
+tokens it may sample (allowed_token_ids).
 
 Semantics per row, in this order (vLLM's), on the raw logits, before greedy argmax and
-before temperature / top-k / top-p; count_j is how many times token j appears among the
-tokens generated so far, seen_j whether j is in the prompt or among them:
+before temperature / min-p / top-k / top-p; count_j is how many times token j appears
+among the tokens generated so far, seen_j whether j is in the prompt or among them:
 
     logit[j] += bias_j                                          (logit_bias)
     if seen_j: logit[j] = logit[j] / r if logit[j] > 0 else logit[j] * r   (repetition r)
     logit[j] -= presence * (count_j > 0) + frequency * count_j  (OpenAI's penalties)
+    if j not in allowed: logit[j] = -inf                        (allowed_token_ids)
+
+vLLM masks allowed_token_ids first; -inf stays -inf under every step above, so masking
+last gives the same logits.
 
 Cost: when no row uses any of them, nothing (the logits come back as they are: no launch,
 no host sync, no allocation). Otherwise one copy of the logits (the caller's stay raw, for
@@ -19,8 +24,10 @@ biases as float32), with numpy per row, not per token (each prompt converted onc
 request), and sends it from pinned memory. The biases go in by one scatter_add; the
 penalties change only the entries of tokens a penalised row has seen, which are gathered,
 penalised and written back by one scatter, each entry's output count coming from a sorted
-copy of the output entries (two searchsorted). Nothing of size rows x vocabulary is built,
-nothing is read back.
+copy of the output entries (two searchsorted). A row with allowed_token_ids has its
+allowed entries gathered, its whole row filled with -inf and the entries scattered back
+(one gather, one fill, one scatter for all such rows; its ids cross as flat indices).
+Nothing else of size rows x vocabulary is built, nothing is read back.
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ def process_logits(
     are bit-identical). history: each row's tokens (needed when a row is penalised).
     banned: each row's tokens whose logit becomes -inf (after logit_bias; None: none).
 
-    Example: logits [[1., -1., 2.]], repetition 2 and tokens [0, 1] -> [[.5, -2., 2.]].
+    Example: logits [[1., -1., 2.]], repetition 2 and tokens [0, 1] -> [[.5, -2., 2.]];
+    allowed_token_ids (0, 1) -> [[1., -1., -inf]].
     """
     banned = banned or [()] * len(params)
     rows = [i for i, p in enumerate(params) if p.processes_logits or banned[i]]
@@ -80,10 +88,15 @@ def process_logits(
     flat = out.view(-1)
     floats = at[plan.floats_at :].view(torch.float32)
     if plan.num_bias:
-        where = at[plan.num_seen : plan.floats_at]
+        where = at[plan.num_seen : plan.allowed_at]
         flat.scatter_add_(0, where, floats[3 * n : 3 * n + plan.num_bias])
     if plan.num_seen:
         _penalise(flat, at[: plan.num_seen], plan.num_out, floats[: 3 * n].view(n, 3), vocab)
+    if plan.num_allowed:
+        where = at[plan.allowed_at : plan.masked_at]
+        kept = flat.gather(0, where)
+        out.index_fill_(0, at[plan.masked_at : plan.floats_at], float("-inf"))
+        flat.scatter_(0, where, kept)
     return out
 
 
@@ -114,14 +127,18 @@ class _Plan:
         [0, num_seen)             flat indices row * V + token of the entries to penalise:
                                   every penalised row's generated tokens first (num_out of
                                   them), then the prompts of rows whose repetition is on
-        [num_seen, floats_at)     flat indices of the logit_bias pairs, then of the
+        [num_seen, allowed_at)    flat indices of the logit_bias pairs, then of the
                                   banned tokens (bias -inf)
+        [allowed_at, masked_at)   flat indices of the allowed_token_ids of the rows
+                                  that have them (num_allowed)
+        [masked_at, floats_at)    those rows
         [floats_at, ...)          float32, two per word: factors [n, 3] (repetition,
                                   frequency, presence; rows without penalties 1, 0, 0),
                                   then the bias values
 
     Example (V = 10, n = 2; row 0 with repetition 2 on, prompt [3], output [4, 4]; row 1
-    without it, output [5], bias {7: 1.5}): seen [4, 4, 15, 3], num_out 3, bias at [17].
+    without it, output [5], bias {7: 1.5}, allowed (2, 7)): seen [4, 4, 15, 3], num_out 3,
+    bias at [17], allowed at [12, 17], masked rows [1].
     """
 
     words: np.ndarray
@@ -129,6 +146,12 @@ class _Plan:
     num_out: int
     floats_at: int
     num_bias: int
+    allowed_at: int
+    masked_at: int
+
+    @property
+    def num_allowed(self) -> int:
+        return self.masked_at - self.allowed_at
 
     @classmethod
     def build(
@@ -151,13 +174,22 @@ class _Plan:
         biases = [b for i in rows for _, b in params[i].logit_bias]
         bias_at += [i * vocab + t for i in rows for t in banned[i]]
         biases += [-np.inf] * (len(bias_at) - len(biases))
-        floats_at = num_seen + len(bias_at)
+        masked = [i for i in rows if params[i].allowed_token_ids is not None]
+        allowed = [params[i].allowed_array for i in masked]
+        allowed_at = num_seen + len(bias_at)
+        masked_at = allowed_at + sum(len(a) for a in allowed)
+        floats_at = masked_at + len(masked)
         words = np.empty(floats_at + (3 * n + len(biases) + 1) // 2, dtype=np.int64)
         if num_seen:
             np.concatenate(seen, out=words[:num_seen])
             offsets = np.asarray(penalised + repeated, dtype=np.int64) * vocab
             words[:num_seen] += np.repeat(offsets, lengths)
-        words[num_seen:floats_at] = bias_at
+        words[num_seen:allowed_at] = bias_at
+        if masked:
+            np.concatenate(allowed, out=words[allowed_at:masked_at])
+            offsets = np.asarray(masked, dtype=np.int64) * vocab
+            words[allowed_at:masked_at] += np.repeat(offsets, [len(a) for a in allowed])
+            words[masked_at:floats_at] = masked
         floats = words[floats_at:].view(np.float32)
         factors = floats[: 3 * n].reshape(n, 3)
         factors[:] = (1.0, 0.0, 0.0)
@@ -167,7 +199,7 @@ class _Plan:
                 for p in (params[i] for i in penalised)
             ]
         floats[3 * n : 3 * n + len(biases)] = biases
-        return cls(words, num_seen, num_out, floats_at, len(biases))
+        return cls(words, num_seen, num_out, floats_at, len(biases), allowed_at, masked_at)
 
 
 class _Staging:

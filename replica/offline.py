@@ -77,8 +77,9 @@ class OfflineJob:
         fields = {**self.defaults, **given}
         if isinstance(fields.get("stop"), list):
             fields["stop"] = tuple(fields["stop"])
-        if isinstance(fields.get("stop_token_ids"), list):
-            fields["stop_token_ids"] = tuple(fields["stop_token_ids"])
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            if isinstance(fields.get(name), list):
+                fields[name] = tuple(fields[name])
         if "logit_bias" in fields:
             fields["logit_bias"] = logit_bias_of_json(fields["logit_bias"])
         return SamplingParams(**fields)

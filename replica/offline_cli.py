@@ -80,6 +80,8 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         _is_number,
         f"a number 0 < repetition_penalty <= {MAX_REPETITION_PENALTY:g} (1 = off)",
     ),
+    "min_p": (_is_number, "a number 0 <= min_p <= 1 (0 = off)"),
+    "allowed_token_ids": (_is_int_list, "a non-empty list of token ids"),
     "logit_bias": (
         _is_bias_object,
         f"an object of token ids as decimal strings to numbers -{MAX_BIAS:g}..{MAX_BIAS:g} "

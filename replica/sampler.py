@@ -1,10 +1,11 @@
-"""Token sampling: logit_bias and penalties, greedy, temperature, top-k, top-p,
-per-request seeded streams.
+"""Token sampling: logit_bias, penalties and allowed_token_ids, greedy, temperature,
+min-p, top-k, top-p, per-request seeded streams.
 
 A seeded request draws from its own SeedStream (a counter-based hash of its seed), so it
 gives the same tokens whatever else shares its batch.
 Logprobs are of the sampled token under the model's raw distribution (log_softmax of the
-logits before logit_bias, penalties, temperature, top-k and top-p: vLLM's default
+logits before logit_bias, penalties, allowed_token_ids, temperature, min-p, top-k and
+top-p: vLLM's default
 "raw_logprobs"); top logprobs are the most likely tokens of that same distribution.
 Neither is computed unless some row asks.
 """
@@ -52,11 +53,14 @@ def sample(
     each row's prompt and generated tokens (read only for penalised rows). banned: token
     ids each row may not sample this step (min_tokens' stop tokens; None: none).
 
-    Semantics per row: first logit_bias and the penalties (`process_logits`); a greedy
-    row then takes the argmax, a non-greedy row keeps the top_k most likely tokens of
-    softmax(logits / t) (0 = all), then the smallest most-likely-first prefix of what is
-    left whose mass reaches top_p, and draws one token from the kept ones in proportion
-    to their probability, by the row's own uniform draws. Rows are drawn in batches of tensor
+    Semantics per row: first logit_bias, the penalties and allowed_token_ids
+    (`process_logits`); a greedy row then takes the argmax, a non-greedy row takes
+    softmax(logits / t), drops the tokens less likely than min_p x its most likely one
+    (0 = none; vLLM v1's order: after temperature, before top-k / top-p; HF applies it
+    after them), keeps the top_k most likely of the rest (0 = all), then the smallest
+    most-likely-first prefix of what is left whose renormalised mass reaches top_p, and
+    draws one token from the kept ones in proportion to their probability, by the row's
+    own uniform draws. Rows are drawn in batches of tensor
     ops: rows with top_k over their top-k (one `topk`), rows with only top_p by rejection
     against the nucleus (no sort of the vocabulary; a host sync per rejection round),
     the rest straight from their distribution. Rows with a NaN or +inf logit, or none
@@ -92,7 +96,8 @@ def sample(
 
 
 def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """float32 [m, V] (finite rows) -> softmax(logits / t) per row.
+    """float32 [m, V] (finite rows) -> softmax(logits / t) per row, min-p applied
+    (`_min_p`) when a row has it.
 
     The row max is subtracted before dividing: for a tiny t (1e-38 is a valid temperature)
     logits / t overflow to +-inf and softmax turns them into NaN, which drew arbitrary
@@ -103,7 +108,24 @@ def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
     temps = temps.clamp_(min=torch.finfo(temps.dtype).tiny)
     shifted = logits - logits.amax(dim=-1, keepdim=True)
-    return torch.softmax(shifted / temps[:, None], dim=-1)
+    probs = torch.softmax(shifted / temps[:, None], dim=-1)
+    return _min_p(probs, params) if any(p.min_p for p in params) else probs
+
+
+def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """probs: float32 [m, V] -> the same with, in each row with min_p > 0, the tokens less
+    likely than min_p x the row's most likely one set to 0 and the rest renormalised
+    (vLLM's and HF's MinPLogitsWarper rule; the most likely token always stays). Rows
+    without min_p come back bit-identical (threshold 0, divided by 1), so a seeded row
+    draws the same whatever shares its batch.
+
+    Example: probs [[.5, .3, .15, .05]], min_p 0.5 -> [[.625, .375, 0, 0]].
+    """
+    min_p = torch.tensor([p.min_p for p in params], device=probs.device)
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    kept = torch.where(probs >= threshold, probs, 0.0)
+    mass = torch.where(min_p > 0, kept.sum(dim=-1), 1.0)
+    return kept / mass[:, None]
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

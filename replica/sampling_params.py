@@ -11,6 +11,9 @@ import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
 
 from lora_core.errors import InvalidRequest
 from replica.structured import StructuredOutput
@@ -67,6 +70,13 @@ MAX_TOKEN_ID_DIGITS = 19
 """Significant digits of a logit_bias key at most (no vocabulary nears 10**19 ids).
 Python refuses to convert a decimal string of more than 4300 digits (a ValueError): an
 unbounded key was a 500 on REST."""
+MAX_ALLOWED_TOKEN_IDS = 262_144
+"""allowed_token_ids entries per request at most: as many as the largest vocabularies
+in use have tokens (Gemma 3's 262144); the engine refuses ids past its own vocabulary."""
+ALLOWED_TOKEN_IDS_ALLOWED = (
+    f"allowed: null (off) or a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids "
+    "(integers >= 0; a repeated id counts once)"
+)
 KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50256")'
 
 
@@ -79,6 +89,9 @@ class SamplingParams:
     temperature: 0 means greedy; otherwise logits are divided by it (0 <= t <= 2, OpenAI's range).
     top_p: nucleus mass kept (0 < p <= 1).
     top_k: keep the k most likely tokens (0 = off; -1, vLLM's "off", is read as 0).
+    min_p: vLLM / HF's (0 <= p <= 1, 0 = off): a non-greedy row drops the tokens whose
+        probability (after temperature) is below min_p x its most likely token's, before
+        top_k and top_p (vLLM v1's order); greedy rows ignore it.
     seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
     stop: strings that end generation (the stop string is not included in the text).
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS); at most
@@ -102,6 +115,10 @@ class SamplingParams:
         multiplied by it.
     logit_bias: ((token id, bias), ...) sorted by id, each id once; logit[id] += bias
         (-100 <= bias <= 100, at most 300 ids; the engine checks ids against its vocabulary).
+    allowed_token_ids: None (off), or vLLM's: the only tokens the row may sample (greedy
+        or not; every other logit is -inf), as sorted distinct ids (repeats in the given
+        list are dropped, as vLLM accepts them; at most MAX_ALLOWED_TOKEN_IDS given; the
+        engine checks ids against its vocabulary).
     See replica/logits_processors.py for the order they apply in.
     structured_outputs: None, or what the output must match (a JSON schema, a regular
         expression, ...: `replica.structured`); its mask applies after all of the above.
@@ -124,6 +141,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    min_p: float = 0.0
+    allowed_token_ids: tuple[int, ...] | None = None
     structured_outputs: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -176,6 +195,8 @@ class SamplingParams:
         self._check_top_logprobs()
         self._check_penalties()
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
+        self._check_min_p()
+        self._check_allowed_token_ids()
         self._check_structured()
 
     def _check_structured(self) -> None:
@@ -250,6 +271,41 @@ class SamplingParams:
             )
         object.__setattr__(self, "repetition_penalty", float(p))
 
+    def _check_min_p(self) -> None:
+        p = self.min_p
+        if not (_is_number(p) and 0.0 <= p <= 1.0):
+            raise InvalidRequest(
+                f"min_p={p!r}; allowed: a number 0 <= min_p <= 1 (0 = off)", "min_p"
+            )
+        object.__setattr__(self, "min_p", float(p))
+
+    def _check_allowed_token_ids(self) -> None:
+        ids = self.allowed_token_ids
+        if ids is None or isinstance(ids, _CheckedIds):
+            return
+        problem = None
+        if not isinstance(ids, list | tuple):
+            problem = f"got {type(ids).__name__}"
+        elif not ids:
+            problem = "an empty list allows no token"
+        elif len(ids) > MAX_ALLOWED_TOKEN_IDS:
+            problem = f"{len(ids)} token ids"
+        else:
+            bad = [t for t in ids if not (is_int(t) and t >= 0)][:1]
+            if bad:
+                problem = f"token id {SHORT.repr(bad[0])}"
+        if problem is not None:
+            raise InvalidRequest(
+                f"allowed_token_ids: {problem}; {ALLOWED_TOKEN_IDS_ALLOWED}", "allowed_token_ids"
+            )
+        object.__setattr__(self, "allowed_token_ids", _CheckedIds(sorted(set(ids))))
+
+    @cached_property
+    def allowed_array(self) -> np.ndarray:
+        """int64 [k]: allowed_token_ids, converted once per request (the logits processor
+        reads them every step); empty when they are off."""
+        return np.asarray(self.allowed_token_ids or (), dtype=np.int64)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -263,8 +319,17 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether any of logit_bias and the penalties changes this request's logits."""
-        return bool(self.logit_bias) or self.penalised
+        """Whether any of logit_bias, the penalties and allowed_token_ids changes this
+        request's logits."""
+        return bool(self.logit_bias) or self.penalised or self.allowed_token_ids is not None
+
+
+class _CheckedIds(tuple):
+    """allowed_token_ids checked and normalised once: `dataclasses.replace` (once per
+    choice of n) hands them back to __post_init__, which then skips the check (about
+    35 ms for 262144 ids, on the ingress's event loop)."""
+
+    __slots__ = ()
 
 
 def _is_number(x: object) -> bool:

@@ -208,10 +208,6 @@ def is_text_format(fmt: dict[str, object]) -> bool:
     return fmt in ({}, {"type": "text"})
 
 
-def _zero(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
-
-
 def _false(value: object) -> bool:
     return value is False
 
@@ -232,13 +228,11 @@ Unhonoured = dict[str, tuple[Callable[[object], bool], str]]
 """field -> (is its value neutral, the neutral values for the message)."""
 
 UNHONOURED_SAMPLING: Unhonoured = {
-    "min_p": (_zero, "0 or null"),
     "use_beam_search": (_false, "false or null"),
     "include_stop_str_in_output": (_false, "false or null"),
     "skip_special_tokens": (_true, "true or null"),
     "return_tokens_as_token_ids": (_false, "false or null"),
     "truncate_prompt_tokens": (_nothing, "null"),
-    "allowed_token_ids": (_nothing, "null"),
     "bad_words": (_empty, "[] or null"),
     "logits_processors": (_empty, "[] or null"),
     "structured_outputs": (_nothing, "null"),
@@ -249,8 +243,8 @@ UNHONOURED_SAMPLING: Unhonoured = {
 }
 """Fields of vLLM's OpenAI server (and OpenAI's) that change what the client gets and that
 lorafleet does not implement. They are not fields of the body models, whose unknown fields
-are ignored, so without this check a client relying on one (a JSON schema, min_p, beam
-search) would silently get output made without it."""
+are ignored, so without this check a client relying on one (a JSON schema, beam search)
+would silently get output made without it."""
 
 UNHONOURED_COMPLETION: Unhonoured = UNHONOURED_SAMPLING | {
     "response_format": (
@@ -273,8 +267,8 @@ UNHONOURED_CHAT: Unhonoured = UNHONOURED_SAMPLING | {
 
 def refuse_unhonoured(body: object, fields: Unhonoured) -> object:
     """A body-level check: ValueError naming the first field of `fields` whose value is
-    neither null nor neutral. Example: {"min_p": 0.1} -> "min_p: got 0.1; allowed: 0 or
-    null (not supported)"."""
+    neither null nor neutral. Example: {"use_beam_search": true} -> "use_beam_search: got
+    true; allowed: false or null (not supported)"."""
     if not isinstance(body, dict):
         return body
     for name, (neutral, allowed) in fields.items():

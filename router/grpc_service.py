@@ -44,8 +44,9 @@ def shortest(x: float) -> float:
 
 
 def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
-    """Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k
-    and the presence / frequency penalties; max_tokens and repetition_penalty are
+    """Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k,
+    min_p and the presence / frequency penalties, an empty allowed_token_ids is off (proto3
+    has no null list); max_tokens and repetition_penalty are
     optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
     with prompt_logprobs, as REST allows it with echo)."""
     repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
@@ -65,6 +66,8 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         repetition_penalty=repetition,
         logit_bias={token: shortest(bias) for token, bias in req.logit_bias.items()},
         prompt_logprobs=_prompt_count(req),
+        min_p=shortest(req.min_p),
+        allowed_token_ids=tuple(req.allowed_token_ids) or None,
     )
 
 

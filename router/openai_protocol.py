@@ -2,10 +2,11 @@
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
 (best_of other than n, suffix, chat's response_format and tools, and the
-vLLM fields of `body_checks.UNHONOURED_*`: min_p, guided_json, ...) are refused
+vLLM fields of `body_checks.UNHONOURED_*`: guided_json, use_beam_search, ...) are refused
 unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
-presence / frequency penalties are OpenAI's; top_k, repetition_penalty and prompt_logprobs
-are vLLM's extensions (top_k -1 = off, as 0); n is 1 to MAX_N choices. Strings must be Unicode text
+presence / frequency penalties are OpenAI's; top_k, min_p, repetition_penalty,
+allowed_token_ids and prompt_logprobs are vLLM's extensions (top_k -1 = off, as 0); n is
+1 to MAX_N choices. Strings must be Unicode text
 (no lone surrogates). Types are strict: "2" is not an integer and "yes" is not a boolean.
 Ranges of the sampling fields are `SamplingParams`'s, shared with gRPC and the offline
 runner.
@@ -120,6 +121,10 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     """Extension (as in vLLM): penalise every token of the prompt and output; 1 = off."""
+    min_p: float = 0.0
+    """Extension (as in vLLM): drop tokens less likely than min_p x the most likely; 0 = off."""
+    allowed_token_ids: list[int] | None = None
+    """Extension (as in vLLM): the only token ids the choice may sample."""
     best_of: int | None = None
     """Samples to draw, of which the n best are returned: only n itself (or null). Chat
     takes it too, as vLLM's does: ignoring it would change what the client gets."""
@@ -182,6 +187,7 @@ class _Sampling(BaseModel):
 
     def sampling_params(self, max_tokens: int, logprobs: bool, top: int) -> SamplingParams:
         stop = () if self.stop is None else self.stop
+        allowed = None if self.allowed_token_ids is None else tuple(self.allowed_token_ids)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -198,6 +204,8 @@ class _Sampling(BaseModel):
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
             logit_bias=logit_bias_of_json(self.logit_bias),
+            min_p=self.min_p,
+            allowed_token_ids=allowed,
         )
 
     @property

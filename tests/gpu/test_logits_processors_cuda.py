@@ -70,3 +70,31 @@ def test_forbidden_and_forced_tokens_on_cuda():
     assert all(tok != t for tok, t in zip(out.tokens, top, strict=True))
     force = [SamplingParams(temperature=1.0, logit_bias=((t, 100),)) for t in low]
     assert sample(logits, force, [SeedStream(i) for i in range(64)]).tokens == low
+
+
+@pytest.mark.parametrize("n", [1, 8, 128])
+def test_allowed_token_ids_on_cuda_equal_cpu(n):
+    """allowed_token_ids (sets of 1 to 50k ids) beside bias / penalties / untouched rows:
+    the same logits as on CPU, -inf outside each set, greedy picks inside it."""
+    params, history = _rows(n, seed=100 + n)
+    rng = random.Random(n)
+    for i in range(0, n, 2):
+        ids = rng.sample(range(VOCAB), rng.choice([1, 7, 300, 50_000]))
+        fields = {
+            k: getattr(params[i], k)
+            for k in ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty")
+        }
+        params[i] = SamplingParams(temperature=0.0, allowed_token_ids=ids, **fields)
+    logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(n)) * 4
+    cpu = process_logits(logits, params, history)
+    gpu = process_logits(logits.to(CUDA), params, history).cpu()
+    torch.testing.assert_close(gpu, cpu, rtol=1e-6, atol=1e-5)
+    tokens = sample(logits.to(CUDA), params, [None] * n, None, history).tokens
+    assert tokens == cpu.argmax(-1).tolist()
+    for i in range(0, n, 2):
+        allowed = torch.zeros(VOCAB, dtype=torch.bool)
+        allowed[list(params[i].allowed_token_ids)] = True
+        assert (
+            torch.all(gpu[i][~allowed] == float("-inf"))
+            and tokens[i] in params[i].allowed_token_ids
+        )

@@ -84,3 +84,44 @@ def test_non_finite_rows_are_reported_on_cuda():
     assert [out.tokens[i] for i in good] == alone.tokens and out.tokens[7] < 100
     assert all(0 <= t < 1000 for t in out.tokens)  # bad rows still carry a valid id
     torch.cuda.synchronize()  # the context is still healthy
+
+
+MIN_P_KINDS = [
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=1.0, min_p=0.3, top_k=6),
+    SamplingParams(temperature=1.2, min_p=0.2, top_p=0.8),
+]
+
+
+def test_min_p_rows_follow_their_distributions_on_cuda():
+    from tests.unit.replica.test_min_p_allowed import _oracle
+
+    logits = torch.randn(16, generator=torch.Generator().manual_seed(8)) * 1.5
+    n = 50_000
+    params = [MIN_P_KINDS[i % len(MIN_P_KINDS)] for i in range(n * len(MIN_P_KINDS))]
+    rows = logits.to(CUDA).expand(len(params), -1).contiguous()
+    tokens = torch.tensor(sample(rows, params, [None] * len(params)).tokens)
+    for j, p in enumerate(MIN_P_KINDS):
+        freq = torch.bincount(tokens[j :: len(MIN_P_KINDS)], minlength=16).double() / n
+        want = _oracle(logits, p)
+        assert torch.all(freq[want == 0] == 0), (p, freq, want)
+        sigma = (want * (1 - want) / n).sqrt()
+        assert torch.all((freq - want).abs() <= 5 * sigma + 1e-12), (p, freq, want)
+
+
+def test_seeded_min_p_rows_are_batch_invariant_on_cuda():
+    """Rows with min_p beside rows without: each draws what it draws alone (the rows
+    without min_p are not renormalised by their neighbours')."""
+    vocab = 128256
+    logits = torch.randn(8, vocab, device=CUDA) * 3
+    params = [
+        SamplingParams(temperature=0.9, min_p=0.05 * (i % 2), top_p=0.95 if i % 3 else 1.0)
+        for i in range(8)
+    ]
+
+    def gens():
+        return [SeedStream(200 + i) for i in range(8)]
+
+    together = sample(logits, params, gens()).tokens
+    alone = [sample(logits[i : i + 1], [params[i]], [gens()[i]]).tokens[0] for i in range(8)]
+    assert together == alone

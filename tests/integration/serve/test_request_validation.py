@@ -150,7 +150,7 @@ def test_unsupported_fields_are_refused_unless_neutral(cluster):
     assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
     # vLLM's fields that change the output: ignoring them would answer as if not sent
     for path, body, field in [
-        ("/v1/completions", completion(min_p=0.5, stream=True), "min_p"),
+        ("/v1/completions", completion(use_beam_search=True, stream=True), "use_beam_search"),
         ("/v1/chat/completions", {**chat, "guided_json": {"type": "object"}}, "guided_json"),
     ]:
         r = post(cluster, path, body)

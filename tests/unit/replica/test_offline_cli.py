@@ -17,6 +17,7 @@ from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT
 from replica.sampling_params import SamplingParams
+from tests.tiny import run_requests
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -210,6 +211,25 @@ def test_null_sampling_fields_mean_their_defaults(tmp_path, llama_dir, llama_ada
     }
 
 
+def test_min_p_and_allowed_token_ids_lines_equal_the_engine(tmp_path, llama_dir, llama_adapters):
+    rows = [
+        {"prompt": "hello world", "adapter": "qv8", "max_tokens": 5, "allowed_token_ids": [7, 9, 30]},
+        {"prompt": "the cat sat", "max_tokens": 5, "temperature": 1.0, "seed": 3, "min_p": 0.3},
+    ]  # fmt: skip
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], rows)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu"))
+    ref = adapter_ref("qv8", llama_adapters["qv8"], max_rank=64)
+    params = [
+        SamplingParams(max_tokens=5, temperature=0.0, allowed_token_ids=(7, 9, 30)),
+        SamplingParams(max_tokens=5, temperature=1.0, seed=3, min_p=0.3),
+    ]
+    want = run_requests(engine, [("0", rows[0]["prompt"], params[0], ref),
+                                 ("1", rows[1]["prompt"], params[1], None)])  # fmt: skip
+    assert got == [want["0"], want["1"]] and set(got[0]) <= {7, 9, 30}
+
+
 OK = {"prompt": "hi", "max_tokens": 2}
 
 
@@ -255,6 +275,13 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": "a", "logit_bias": {"1" * 5000: 5}}],
          "line 1: logit_bias: key '11111111111111111111...' (5000 digits) is no token id"),
         ([{"prompt": "a", "top_k": -2}], "line 1: top_k=-2; allowed: an integer >= 0 (0 = off), or -1"),
+        ([{"prompt": "a", "min_p": 1.5}], "line 1: min_p=1.5; allowed: a number 0 <= min_p <= 1 (0 = off)"),
+        ([{"prompt": "a", "allowed_token_ids": []}],
+         "line 1: allowed_token_ids: an empty list allows no token; allowed: null (off) or"),
+        ([{"prompt": "a", "allowed_token_ids": [5, 99999]}],
+         "line 1: allowed_token_ids: token id 99999 out of range; allowed: token ids 0 <= id < "),
+        ([{"prompt": "a", "allowed_token_ids": "5"}],
+         "line 1: allowed_token_ids='5'; allowed: a non-empty list of token ids"),
         ([{"prompt": None}], "line 1: prompt=None; allowed: a string or a list of token ids"),
         ([{"prompt": "a", "logit_bias": {"x" * 5000: 5}}],
          "line 1: logit_bias: key 'xxxxxxxxxxxxxxxxxxxx...' (5000 characters) is no token id"),

@@ -99,7 +99,6 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
             chat(tool_choice="auto", tools=[{"type": "function"}]),
             "tools: ",
         ),
-        (CompletionRequest, completion(min_p=0.1), "min_p: got 0.1; allowed: 0 or null"),
         (CompletionRequest, completion(use_beam_search=True), "use_beam_search: got true"),
         (
             CompletionRequest,
@@ -333,3 +332,35 @@ def test_a_number_too_long_for_python_is_400_not_500(field):
     with pytest.raises(InvalidRequest) as e:
         parse_body(CompletionRequest, body)
     assert (str(e.value), e.value.param) == (f"body: {NUMBER_TOO_LONG}", None)
+
+
+@pytest.mark.parametrize(
+    "model, body", [(CompletionRequest, completion()), (ChatCompletionRequest, chat())]
+)
+def test_min_p_and_allowed_token_ids_reach_sampling_params(model, body):
+    """vLLM's min_p and allowed_token_ids (refused as unsupported before) are honoured:
+    null is off, repeats in the list count once."""
+
+    def params(**fields):
+        request = parse_body(model, {**body, **fields})
+        return (
+            request.to_sampling_params(16)
+            if model is ChatCompletionRequest
+            else (request.to_sampling_params())
+        )
+
+    p = params(min_p=0.1, allowed_token_ids=[9, 2, 9])
+    assert (p.min_p, p.allowed_token_ids) == (0.1, (2, 9))
+    p = params(min_p=None, allowed_token_ids=None)
+    assert (p.min_p, p.allowed_token_ids) == (0.0, None)
+    for fields, param, message in [
+        ({"min_p": 1.5}, "min_p", "min_p=1.5; allowed: a number 0 <= min_p <= 1 (0 = off)"),
+        ({"min_p": -0.1}, "min_p", "min_p=-0.1; allowed"),
+        ({"min_p": "0.1"}, "min_p", "min_p: got a string; allowed: a number"),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "allowed_token_ids: an empty list"),
+        ({"allowed_token_ids": [1, -2]}, "allowed_token_ids", "allowed_token_ids: token id -2; "),
+        ({"allowed_token_ids": [True]}, "allowed_token_ids.0", "allowed_token_ids.0: got a"),
+    ]:
+        with pytest.raises(InvalidRequest) as e:
+            params(**fields)
+        assert str(e.value).startswith(message) and e.value.param == param, fields

@@ -3,7 +3,12 @@
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import LOGIT_BIAS_ALLOWED, STOP_TOKEN_IDS_ALLOWED, SamplingParams
+from replica.sampling_params import (
+    ALLOWED_TOKEN_IDS_ALLOWED,
+    LOGIT_BIAS_ALLOWED,
+    STOP_TOKEN_IDS_ALLOWED,
+    SamplingParams,
+)
 from router.grpc_service import sampling_of, shortest
 from router.proto import lorafleet_pb2 as pb
 
@@ -53,6 +58,12 @@ def test_shortest_reads_float32_back_as_the_decimal_sent(x):
             {"stop_token_ids": list(range(65))},
             f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got (0, 1, 2, 3, 4, 5, 6, 7, ...)",
         ),
+        ({"min_p": 1.5}, "min_p=1.5; allowed: a number 0 <= min_p <= 1 (0 = off)"),
+        ({"min_p": -0.1}, "min_p=-0.1; allowed: a number 0 <= min_p <= 1 (0 = off)"),
+        (
+            {"allowed_token_ids": [0] * 262_145},
+            f"allowed_token_ids: 262145 token ids; {ALLOWED_TOKEN_IDS_ALLOWED}",
+        ),
     ],
 )
 def test_grpc_messages_match_rest(fields, message):
@@ -86,6 +97,13 @@ def test_penalties_top_k_and_logit_bias_are_mapped():
         min_tokens=3,
         stop_token_ids=(9, 4),
     )
+
+
+def test_min_p_and_allowed_token_ids_are_mapped():
+    params = sampling_of(pb.GenerateRequest(min_p=0.1, allowed_token_ids=[9, 2, 9]))
+    assert (params.min_p, params.allowed_token_ids) == (0.1, (2, 9))
+    params = sampling_of(pb.GenerateRequest())
+    assert (params.min_p, params.allowed_token_ids) == (0.0, None)  # empty: off
 
 
 @pytest.mark.parametrize("top_k", [0, -1])
