@@ -11,6 +11,7 @@ import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from lora_core.errors import InvalidRequest
 
@@ -67,6 +68,11 @@ MAX_TOKEN_ID_DIGITS = 19
 Python refuses to convert a decimal string of more than 4300 digits (a ValueError): an
 unbounded key was a 500 on REST."""
 KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50256")'
+TRUNCATE_ALLOWED = (
+    "allowed: null (off), an integer k >= 1 (keep the prompt's last k tokens, k at most "
+    "the model's context length) or -1 (keep at most the model's context length)"
+)
+Seq = TypeVar("Seq", list[int], tuple[int, ...])
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,19 @@ class SamplingParams:
     logit_bias: ((token id, bias), ...) sorted by id, each id once; logit[id] += bias
         (-100 <= bias <= 100, at most 300 ids; the engine checks ids against its vocabulary).
     See replica/logits_processors.py for the order they apply in.
+    include_stop_str_in_output: vLLM's: the text keeps what ended it, up to the end of
+        the first stop string to complete (not only up to the start of the first stop
+        string), and the text of a last stop token (a stop_token_id, or EOS, whose text
+        is "" unless skip_special_tokens is off); streamed text then holds nothing back.
+    skip_special_tokens: vLLM's: False keeps special tokens (EOS generated with
+        ignore_eos, ...) in the text, as the tokenizer's decode(skip_special_tokens=False)
+        spells them. A last stop token's text is still left out without
+        include_stop_str_in_output, as in vLLM.
+    truncate_prompt_tokens: vLLM's left truncation: None (off), or k >= 1, keep only the
+        prompt's last k tokens (after tokenization and any chat template; a BOS the
+        tokenizer added goes with the rest), or -1 for k = the model's context length;
+        everything after it (usage, echo, prompt_logprobs) sees the kept tokens only
+        (`kept_prompt`).
     """
 
     max_tokens: int = 16
@@ -120,6 +139,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 0:
@@ -171,6 +193,11 @@ class SamplingParams:
         self._check_top_logprobs()
         self._check_penalties()
         object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
+        _check_truncate(self.truncate_prompt_tokens)
+
+    def kept_prompt(self, ids: Seq, max_model_len: int) -> Seq:
+        """The prompt ids the request runs with (`kept_prompt`)."""
+        return kept_prompt(ids, self.truncate_prompt_tokens, max_model_len)
 
     def _check_stop_token_ids(self) -> None:
         ids = self.stop_token_ids
@@ -236,6 +263,30 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether any of logit_bias and the penalties changes this request's logits."""
         return bool(self.logit_bias) or self.penalised
+
+
+def _check_truncate(k: object) -> None:
+    if k is not None and not (is_int(k) and (k >= 1 or k == -1)):
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={k!r}; {TRUNCATE_ALLOWED}", "truncate_prompt_tokens"
+        )
+
+
+def kept_prompt(ids: Seq, k: int | None, max_model_len: int) -> Seq:
+    """The prompt ids a request with truncate_prompt_tokens k runs with: all (None), the
+    last k, or the last max_model_len (-1); k is checked, and one above max_model_len is
+    refused, as vLLM refuses it. Example: k = 2, [5, 6, 7] -> [6, 7]."""
+    _check_truncate(k)
+    if k is None:
+        return ids
+    if k > max_model_len:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={k}: more than the model's context of {max_model_len} "
+            f"tokens; {TRUNCATE_ALLOWED}",
+            "truncate_prompt_tokens",
+        )
+    k = max_model_len if k == -1 else k
+    return ids[-k:] if len(ids) > k else ids
 
 
 def _is_number(x: object) -> bool:
