@@ -47,7 +47,8 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
     """Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k
     and the presence / frequency penalties; max_tokens and repetition_penalty are
     optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
-    with prompt_logprobs, as REST allows it with echo)."""
+    with prompt_logprobs, as REST allows it with echo); skip_special_tokens and
+    truncate_prompt_tokens are optional too (unset = true and no truncation)."""
     repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
     return SamplingParams(
         max_tokens=_max_tokens(req),
@@ -65,6 +66,13 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         repetition_penalty=repetition,
         logit_bias={token: shortest(bias) for token, bias in req.logit_bias.items()},
         prompt_logprobs=_prompt_count(req),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=(
+            req.skip_special_tokens if req.HasField("skip_special_tokens") else True
+        ),
+        truncate_prompt_tokens=(
+            req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
+        ),
     )
 
 
@@ -201,6 +209,7 @@ class GrpcInferenceMixin:
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = await front.encode_prompt(prompt)
             params = sampling_of(request)
+            ids = params.kept_prompt(ids, front.max_model_len)
             prepared = await front.prepare(
                 api_key,
                 request.model,
