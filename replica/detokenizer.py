@@ -72,7 +72,7 @@ class Detokenizer:
 
         stop_token: the last token ended the request (a stop_token_id or EOS); its text
         is left out of the output, as vLLM does without include_stop_str_in_output (the
-        id stays in the token ids).
+        id stays in the token ids), and kept with it.
         """
         p = seq.params
         end = seq.num_output

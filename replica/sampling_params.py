@@ -85,7 +85,8 @@ class SamplingParams:
     top_p: nucleus mass kept (0 < p <= 1).
     top_k: keep the k most likely tokens (0 = off; -1, vLLM's "off", is read as 0).
     seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
-    stop: strings that end generation (the stop string is not included in the text).
+    stop: strings that end generation (the stop string is not included in the text,
+        unless include_stop_str_in_output).
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS); at most
         MAX_STOP_TOKEN_IDS (the engine checks them against its vocabulary).
     min_tokens: tokens to generate at least (0 <= min_tokens <= max_tokens, vLLM's): until
@@ -107,7 +108,7 @@ class SamplingParams:
         multiplied by it.
     logit_bias: ((token id, bias), ...) sorted by id, each id once; logit[id] += bias
         (-100 <= bias <= 100, at most 300 ids; the engine checks ids against its vocabulary).
-    See replica/logits_processors.py for the order they apply in.
+        See replica/logits_processors.py for the order they apply in.
     include_stop_str_in_output: vLLM's: the text keeps what ended it, up to the end of
         the first stop string to complete (not only up to the start of the first stop
         string), and the text of a last stop token (a stop_token_id, or EOS, whose text
@@ -118,9 +119,9 @@ class SamplingParams:
         include_stop_str_in_output, as in vLLM.
     truncate_prompt_tokens: vLLM's left truncation: None (off), or k >= 1, keep only the
         prompt's last k tokens (after tokenization and any chat template; a BOS the
-        tokenizer added goes with the rest), or -1 for k = the model's context length;
-        everything after it (usage, echo, prompt_logprobs) sees the kept tokens only
-        (`kept_prompt`).
+        tokenizer added is cut like any other token), or -1 for k = the model's context
+        length; everything after it (usage, echo, prompt_logprobs) sees the kept tokens
+        only (`kept_prompt`).
     """
 
     max_tokens: int = 16
