@@ -10,11 +10,15 @@ it completes; at the request's end they are flushed as a full decode shows them
 (U+FFFD). Each stream is primed with the prompt's last tokens, as vLLM does, so the text
 is what the output ids add to the prompt's text: for byte-level BPE one decode of the
 output ids, for sentencepiece-style decoders (which drop a text's first space) with the
-completion's first space kept. Special tokens are skipped, and HF's
-`clean_up_tokenization_spaces` is not applied (it rewrites " ." as "." and would disagree
-with the tokens' own bytes that logprobs report; vLLM does not apply it either).
+completion's first space kept. Special tokens are skipped unless the request's
+`skip_special_tokens` is off (its streams then spell them, as decode(skip_special_tokens=
+False) does), and HF's `clean_up_tokenization_spaces` is not applied (it rewrites " ." as
+"." and would disagree with the tokens' own bytes that logprobs report; vLLM does not
+apply it either).
 
-What is streamed also holds back any suffix that could still grow into a stop string.
+What is streamed also holds back any suffix that could still grow into a stop string,
+unless the request keeps its stop string (`include_stop_str_in_output`, vLLM's): the text
+then ends at the end of the first stop string to complete, after what was streamed.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ def _first_stop(text: str, old: int, stops: tuple[str, ...]) -> int:
     return min((i for i in found if i >= 0), default=-1)
 
 
+def _first_stop_end(text: str, old: int, stops: tuple[str, ...]) -> int:
+    """Where the first stop string to complete after text[:old] ends (-1: none): the text
+    kept with include_stop_str_in_output. Example: "xabcd" with stops ("abcd", "bc") and
+    old 1 -> 4 ("xabc": "bc" completes first)."""
+    ends = (text.find(s, max(0, old - len(s) + 1)) for s in stops)
+    return min((i + len(s) for i, s in zip(ends, stops, strict=True) if i >= 0), default=-1)
+
+
 PROMPT_CONTEXT = 4
 """Prompt tokens a sequence's stream is primed with (`Detokenizer._stream`)."""
 
@@ -60,21 +72,26 @@ class Detokenizer:
 
         stop_token: the last token ended the request (a stop_token_id or EOS); its text
         is left out of the output, as vLLM does without include_stop_str_in_output (the
-        id stays in the token ids).
+        id stays in the token ids), and kept with it.
         """
-        end = seq.num_output - 1 if stop_token else seq.num_output
+        p = seq.params
+        end = seq.num_output
+        if stop_token and not p.include_stop_str_in_output:
+            end -= 1
         text = seq.text + self._decode_new(seq, end, final)
-        stops = seq.params.stop
+        stops = p.stop
         hit = False
-        if stops and seq.num_output >= seq.params.min_tokens:  # none looked for before
-            cut = _first_stop(text, len(seq.text), stops)
+        if stops and seq.num_output >= p.min_tokens:  # none looked for before
+            find = _first_stop_end if p.include_stop_str_in_output else _first_stop
+            cut = find(text, len(seq.text), stops)
             if cut >= 0:
                 text, hit, final = text[:cut], True, True
         seq.text = text
         end_at = len(text)
-        if not final:
+        if not final and stops and not p.include_stop_str_in_output:
             # "ab" with half of an "é" pending may end in a stop string "bé" once the é
-            # completes, so "b" must be held back too.
+            # completes, so "b" must be held back too. A kept stop string ends after
+            # what was streamed: nothing needs holding back.
             end_at -= _holdback(text, stops)
         new = text[seq.emitted_text_len : end_at] if end_at > seq.emitted_text_len else ""
         seq.emitted_text_len = max(seq.emitted_text_len, end_at)
@@ -88,20 +105,21 @@ class Detokenizer:
         ending inside a character gives no clean context: its stream starts unprimed."""
         if seq.detok_stream is None:
             tail = seq.tokens[max(0, seq.prompt_len - PROMPT_CONTEXT) : seq.prompt_len]
-            seq.detok_stream = self._primed(tail)
+            seq.detok_stream = self._primed(tail, seq.params.skip_special_tokens)
         return seq.detok_stream
 
-    def _primed(self, tail: list[int]) -> DecodeStream:
+    def _primed(self, tail: list[int], skip: bool) -> DecodeStream:
         """A stream that has decoded tail (its text discarded); unprimed when tail's text
-        ends inside a character (U+FFFD) or the decoder refuses the window."""
-        stream = DecodeStream(skip_special_tokens=True)
-        if not tail or self._backend.decode(tail, skip_special_tokens=True).endswith("\ufffd"):
+        ends inside a character (U+FFFD) or the decoder refuses the window. skip: the
+        request's skip_special_tokens (vLLM primes with it too)."""
+        stream = DecodeStream(skip_special_tokens=skip)
+        if not tail or self._backend.decode(tail, skip_special_tokens=skip).endswith("\ufffd"):
             return stream
         try:
             for token in tail:
                 stream.step(self._backend, token)
         except Exception:  # noqa: BLE001 - see _decode_new: a decoder not prefix-stable
-            return DecodeStream(skip_special_tokens=True)
+            return DecodeStream(skip_special_tokens=skip)
         return stream
 
     def _decode_new(self, seq: Sequence, end: int, final: bool) -> str:
@@ -115,7 +133,8 @@ class Detokenizer:
             except Exception:  # noqa: BLE001 - a decoder whose text is not prefix-stable
                 # Rust's stream refuses a window whose text does not extend its prefix; go
                 # on from here with a fresh stream (without the context of earlier ids)
-                seq.detok_stream = stream = DecodeStream(skip_special_tokens=True)
+                skip = seq.params.skip_special_tokens
+                seq.detok_stream = stream = DecodeStream(skip_special_tokens=skip)
                 piece = self._decode(seq, seq.detok_settled, i + 1)
             if piece is not None:
                 pieces.append(piece)
@@ -129,4 +148,4 @@ class Detokenizer:
     def _decode(self, seq: Sequence, start: int, end: int) -> str:
         """Output ids [start, end) decoded at once, as the streams decode."""
         ids = seq.tokens[seq.prompt_len + start : seq.prompt_len + end]
-        return self._backend.decode(ids, skip_special_tokens=True)
+        return self._backend.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)

@@ -83,6 +83,9 @@ class LLMEngine:
         salt (and adapter): the ingress salts with the tenant, so one tenant cannot time
         whether another's prompts are cached (`Sequence.cache_salt`).
 
+        params.truncate_prompt_tokens: the prompt's last k tokens are all that runs
+        (`SamplingParams.kept_prompt`).
+
         want_held: the caller called adapters.want(adapter) for this request (so the CPU
         cache kept the adapter while the caller loaded it); the queued request takes
         that want over. When this raises, the want stays the caller's to unwant.
@@ -99,6 +102,8 @@ class LLMEngine:
             return
         if request_id in self._seqs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
+        # the ingress truncates before its own checks; this serves offline and direct callers
+        prompt_token_ids = params.kept_prompt(prompt_token_ids, self.max_model_len)
         self._check_prompt(prompt_token_ids, params)
         spec = params.structured_outputs
         matcher = self.grammars.matcher(spec) if spec is not None else None

@@ -87,6 +87,12 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         f"an object of token ids as decimal strings to numbers -{MAX_BIAS:g}..{MAX_BIAS:g} "
         '({"50256": -100})',
     ),
+    "include_stop_str_in_output": (lambda x: isinstance(x, bool), "true or false"),
+    "skip_special_tokens": (lambda x: isinstance(x, bool), "true or false"),
+    "truncate_prompt_tokens": (
+        is_int,
+        "null, an integer >= 1 (keep the prompt's last k tokens) or -1 (the context length)",
+    ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))
 # As in OpenAI and vLLM bodies, `"field": null` is "not given" (the --flag or built-in

@@ -12,6 +12,7 @@ import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -78,6 +79,11 @@ ALLOWED_TOKEN_IDS_ALLOWED = (
     "(integers >= 0; a repeated id counts once)"
 )
 KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50256")'
+TRUNCATE_ALLOWED = (
+    "allowed: null (off), an integer k >= 1 (keep the prompt's last k tokens, k at most "
+    "the model's context length) or -1 (keep at most the model's context length)"
+)
+Seq = TypeVar("Seq", list[int], tuple[int, ...])
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ class SamplingParams:
         probability (after temperature) is below min_p x its most likely token's, before
         top_k and top_p (vLLM v1's order); greedy rows ignore it.
     seed: per-request seed (signed 64-bit); the same seed and inputs reproduce the same tokens.
-    stop: strings that end generation (the stop string is not included in the text).
+    stop: strings that end generation (the stop string is not included in the text,
+        unless include_stop_str_in_output).
     stop_token_ids: token ids that end generation (besides the tokenizer's EOS); at most
         MAX_STOP_TOKEN_IDS (the engine checks them against its vocabulary).
     min_tokens: tokens to generate at least (0 <= min_tokens <= max_tokens, vLLM's): until
@@ -123,6 +130,19 @@ class SamplingParams:
     structured_outputs: None, or what the output must match (a JSON schema, a regular
         expression, ...: `replica.structured`); its mask applies after all of the above.
         Not with min_tokens or ignore_eos (the grammar ends the output).
+    include_stop_str_in_output: vLLM's: the text keeps what ended it, up to the end of
+        the first stop string to complete (not only up to the start of the first stop
+        string), and the text of a last stop token (a stop_token_id, or EOS, whose text
+        is "" unless skip_special_tokens is off); streamed text then holds nothing back.
+    skip_special_tokens: vLLM's: False keeps special tokens (EOS generated with
+        ignore_eos, ...) in the text, as the tokenizer's decode(skip_special_tokens=False)
+        spells them. A last stop token's text is still left out without
+        include_stop_str_in_output, as in vLLM.
+    truncate_prompt_tokens: vLLM's left truncation: None (off), or k >= 1, keep only the
+        prompt's last k tokens (after tokenization and any chat template; a BOS the
+        tokenizer added is cut like any other token), or -1 for k = the model's context
+        length; everything after it (usage, echo, prompt_logprobs) sees the kept tokens
+        only (`kept_prompt`).
     """
 
     max_tokens: int = 16
@@ -144,6 +164,9 @@ class SamplingParams:
     min_p: float = 0.0
     allowed_token_ids: tuple[int, ...] | None = None
     structured_outputs: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 0:
@@ -198,6 +221,11 @@ class SamplingParams:
         self._check_min_p()
         self._check_allowed_token_ids()
         self._check_structured()
+        _check_truncate(self.truncate_prompt_tokens)
+
+    def kept_prompt(self, ids: Seq, max_model_len: int) -> Seq:
+        """The prompt ids the request runs with (`kept_prompt`)."""
+        return kept_prompt(ids, self.truncate_prompt_tokens, max_model_len)
 
     def _check_structured(self) -> None:
         spec = self.structured_outputs
@@ -330,6 +358,30 @@ class _CheckedIds(tuple):
     35 ms for 262144 ids, on the ingress's event loop)."""
 
     __slots__ = ()
+
+
+def _check_truncate(k: object) -> None:
+    if k is not None and not (is_int(k) and (k >= 1 or k == -1)):
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={k!r}; {TRUNCATE_ALLOWED}", "truncate_prompt_tokens"
+        )
+
+
+def kept_prompt(ids: Seq, k: int | None, max_model_len: int) -> Seq:
+    """The prompt ids a request with truncate_prompt_tokens k runs with: all (None), the
+    last k, or the last max_model_len (-1); k is checked, and one above max_model_len is
+    refused, as vLLM refuses it. Example: k = 2, [5, 6, 7] -> [6, 7]."""
+    _check_truncate(k)
+    if k is None:
+        return ids
+    if k > max_model_len:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={k}: more than the model's context of {max_model_len} "
+            f"tokens; {TRUNCATE_ALLOWED}",
+            "truncate_prompt_tokens",
+        )
+    k = max_model_len if k == -1 else k
+    return ids[-k:] if len(ids) > k else ids
 
 
 def _is_number(x: object) -> bool:

@@ -229,10 +229,7 @@ Unhonoured = dict[str, tuple[Callable[[object], bool], str]]
 
 UNHONOURED_SAMPLING: Unhonoured = {
     "use_beam_search": (_false, "false or null"),
-    "include_stop_str_in_output": (_false, "false or null"),
-    "skip_special_tokens": (_true, "true or null"),
     "return_tokens_as_token_ids": (_false, "false or null"),
-    "truncate_prompt_tokens": (_nothing, "null"),
     "bad_words": (_empty, "[] or null"),
     "logits_processors": (_empty, "[] or null"),
     "structured_outputs": (_nothing, "null"),

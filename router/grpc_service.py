@@ -48,7 +48,8 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
     min_p and the presence / frequency penalties, an empty allowed_token_ids is off (proto3
     has no null list); max_tokens and repetition_penalty are
     optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
-    with prompt_logprobs, as REST allows it with echo)."""
+    with prompt_logprobs, as REST allows it with echo); skip_special_tokens and
+    truncate_prompt_tokens are optional too (unset = true and no truncation)."""
     repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
     return SamplingParams(
         max_tokens=_max_tokens(req),
@@ -68,6 +69,13 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         prompt_logprobs=_prompt_count(req),
         min_p=shortest(req.min_p),
         allowed_token_ids=tuple(req.allowed_token_ids) or None,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=(
+            req.skip_special_tokens if req.HasField("skip_special_tokens") else True
+        ),
+        truncate_prompt_tokens=(
+            req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
+        ),
     )
 
 
@@ -204,6 +212,7 @@ class GrpcInferenceMixin:
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = await front.encode_prompt(prompt)
             params = sampling_of(request)
+            ids = params.kept_prompt(ids, front.max_model_len)
             prepared = await front.prepare(
                 api_key,
                 request.model,

@@ -53,7 +53,8 @@ class TokenInfo:
 
     text: the token decoded alone; "bytes:\\xNN..." when its raw bytes are not UTF-8 alone.
     raw: the bytes it contributes to the text.
-    in_text: False for special tokens, which the response text leaves out.
+    in_text: False for special tokens, which the response text leaves out (unless the
+        request turns skip_special_tokens off: `LogprobReader`).
     """
 
     text: str
@@ -116,10 +117,14 @@ class TokenLogprob:
 
 
 class LogprobReader:
-    """Turns one request's engine outputs, in order, into TokenLogprob entries."""
+    """Turns one request's engine outputs, in order, into TokenLogprob entries.
 
-    def __init__(self, table: TokenTable):
+    specials_in_text: the request keeps special tokens in its text (skip_special_tokens
+    off): their characters count in the offsets of the tokens after them."""
+
+    def __init__(self, table: TokenTable, specials_in_text: bool = False):
         self.table = table
+        self._specials = specials_in_text
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._chars = 0
 
@@ -155,7 +160,8 @@ class LogprobReader:
     ) -> TokenLogprob:
         """echoed: the echoed prompt when token_id is one of its tokens."""
         info, offset = self.table[token_id], self._chars
-        if info.in_text and info.raw:
+        # an echoed prompt shows a special token only where it spells it (the branch below)
+        if (info.in_text or (self._specials and not echoed)) and info.raw:
             offset += self._breaks_pending_char(info.raw[0])
             self._chars += len(self._utf8.decode(info.raw))
         elif echoed and info.raw and echoed.startswith(info.text, offset):

@@ -5,7 +5,8 @@ Unknown fields are ignored (clients send many optional ones); fields we cannot h
 vLLM fields of `body_checks.UNHONOURED_*`: guided_json, use_beam_search, ...) are refused
 unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
 presence / frequency penalties are OpenAI's; top_k, min_p, repetition_penalty,
-allowed_token_ids and prompt_logprobs are vLLM's extensions (top_k -1 = off, as 0); n is
+allowed_token_ids and prompt_logprobs are vLLM's extensions (top_k -1 = off, as 0), as are
+include_stop_str_in_output, skip_special_tokens and truncate_prompt_tokens; n is
 1 to MAX_N choices. Strings must be Unicode text
 (no lone surrogates). Types are strict: "2" is not an integer and "yes" is not a boolean.
 Ranges of the sampling fields are `SamplingParams`'s, shared with gRPC and the offline
@@ -132,6 +133,16 @@ class _Sampling(BaseModel):
     """Extension (as in vLLM): k, score the prompt: each prompt token's logprob given the
     tokens before it, its rank and the k most likely tokens there (`router.prompt_logprobs`).
     Not streamed, as in vLLM: k > 0 with stream is refused, 0 with stream returns nothing."""
+    include_stop_str_in_output: bool = False
+    """Extension (as in vLLM): the text keeps the stop string (or stop token) that ended
+    it (`SamplingParams.include_stop_str_in_output`)."""
+    skip_special_tokens: bool = True
+    """Extension (as in vLLM): false keeps special tokens in the text (and a token-id or
+    truncated prompt's echo)."""
+    truncate_prompt_tokens: int | None = None
+    """Extension (as in vLLM): keep only the prompt's last k tokens (-1: the model's
+    context length), after tokenization and the chat template; usage, echo and
+    prompt_logprobs then show the kept tokens (ranges: SamplingParams)."""
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> Self:
@@ -206,6 +217,9 @@ class _Sampling(BaseModel):
             logit_bias=logit_bias_of_json(self.logit_bias),
             min_p=self.min_p,
             allowed_token_ids=allowed,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
 
     @property

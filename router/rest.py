@@ -16,7 +16,9 @@ The engine sends them with a request's first output (`RequestOutput.prompt_logpr
 but of the choices of one prompt a replica scores the prompt for one only, the first it
 queues (`replica.async_engine`): every choice echoes the scores of the first choice whose
 first output carries them. All choices have their first output before anything is sent,
-so each stream's first chunk has the scores to echo.
+so each stream's first chunk has the scores to echo. A prompt `truncate_prompt_tokens`
+cut is truncated here, before anything reads it (the length checks, usage, echo, prompt
+scores), and echoed as its kept tokens decoded, so the echo and its logprobs agree.
 
 `prompt_logprobs` (vLLM's field; not streamed) returns the same scores in vLLM's shape
 (`router.prompt_logprobs`): on each completion choice, of its own prompt, and on a chat
@@ -34,6 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
+from replica.sampling_params import kept_prompt
 from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.fanout import all_or_first_error, close_all, merge_streams
@@ -116,8 +119,11 @@ def piece_of(out: RequestOutput, reader: LogprobReader | None, echo: Echo | None
     return Piece(text, entries, out.finish_reason)
 
 
-def _reader(front: Frontend, want_logprobs: bool) -> LogprobReader | None:
-    return LogprobReader(front.token_table) if want_logprobs else None
+def _reader(front: Frontend, want_logprobs: bool, skip_special: bool) -> LogprobReader | None:
+    """skip_special: the request's skip_special_tokens (off: special tokens are text)."""
+    if not want_logprobs:
+        return None
+    return LogprobReader(front.token_table, specials_in_text=not skip_special)
 
 
 async def _collect(
@@ -232,7 +238,8 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     prompts = batch_of(req.prompt)
     try:
         params = req.to_sampling_params()
-        ids = [await front.encode_prompt(p) for p in prompts]
+        whole = [await front.encode_prompt(p) for p in prompts]
+        ids = [params.kept_prompt(one, front.max_model_len) for one in whole]
         prepared = [
             await front.prepare(
                 api_key,
@@ -249,17 +256,19 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     except Exception as e:
         return await refusal(front, api_key, e)
     head = Head.now(prepared[0].call.request_id.replace("req-", "cmpl-"), req.model)
-    want_lp = req.logprobs is not None
+    want_lp, skip = req.logprobs is not None, params.skip_special_tokens
     scores = [_scored(started[i * req.n : (i + 1) * req.n]) for i in range(len(prompts))]
+    # a truncated prompt echoes the tokens it kept, decoded, as a token-id prompt does
+    sent = [p if len(one) == len(w) else one for p, one, w in zip(prompts, ids, whole, strict=True)]
     echoes = [
-        _echo(front, p, one, scored, req.logprobs or 0) if req.echo else None
-        for p, one, scored in zip(prompts, ids, scores, strict=True)
+        _echo(front, p, one, scored, req.logprobs or 0, skip) if req.echo else None
+        for p, one, scored in zip(sent, ids, scores, strict=True)
         for _ in range(req.n)
     ]
     if not req.stream:
         try:
             wholes, usages = await _collect_all(
-                front, api_key, choices, started, lambda: _reader(front, want_lp), echoes
+                front, api_key, choices, started, lambda: _reader(front, want_lp, skip), echoes
             )
         except Exception as e:
             return error_response(e)
@@ -285,23 +294,26 @@ def _scored(started: list[Started]) -> RequestOutput | None:
 
 def _echo(
     front: Frontend,
-    prompt: str | list[int],
+    prompt: str | list[int] | tuple[int, ...],
     ids: tuple[int, ...],
     scores: RequestOutput | None,
     k: int,
+    skip_special: bool,
 ) -> Echo:
+    """prompt: the text sent, or token ids (a token-id or truncated prompt), decoded as
+    the engine decodes generated ids (replica.detokenizer: no HF space clean-up, special
+    tokens as skip_special says)."""
     if isinstance(prompt, str):
         return Echo(prompt, ids, scores, k)
-    # as the engine decodes generated ids (replica.detokenizer): no HF space clean-up
-    text = front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=True)
+    text = front.tokenizer.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special)
     return Echo(text, ids, scores, k)
 
 
 async def _completion_events(
     front: Frontend, started, req: CompletionRequest, head: Head, echoes: list[Echo | None]
 ):
-    want_lp = req.logprobs is not None
-    readers = [_reader(front, want_lp) for _ in started]
+    want_lp, skip = req.logprobs is not None, req.skip_special_tokens
+    readers = [_reader(front, want_lp, skip) for _ in started]
     echoes = list(echoes)  # each choice's first chunk echoes its prompt
     usages = [Usage() for _ in started]
     try:
@@ -326,6 +338,7 @@ async def chat_completions(
 ) -> Response:
     try:
         ids = await front.encode_chat(req.chat_dicts())
+        ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
         params = req.to_sampling_params(front.room_after(ids))
         prepared = await front.prepare(
             api_key,
@@ -344,7 +357,11 @@ async def chat_completions(
     if not req.stream:
         try:
             wholes, usages = await _collect_all(
-                front, api_key, choices, started, lambda: _reader(front, req.logprobs)
+                front,
+                api_key,
+                choices,
+                started,
+                lambda: _reader(front, req.logprobs, params.skip_special_tokens),
             )
         except Exception as e:
             return error_response(e)
@@ -359,7 +376,7 @@ async def chat_completions(
 
 
 async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, head: Head):
-    readers = [_reader(front, req.logprobs) for _ in started]
+    readers = [_reader(front, req.logprobs, req.skip_special_tokens) for _ in started]
     usages = [Usage() for _ in started]
     try:
         for i in range(len(started)):  # each choice's first chunk names the role (as vLLM)

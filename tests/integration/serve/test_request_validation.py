@@ -155,7 +155,7 @@ def test_unsupported_fields_are_refused_unless_neutral(cluster):
     ]:
         r = post(cluster, path, body)
         assert (r.status_code, r.json()["error"]["param"]) == (400, field), r.text
-    neutral = {"min_p": 0, "skip_special_tokens": True, "guided_json": None}
+    neutral = {"min_p": 0, "use_beam_search": False, "guided_json": None}
     assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
 
 

@@ -3,6 +3,7 @@ when the stop string ends in a character whose bytes arrive over several tokens.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -157,27 +158,28 @@ def _random_ids(tok, rng: random.Random, kind: str) -> list[int]:
     return ids
 
 
+@pytest.mark.parametrize("skip", [True, False])
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece"])
-def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind):
+def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind, skip):
     """Random ids (split characters, byte-fallback pieces, special tokens), fed one per
     step: the streamed text is what the output ids add to the text of the prompt's last
-    tokens, special tokens skipped (for byte-level BPE: one decode of the output ids); a
-    last stop token is left out."""
+    tokens, special tokens skipped or (skip_special_tokens off) spelled (for byte-level
+    BPE: one decode of the output ids); a last stop token is left out."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(llama_dir)) if kind == "byte-level" else None
     tok = tok or _sentencepiece_tokenizer()
     detok, rng = Detokenizer(tok), random.Random(1)
-    decode = tok.backend_tokenizer.decode
+    decode = functools.partial(tok.backend_tokenizer.decode, skip_special_tokens=skip)
     for _ in range(300):
         ids = _random_ids(tok, rng, kind)
         stop_token = rng.random() < 0.3
         if stop_token and kind == "sentencepiece":  # ending no run in half a character
             ids.append(tok.eos_token_id)
         prompt = _random_ids(tok, rng, kind)[:6] if kind == "sentencepiece" else [7, 8]
-        if "\ufffd" in decode(prompt[-4:], skip_special_tokens=True):
+        if "\ufffd" in decode(prompt[-4:]):
             prompt = [259]  # a word piece: the prompt's text ends in a whole character
-        params = SamplingParams(max_tokens=len(ids))
+        params = SamplingParams(max_tokens=len(ids), skip_special_tokens=skip)
         seq = Sequence("r", len(prompt), list(prompt), params, None, 0)
         text = ""
         for i, token in enumerate(ids):
@@ -186,8 +188,8 @@ def test_streamed_text_equals_one_decode_of_all_ids(llama_dir, kind):
             text += detok.update(seq, final=last, stop_token=last and stop_token)[0]
         kept = ids[:-1] if stop_token else ids
         # vLLM's text: what the output adds to the text of the prompt's last tokens
-        context = decode(prompt[-4:], skip_special_tokens=True)
-        whole = decode(prompt[-4:] + kept, skip_special_tokens=True)
+        context = decode(prompt[-4:])
+        whole = decode(prompt[-4:] + kept)
         assert whole.startswith(context) and text == whole[len(context) :], (prompt, ids)
 
 
@@ -253,3 +255,93 @@ def test_a_sentencepiece_completion_keeps_its_first_space():
     seq = Sequence("r", 2, [tok.bos_token_id, hello], SamplingParams(max_tokens=2), None, 0)
     seq.tokens += [the, the]
     assert Detokenizer(tok).update(seq, final=True) == (" the the", False)
+
+
+def _stream_kept(detok: Detokenizer, ids: list[int], stop: tuple[str, ...], **params):
+    """`_stream` with include_stop_str_in_output (and more SamplingParams fields)."""
+    params = SamplingParams(
+        max_tokens=len(ids), stop=stop, include_stop_str_in_output=True, **params
+    )
+    seq = Sequence("r", 0, [], params, None, 0)
+    text = ""
+    for i, token in enumerate(ids):
+        seq.tokens.append(token)
+        new, hit = detok.update(seq, final=i == len(ids) - 1)
+        text += new
+        if hit:
+            break
+    assert text == seq.text  # what was streamed is the whole text
+    return text, hit
+
+
+@pytest.mark.parametrize(
+    ("ids", "stop", "expected"),
+    [
+        ([1, 2, 3], ("bé",), ("abé", True)),  # the é completes over two tokens
+        ([1, 2, 3], ("é",), ("abé", True)),
+        ([1, 2, 3], ("bx",), ("abéx", False)),
+        ([2, 3, 1], ("éx",), ("éx", True)),
+        ([1, 3], ("b",), ("ab", True)),  # the rest of the token after the stop is cut
+    ],
+)
+def test_a_kept_stop_string_ends_the_text(ids, stop, expected):
+    tok = _byte_tokenizer((b"ab", b"\xa9x"))
+    token = dict(zip((1, 2, 3), _ids(tok, (b"ab", b"\xc3", b"\xa9x")), strict=True))
+    assert _stream_kept(Detokenizer(tok), [token[i] for i in ids], stop) == expected
+
+
+def test_a_kept_stop_string_is_the_first_to_complete():
+    """Of stop strings completing in one step, the text ends at the first to end (a
+    character-by-character stream would have met it first), not at the first to start."""
+    tok = _byte_tokenizer((b"xabcd",))
+    ids = _ids(tok, (b"xabcd",))
+    assert _stream_kept(Detokenizer(tok), ids, ("abcd", "bc")) == ("xabc", True)
+
+
+def test_kept_stop_strings_of_random_text_end_the_streamed_text(llama_dir):
+    """`test_streamed_text_is_the_text_before_the_first_stop` with the stop string kept:
+    the streamed text is the final text up to the end of the first stop string."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(llama_dir))
+    detok, rng = Detokenizer(tok), random.Random(3)
+    for _ in range(400):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 10))]
+        full = tok.decode(ids, skip_special_tokens=True)
+        a = rng.randrange(len(full) + 1)
+        stop = full[a : a + rng.randint(1, 4)]
+        if not stop or "\ufffd" in stop:
+            continue
+        text, hit = _stream_kept(detok, ids, (stop,))
+        assert hit and text == full[: full.find(stop) + len(stop)], (ids, stop)
+
+
+@pytest.mark.parametrize(
+    ("keep", "skip", "expected"),
+    [
+        (False, True, "ab"),
+        (True, True, "ab"),  # EOS is a special token: its text is ""
+        (False, False, "ab"),  # the stop token's text is left out, special or not
+        (True, False, "ab</s>"),
+    ],
+)
+def test_a_kept_stop_token_is_text(keep, skip, expected):
+    """vLLM: with include_stop_str_in_output the token that ended the request is
+    detokenized too (EOS spells "" unless special tokens are kept)."""
+    tok = _byte_tokenizer((b"ab",))
+    params = SamplingParams(
+        max_tokens=4, stop=("bz",), include_stop_str_in_output=keep, skip_special_tokens=skip
+    )
+    seq = Sequence("r", 0, [], params, None, 0)
+    seq.tokens += [*_ids(tok, (b"ab",)), tok.convert_tokens_to_ids("</s>")]
+    new, hit = Detokenizer(tok).update(seq, final=True, stop_token=True)
+    assert (new, hit, seq.text) == (expected, False, expected)
+
+
+def test_a_kept_stop_token_id_of_plain_text_is_text():
+    tok = _byte_tokenizer((b"ab", b"cd"))
+    ab, cd = _ids(tok, (b"ab", b"cd"))
+    for keep, expected in ((False, "ab"), (True, "abcd")):
+        params = SamplingParams(max_tokens=2, stop_token_ids=(cd,), include_stop_str_in_output=keep)
+        seq = Sequence("r", 0, [ab, cd], params, None, 0)
+        assert Detokenizer(tok).update(seq, final=True, stop_token=True) == (expected, False)

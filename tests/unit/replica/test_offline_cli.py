@@ -285,6 +285,10 @@ OK = {"prompt": "hi", "max_tokens": 2}
         ([{"prompt": None}], "line 1: prompt=None; allowed: a string or a list of token ids"),
         ([{"prompt": "a", "logit_bias": {"x" * 5000: 5}}],
          "line 1: logit_bias: key 'xxxxxxxxxxxxxxxxxxxx...' (5000 characters) is no token id"),
+        ([{"prompt": "a", "truncate_prompt_tokens": 0}],
+         "line 1: truncate_prompt_tokens=0; allowed: null (off), an integer k >= 1"),
+        ([{"prompt": "a", "skip_special_tokens": 1}],
+         "line 1: skip_special_tokens=1; allowed: true or false"),
     ],
 )  # fmt: skip
 def test_bad_line_exits_1_naming_the_line(tmp_path, llama_dir, llama_adapters, rows, message):
@@ -362,3 +366,27 @@ def test_an_output_that_cannot_be_created_fails_before_running(tmp_path, llama_d
     _one_line_error(
         res, "lorafleet generate: --output /proc/o.jsonl: cannot create a file beside it"
     )
+
+
+def test_truncation_and_kept_special_tokens_and_stops(tmp_path, llama_dir, llama_adapters):
+    """vLLM's truncate_prompt_tokens (the line answers as its prompt's last k tokens),
+    skip_special_tokens and include_stop_str_in_output on input lines."""
+    prompt = "hello world how are you today"
+    ids = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu")).tokenizer(prompt).input_ids
+    eos = {"logit_bias": {"0": 100}, "skip_special_tokens": False}
+    rows = [
+        {"prompt": prompt, "max_tokens": 4, "ignore_eos": True, "truncate_prompt_tokens": 2},
+        {"prompt": ids[-2:], "max_tokens": 4, "ignore_eos": True},
+        {"prompt": [5, 6], "max_tokens": 2, "ignore_eos": True, **eos},
+        {"prompt": [5, 6], "max_tokens": 2, "include_stop_str_in_output": True, **eos},
+        {"prompt": [5, 6], "max_tokens": 2, **eos},
+    ]
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], rows)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert got[0]["token_ids"] == got[1]["token_ids"] and got[0]["text"] == got[1]["text"]
+    assert [(g["text"], g["finish_reason"]) for g in got[2:]] == [
+        ("<|endoftext|>" * 2, "length"),
+        ("<|endoftext|>", "stop"),
+        ("", "stop"),
+    ]

@@ -1,10 +1,16 @@
-"""SamplingParams' penalties, logit_bias and top_k: accepted values are normalised, refused
+"""SamplingParams' penalties, logit_bias, top_k and truncate_prompt_tokens: accepted values are normalised, refused
 ones name the field and what is allowed."""
 
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams, logit_bias_of_json
+from replica.sampling_params import (
+    LOGIT_BIAS_ALLOWED,
+    TRUNCATE_ALLOWED,
+    SamplingParams,
+    kept_prompt,
+    logit_bias_of_json,
+)
 
 KEY_ALLOWED = 'keys that are token ids written as decimal integers ("50256")'
 
@@ -41,6 +47,10 @@ REPETITION = "allowed: a number 0 < repetition_penalty <= 2 (1 = off)"
         ("logit_bias", ((5,),), "logit_bias: (5,) is no (token id, bias) pair; "),
         ("logit_bias", "5", f"logit_bias: got str; {LOGIT_BIAS_ALLOWED}"),
         ("logit_bias", {i: 1.0 for i in range(301)}, "logit_bias: 301 token ids; "),
+        ("truncate_prompt_tokens", 0, f"truncate_prompt_tokens=0; {TRUNCATE_ALLOWED}"),
+        ("truncate_prompt_tokens", -2, "truncate_prompt_tokens=-2; allowed: null (off), "),
+        ("truncate_prompt_tokens", 2.0, "truncate_prompt_tokens=2.0; "),
+        ("truncate_prompt_tokens", True, "truncate_prompt_tokens=True; "),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_allowed(field, value, message):
@@ -102,3 +112,28 @@ def test_logit_bias_keys_of_many_digits_are_refused_not_a_crash():
             f"vocabulary; allowed: {KEY_ALLOWED}"
         )
         assert e.value.param == "logit_bias"
+
+
+@pytest.mark.parametrize(
+    "k, ids, kept",
+    [
+        (None, [5, 6, 7], [5, 6, 7]),
+        (2, [5, 6, 7], [6, 7]),
+        (3, (5, 6, 7), (5, 6, 7)),
+        (9, [5, 6, 7], [5, 6, 7]),
+        (1, (5, 6, 7), (7,)),
+        (-1, list(range(12)), list(range(2, 12))),  # -1: the context's length (10 here)
+        (10, list(range(12)), list(range(2, 12))),
+    ],
+)
+def test_a_truncated_prompt_keeps_its_last_k_tokens(k, ids, kept):
+    assert kept_prompt(ids, k, 10) == kept
+    assert SamplingParams(truncate_prompt_tokens=k).kept_prompt(ids, 10) == kept
+
+
+@pytest.mark.parametrize("k, message", [(11, "truncate_prompt_tokens=11: more than"), (0, "")])
+def test_a_truncation_beyond_the_context_or_out_of_range_is_refused(k, message):
+    with pytest.raises(InvalidRequest) as e:
+        kept_prompt([1, 2], k, 10)
+    assert str(e.value).startswith(message or f"truncate_prompt_tokens=0; {TRUNCATE_ALLOWED}")
+    assert e.value.param == "truncate_prompt_tokens"

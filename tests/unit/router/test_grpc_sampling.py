@@ -234,3 +234,30 @@ def test_choices_without_prompt_scores_wait_for_and_send_the_scoring_choices():
     assert scores == {"b": [-1.0, -2.0], "c": [], "a": [-1.0, -2.0], "d": [], "e": [-1.0, -2.0]}
     ids = {text: list(c.prompt_token_ids) for _, text, c in sent}
     assert ids["b"] == ids["a"] == ids["e"] == [3, 4, 5] and ids["c"] == ids["d"] == []
+
+
+@pytest.mark.parametrize(
+    "fields, want",
+    [
+        ({}, {}),  # unset: as before the fields existed
+        ({"include_stop_str_in_output": True}, {"include_stop_str_in_output": True}),
+        ({"skip_special_tokens": True}, {}),
+        ({"skip_special_tokens": False}, {"skip_special_tokens": False}),
+        ({"truncate_prompt_tokens": 5}, {"truncate_prompt_tokens": 5}),
+        ({"truncate_prompt_tokens": -1}, {"truncate_prompt_tokens": -1}),
+    ],
+)
+def test_stop_string_special_token_and_truncation_fields_are_mapped(fields, want):
+    assert sampling_of(pb.GenerateRequest(**fields)) == SamplingParams(temperature=0.0, **want)
+
+
+@pytest.mark.parametrize("k", [0, -2])
+def test_a_bad_truncation_is_refused_as_rest_refuses_it(k):
+    from replica.sampling_params import TRUNCATE_ALLOWED
+
+    with pytest.raises(InvalidRequest) as e:
+        sampling_of(pb.GenerateRequest(truncate_prompt_tokens=k))
+    assert (str(e.value), e.value.param) == (
+        f"truncate_prompt_tokens={k}; {TRUNCATE_ALLOWED}",
+        "truncate_prompt_tokens",
+    )
