@@ -14,6 +14,7 @@ from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT, SAMPLING_FIELDS,
 from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams, logit_bias_of_json
 from replica.serve_protocol import check_prompt_ids
+from replica.structured_spec import structured_outputs_of
 
 
 def parse_adapter_args(items: list[str]) -> dict[str, Path]:
@@ -82,6 +83,11 @@ class OfflineJob:
                 fields[name] = tuple(fields[name])
         if "logit_bias" in fields:
             fields["logit_bias"] = logit_bias_of_json(fields["logit_bias"])
+        if fields.get("structured_outputs") is not None:
+            try:
+                fields["structured_outputs"] = structured_outputs_of(fields["structured_outputs"])
+            except ValueError as e:
+                raise InvalidRequest(str(e), "structured_outputs") from None
         return SamplingParams(**fields)
 
     def _add(self, rid: str, row: dict) -> SamplingParams:

@@ -93,6 +93,11 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         is_int,
         "null, an integer >= 1 (keep the prompt's last k tokens) or -1 (the context length)",
     ),
+    "structured_outputs": (
+        lambda x: isinstance(x, dict),
+        'an object, vLLM\'s structured_outputs: {"json": schema}, {"regex": "..."}, '
+        '{"choice": [...]}, {"grammar": "..."} or {"json_object": true}',
+    ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))
 # As in OpenAI and vLLM bodies, `"field": null` is "not given" (the --flag or built-in

@@ -17,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 
 from lora_core.errors import InvalidRequest
-from replica.structured import StructuredOutput
+from replica.structured_spec import StructuredOutput
 
 MAX_TEMPERATURE = 2.0
 # Signed 64-bit: gRPC's seed is an int64, and torch.Generator.manual_seed, which also

@@ -21,119 +21,18 @@ incomplete, as in vLLM.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lora_core.errors import InvalidRequest
+from replica.structured_spec import StructuredOutput
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
-MAX_SPEC_CHARS = 65536
-"""Longest schema, regular expression or grammar taken (characters)."""
-MAX_CHOICES = 256
-MAX_CHOICE_CHARS = 1024
 CACHE_SIZE = 256
 """Compiled grammars an engine keeps (least recently used dropped first)."""
-
-
-@dataclass(frozen=True)
-class StructuredOutput:
-    """What a request's output must match.
-
-    kind: "json" (value: a JSON schema, as JSON text), "json_object" (any JSON object;
-    value ""), "regex" (value: the expression, matched whole), "choice" (value: a tuple of
-    strings; the output is exactly one of them) or "grammar" (value: EBNF, xgrammar's
-    dialect of GBNF, with a `root` rule).
-
-    Example: StructuredOutput("choice", ("yes", "no")).
-    """
-
-    kind: str
-    value: str | tuple[str, ...] = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"structured output kind {self.kind!r}; allowed: {', '.join(KINDS)}")
-        if self.kind == "choice":
-            if not isinstance(self.value, tuple) or not 1 <= len(self.value) <= MAX_CHOICES:
-                raise ValueError(f"choice: 1 to {MAX_CHOICES} strings")
-            for c in self.value:
-                if not isinstance(c, str) or not 1 <= len(c) <= MAX_CHOICE_CHARS:
-                    raise ValueError(f"choice: each a string of 1 to {MAX_CHOICE_CHARS} characters")
-        elif self.kind == "json_object":
-            if self.value != "":
-                raise ValueError("json_object takes no value")
-        elif not isinstance(self.value, str) or not 1 <= len(self.value) <= MAX_SPEC_CHARS:
-            raise ValueError(f"{self.kind}: a string of 1 to {MAX_SPEC_CHARS} characters")
-
-    def grammar(self) -> Any:
-        """The tokenizer-free `xgrammar.Grammar`; ValueError naming what is wrong (a
-        schema xgrammar does not support, a regular expression or grammar that does not
-        parse). Example: StructuredOutput("regex", "a(b").grammar() -> ValueError."""
-        import xgrammar as xgr
-
-        try:
-            if self.kind == "json":
-                return xgr.Grammar.from_json_schema(self.value, any_whitespace=False)
-            if self.kind == "json_object":
-                return xgr.Grammar.builtin_json_grammar()
-            if self.kind == "regex":
-                return xgr.Grammar.from_regex(self.value)
-            if self.kind == "choice":
-                return xgr.Grammar.from_ebnf(choice_ebnf(self.value))
-            return xgr.Grammar.from_ebnf(self.value)
-        except RuntimeError as e:
-            raise ValueError(_reason(e)) from None
-
-
-def choice_ebnf(choices: Iterable[str]) -> str:
-    """An EBNF grammar matching exactly one of choices.
-    Example: ("a", 'b"') -> 'root ::= "a" | "b\\""'."""
-    return "root ::= " + " | ".join(f'"{_escape(c)}"' for c in choices)
-
-
-def _escape(text: str) -> str:
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif 0x20 <= code < 0x7F:
-            out.append(ch)
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "".join(out)
-
-
-def _reason(e: RuntimeError) -> str:
-    """xgrammar's message without its source location ("[05:07:12] /project/cpp/x.cc:94: ")."""
-    text = str(e).strip()
-    return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(e).__name__
-
-
-def parse_json_schema(schema: object, field: str) -> str:
-    """A JSON schema given as an object or as JSON text -> its JSON text; InvalidRequest
-    naming field when it is neither an object nor text of one."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError:
-            raise InvalidRequest(
-                f"{field}: not valid JSON; allowed: a JSON schema", field
-            ) from None
-    if not isinstance(schema, dict):
-        raise InvalidRequest(
-            f"{field}: got {type(schema).__name__}; allowed: a JSON schema object", field
-        )
-    return json.dumps(schema, sort_keys=True)
 
 
 class Grammars:

@@ -204,10 +204,6 @@ def _not_supported(value: object, allowed: str) -> str:
     return f"got {json.dumps(value)}; allowed: {allowed} (not supported)"
 
 
-def is_text_format(fmt: dict[str, object]) -> bool:
-    return fmt in ({}, {"type": "text"})
-
-
 def _false(value: object) -> bool:
     return value is False
 
@@ -232,23 +228,14 @@ UNHONOURED_SAMPLING: Unhonoured = {
     "return_tokens_as_token_ids": (_false, "false or null"),
     "bad_words": (_empty, "[] or null"),
     "logits_processors": (_empty, "[] or null"),
-    "structured_outputs": (_nothing, "null"),
-    "guided_json": (_nothing, "null"),
-    "guided_regex": (_nothing, "null"),
-    "guided_choice": (_nothing, "null"),
-    "guided_grammar": (_nothing, "null"),
 }
 """Fields of vLLM's OpenAI server (and OpenAI's) that change what the client gets and that
 lorafleet does not implement. They are not fields of the body models, whose unknown fields
 are ignored, so without this check a client relying on one (a JSON schema, beam search)
 would silently get output made without it."""
 
-UNHONOURED_COMPLETION: Unhonoured = UNHONOURED_SAMPLING | {
-    "response_format": (
-        lambda f: isinstance(f, dict) and is_text_format(f),
-        '{"type": "text"} or null',
-    ),
-}
+UNHONOURED_COMPLETION: Unhonoured = UNHONOURED_SAMPLING
+"""response_format and the structured-output fields: `router.structured_request`."""
 UNHONOURED_CHAT: Unhonoured = UNHONOURED_SAMPLING | {
     "functions": (_empty, "[] or null"),
     "function_call": (lambda c: c in ("none", "auto"), '"none", "auto" or null'),

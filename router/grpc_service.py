@@ -28,6 +28,7 @@ from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
 from router.proto import lorafleet_pb2 as pb
+from router.structured_request import grpc_structured
 
 
 def grpc_api_key(context: RayServegRPCContext) -> str | None:
@@ -76,7 +77,16 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         truncate_prompt_tokens=(
             req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
         ),
+        structured_outputs=_structured(req),
     )
+
+
+def _structured(req: pb.GenerateRequest):
+    """The structured output of the structured_* fields, checked as REST's are."""
+    try:
+        return grpc_structured(req)
+    except ValueError as e:
+        raise InvalidRequest(str(e), str(e).split(":", 1)[0]) from None
 
 
 def cache_salt_of_request(req: pb.GenerateRequest) -> str | None:

@@ -1,9 +1,10 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(best_of other than n, suffix, chat's response_format and tools, and the
-vLLM fields of `body_checks.UNHONOURED_*`: guided_json, use_beam_search, ...) are refused
-unless they hold their neutral value, with a message naming what is allowed. logit_bias and the
+(best_of other than n, suffix, chat's tools, and the vLLM fields of
+`body_checks.UNHONOURED_*`: use_beam_search, bad_words, ...) are refused unless they hold
+their neutral value, with a message naming what is allowed. response_format,
+structured_outputs and guided_* ask for structured outputs (`router.structured_request`). logit_bias and the
 presence / frequency penalties are OpenAI's; top_k, min_p, repetition_penalty,
 allowed_token_ids and prompt_logprobs are vLLM's extensions (top_k -1 = off, as 0), as are
 include_stop_str_in_output, skip_special_tokens and truncate_prompt_tokens; n is
@@ -56,13 +57,13 @@ from router.body_checks import (
     check_tool_choice,
     check_top_count,
     invalid_text,
-    is_text_format,
     json_kind,
     only_neutral,
     refuse_unhonoured,
     too_deep,
 )
 from router.choices import batch_of, check_fan_out, check_n, check_prompt
+from router.structured_request import StructuredBody
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -92,7 +93,7 @@ class StreamOptions(BaseModel):
     """Send a last chunk with usage counts (and no choices)."""
 
 
-class _Sampling(BaseModel):
+class _Sampling(StructuredBody):
     model_config = BODY_CONFIG
 
     model: str = Field(min_length=1)
@@ -220,6 +221,7 @@ class _Sampling(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=self.structured,
         )
 
     @property
@@ -314,9 +316,6 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: TopCount = None
     """k: the k most likely tokens at each position (needs logprobs: true)."""
-    response_format: Annotated[
-        dict[str, Any], only_neutral(is_text_format, '{"type": "text"} or null')
-    ] = {}
     tools: Annotated[list[Any], only_neutral(lambda t: not t, "[] or null")] = []
     echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
     """vLLM's chat echo (the last message before the reply) is not supported: refused
@@ -475,9 +474,11 @@ def _count(n: int, unit: str) -> str:
 
 
 def _param_of(msg: str) -> str | None:
-    """Model validators name their field first ("tool_choice: ..."); else None."""
+    """Model validators name their field first ("tool_choice: ...", or a path in it:
+    "response_format.json_schema: ..." -> "response_format"); else None."""
     field, sep, _ = msg.partition(":")
-    return field if sep and field.isidentifier() else None
+    top = field.split(".", 1)[0]
+    return top if sep and top.isidentifier() else None
 
 
 def param_of_check(msg: str) -> str | None:

@@ -144,14 +144,14 @@ def test_bad_routes_answer_in_the_openai_shape(cluster, method, path, status, co
 
 def test_unsupported_fields_are_refused_unless_neutral(cluster):
     chat = {"model": "demo-poet", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    r = post(cluster, "/v1/chat/completions", {**chat, "response_format": {"type": "json_object"}})
+    r = post(cluster, "/v1/chat/completions", {**chat, "response_format": {"type": "xml"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
     neutral = {"response_format": {"type": "text"}, "tools": [], "presence_penalty": 0}
     assert post(cluster, "/v1/chat/completions", {**chat, **neutral}).status_code == 200
     # vLLM's fields that change the output: ignoring them would answer as if not sent
     for path, body, field in [
         ("/v1/completions", completion(use_beam_search=True, stream=True), "use_beam_search"),
-        ("/v1/chat/completions", {**chat, "guided_json": {"type": "object"}}, "guided_json"),
+        ("/v1/chat/completions", {**chat, "bad_words": ["hi"]}, "bad_words"),
     ]:
         r = post(cluster, path, body)
         assert (r.status_code, r.json()["error"]["param"]) == (400, field), r.text

@@ -15,7 +15,8 @@ import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
-from replica.structured import StructuredOutput, unpack_bitmask
+from replica.structured import unpack_bitmask
+from replica.structured_spec import StructuredOutput
 from tests.hf_reference import hf_greedy
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine

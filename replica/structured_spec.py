@@ -1,0 +1,182 @@
+"""What a structured output asks for (`StructuredOutput`), read from its JSON forms: the
+request-side half of structured outputs, torch-free (`replica.structured` runs them).
+
+A spec is parsed into an xgrammar `Grammar` without a tokenizer (`StructuredOutput.grammar`),
+so the ingress refuses a schema xgrammar does not support, or a regular expression or
+grammar that does not parse, before any replica sees it. vLLM's `structured_outputs`
+object (REST, the offline runner) is read by `structured_outputs_of`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+SPEC_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+BACKENDS = ("auto", "xgrammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_SPEC_CHARS = 65536
+"""Longest schema, regular expression or grammar taken (characters)."""
+MAX_CHOICES = 256
+MAX_CHOICE_CHARS = 1024
+CACHE_SIZE = 256
+"""Compiled grammars an engine keeps (least recently used dropped first)."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What a request's output must match.
+
+    kind: "json" (value: a JSON schema, as JSON text), "json_object" (any JSON object;
+    value ""), "regex" (value: the expression, matched whole), "choice" (value: a tuple of
+    strings; the output is exactly one of them) or "grammar" (value: EBNF, xgrammar's
+    dialect of GBNF, with a `root` rule).
+
+    Example: StructuredOutput("choice", ("yes", "no")).
+    """
+
+    kind: str
+    value: str | tuple[str, ...] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"structured output kind {self.kind!r}; allowed: {', '.join(KINDS)}")
+        choices = f"allowed: 1 to {MAX_CHOICES} strings of 1 to {MAX_CHOICE_CHARS} characters"
+        if self.kind == "choice":
+            if not isinstance(self.value, tuple) or not 1 <= len(self.value) <= MAX_CHOICES:
+                count = len(self.value) if isinstance(self.value, tuple) else "no list of"
+                raise ValueError(f"{count} choices; {choices}")
+            for c in self.value:
+                if not isinstance(c, str) or not 1 <= len(c) <= MAX_CHOICE_CHARS:
+                    size = len(c) if isinstance(c, str) else type(c).__name__
+                    raise ValueError(f"a choice of {size} characters; {choices}")
+        elif self.kind == "json_object":
+            if self.value != "":
+                raise ValueError("json_object takes no value")
+        elif not isinstance(self.value, str) or not 1 <= len(self.value) <= MAX_SPEC_CHARS:
+            size = len(self.value) if isinstance(self.value, str) else "no string of"
+            raise ValueError(f"{size} characters; allowed: 1 to {MAX_SPEC_CHARS}")
+
+    def grammar(self) -> Any:
+        """The tokenizer-free `xgrammar.Grammar`; ValueError naming what is wrong (a
+        schema xgrammar does not support, a regular expression or grammar that does not
+        parse). Example: StructuredOutput("regex", "a(b").grammar() -> ValueError."""
+        import xgrammar as xgr
+
+        try:
+            if self.kind == "json":
+                return xgr.Grammar.from_json_schema(self.value, any_whitespace=False)
+            if self.kind == "json_object":  # OpenAI's JSON mode: an object, not any value
+                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
+            if self.kind == "regex":
+                return xgr.Grammar.from_regex(self.value)
+            if self.kind == "choice":
+                return xgr.Grammar.from_ebnf(choice_ebnf(self.value))
+            return xgr.Grammar.from_ebnf(self.value)
+        except RuntimeError as e:
+            raise ValueError(_reason(e)) from None
+
+
+def choice_ebnf(choices: Iterable[str]) -> str:
+    """An EBNF grammar matching exactly one of choices.
+    Example: ("a", 'b"') -> 'root ::= "a" | "b\\""'."""
+    return "root ::= " + " | ".join(f'"{_escape(c)}"' for c in choices)
+
+
+def _escape(text: str) -> str:
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _reason(e: RuntimeError) -> str:
+    """xgrammar's message without its source location ("[05:07:12] /project/cpp/x.cc:94: ")."""
+    text = str(e).strip()
+    return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(e).__name__
+
+
+def parse_json_schema(schema: object) -> str:
+    """A JSON schema given as an object or as JSON text -> its JSON text; ValueError when
+    it is neither an object nor the text of one."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise ValueError("not valid JSON; allowed: a JSON schema") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"got {type(schema).__name__}; allowed: a JSON schema object")
+    return json.dumps(schema, sort_keys=True)
+
+
+def checked(field: str, spec: StructuredOutput) -> StructuredOutput:
+    """spec, once its grammar parses; else ValueError naming field."""
+    try:
+        spec.grammar()
+    except ValueError as e:
+        raise ValueError(f"{field}: {e}") from None
+    return spec
+
+
+def structured_outputs_of(value: object, field: str = "structured_outputs") -> StructuredOutput:
+    """vLLM's structured_outputs object -> StructuredOutput; ValueError naming the field
+    at fault (\"structured_outputs.regex: ...\")."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: got {type(value).__name__}; allowed: an object")
+    given = [k for k in SPEC_KEYS if value.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise ValueError(
+            f"{field}: {len(given)} of {', '.join(SPEC_KEYS)} given; allowed: exactly one"
+        )
+    check_backend(value.get("backend"), f"{field}.backend")
+    if value.get("disable_any_whitespace") is False:
+        raise ValueError(free_whitespace(f"{field}.disable_any_whitespace"))
+    known = {*SPEC_KEYS, "backend", "disable_any_whitespace"}
+    extra = sorted(k for k in value if k not in known and value[k] not in (None, False))
+    if extra:
+        raise ValueError(f"{field}.{extra[0]}: not supported; allowed: null")
+    key = given[0]
+    if key == "json_object":
+        if value[key] is not True:
+            raise ValueError(f"{field}.json_object: allowed: true or null")
+        return StructuredOutput("json_object")
+    return spec_from_json(key, value[key], f"structured_outputs.{key}")
+
+
+def spec_from_json(kind: str, value: object, field: str) -> StructuredOutput:
+    """StructuredOutput(kind, value) from JSON; ValueError naming field."""
+    try:
+        if kind == "json":
+            return StructuredOutput("json", parse_json_schema(value))
+        if kind == "choice":
+            if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+                raise ValueError("allowed: a list of strings")
+            return StructuredOutput("choice", tuple(value))
+        if not isinstance(value, str):
+            raise ValueError(f"got {type(value).__name__}; allowed: a string")
+        return StructuredOutput(kind, value)
+    except ValueError as e:
+        text = str(e)
+        raise ValueError(text if text.startswith(field) else f"{field}: {text}") from None
+
+
+def check_backend(backend: object, field: str) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"{field}: got {json.dumps(backend)[:60]}; allowed: null, " + ", ".join(BACKENDS)
+        )
+
+
+def free_whitespace(field: str) -> str:
+    return f"{field}: not supported; lorafleet's JSON grammars have no free whitespace"

@@ -1,0 +1,140 @@
+"""The request fields that ask for structured outputs (`replica.structured`), read into one
+`StructuredOutput`: OpenAI's `response_format`, vLLM's `structured_outputs` and its older
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`; gRPC's
+`structured_*` fields.
+
+    response_format     {"type": "text"} (none), {"type": "json_object"}, or
+                        {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
+                        "description"?}}
+    structured_outputs  {"json": schema} | {"regex": str} | {"choice": [str]} |
+                        {"grammar": EBNF} | {"json_object": true}, with vLLM's
+                        "disable_any_whitespace" true or null (lorafleet's JSON has no
+                        free whitespace) and "backend" "auto" / "xgrammar" / null
+    guided_json ...     the same, one field each (guided_decoding_backend as "backend")
+
+At most one of them per request (two are refused, naming the second). Every spec is
+parsed here, on the ingress, so a schema xgrammar does not support, or a regular
+expression or grammar that does not parse, is a 400 naming its field before any replica
+sees it; the replica compiles it against its tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, PrivateAttr, model_validator
+
+from replica.structured_spec import (
+    StructuredOutput,
+    check_backend,
+    checked,
+    free_whitespace,
+    spec_from_json,
+    structured_outputs_of,
+)
+
+LEGACY = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
+    """The structured output a raw request body asks for (None: none); ValueError naming
+    the field at fault ("guided_regex: ..."). Example: {"guided_choice": ["a", "b"]} ->
+    StructuredOutput("choice", ("a", "b"))."""
+    found: list[tuple[str, StructuredOutput]] = []
+    if body.get("response_format") is not None:
+        spec = _response_format(body["response_format"])
+        if spec is not None:
+            kind = body["response_format"]["type"]
+            found.append((f"response_format.{kind}".removesuffix(".json_object"), spec))
+    if body.get("structured_outputs") is not None:
+        spec = structured_outputs_of(body["structured_outputs"])
+        found.append((f"structured_outputs.{spec.kind}", spec))
+    for name, kind in LEGACY.items():
+        if body.get(name) is not None:
+            found.append((name, spec_from_json(kind, body[name], name)))
+    check_backend(body.get("guided_decoding_backend"), "guided_decoding_backend")
+    if body.get("guided_whitespace_pattern") is not None:
+        raise ValueError(free_whitespace("guided_whitespace_pattern"))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(
+            f"{found[1][0]}: given with {found[0][0]}; allowed: one structured output "
+            "(response_format, structured_outputs or a guided_* field) per request"
+        )
+    return checked(*found[0])
+
+
+def _response_format(fmt: object) -> StructuredOutput | None:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    allowed = 'allowed: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    if fmt == {} or (kind == "text" and set(fmt) == {"type"}):
+        return None
+    if kind == "json_object" and set(fmt) == {"type"}:
+        return StructuredOutput("json_object")
+    if kind != "json_schema":
+        raise ValueError(f"response_format: got {json.dumps(fmt)[:200]}; {allowed}")
+    inner = fmt.get("json_schema")
+    if not isinstance(inner, dict) or "schema" not in inner:
+        raise ValueError(
+            'response_format.json_schema: allowed: an object with "schema" (a JSON schema), '
+            'and "name", "strict", "description"'
+        )
+    extra = set(inner) - {"name", "schema", "strict", "description"}
+    if extra:
+        raise ValueError(f"response_format.json_schema: unknown field {sorted(extra)[0]!r}")
+    return spec_from_json("json", inner["schema"], "response_format.json_schema.schema")
+
+
+class StructuredBody(BaseModel):
+    """Mixin of the OpenAI request bodies: `structured` is what the body asks for."""
+
+    _structured: StructuredOutput | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_structured(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._structured = structured_of(data)
+        return model
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        return self._structured
+
+
+def grpc_structured(req: Any) -> StructuredOutput | None:
+    """The structured output of a GenerateRequest's structured_* fields (None: none);
+    ValueError naming the field at fault."""
+    found = []
+    if req.structured_json_schema:
+        found.append(("structured_json_schema", "json", req.structured_json_schema))
+    if req.structured_json_object:
+        found.append(("structured_json_object", "json_object", ""))
+    if req.structured_regex:
+        found.append(("structured_regex", "regex", req.structured_regex))
+    if req.structured_choice:
+        found.append(("structured_choice", "choice", list(req.structured_choice)))
+    if req.structured_grammar:
+        found.append(("structured_grammar", "grammar", req.structured_grammar))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(
+            f"{found[1][0]}: given with {found[0][0]}; allowed: one structured_* field"
+        )
+    field, kind, value = found[0]
+    spec = (
+        StructuredOutput("json_object")
+        if kind == "json_object"
+        else spec_from_json(kind, value, field)
+    )
+    return checked(field, spec)
