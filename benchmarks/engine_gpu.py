@@ -13,6 +13,7 @@ once at the copy bandwidth measured in the same run).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -32,6 +33,8 @@ from replica.sampler import sample  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
 from replica.scheduler import Scheduler  # noqa: E402
 from replica.sequence import Sequence  # noqa: E402
+from replica.structured import Grammars, restrict  # noqa: E402
+from replica.structured_spec import StructuredOutput  # noqa: E402
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -69,6 +72,10 @@ SAMPLINGS = {
     ),
 }
 SAMPLING = SAMPLINGS["greedy"]
+# --structured: a JSON array of strings (never ends), the grammar the constrained rows run
+STRUCTURED_SCHEMA = '{"type": "array", "items": {"type": "string"}}'
+GRAMMARS = None  # replica.structured.Grammars over a 128k synthetic vocabulary
+BREAKDOWN = False  # --breakdown: print the host time of each phase of a step
 
 
 def _tokens(logits, params, generators, history=None) -> list[int]:
@@ -135,7 +142,10 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
     return model, ctx, buffers
 
 
-def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, steps: int) -> dict:
+def run(
+    model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, steps: int,
+    structured: int = 0,
+) -> dict:  # fmt: skip
     bs = 16
     blocks = -(-(prompt_len + steps + 8) // bs) * num_seqs + 8
     shape = (blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)  # + the CUDA-graph scratch block
@@ -160,17 +170,44 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
     for i in range(num_seqs):
         ref = AdapterRef(str(i % num_adapters), 1, "0" * 64, "", 16) if num_adapters else None
         prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist()
-        sched.add(Sequence(str(i), prompt_len, prompt, params, ref, i))
+        seq = Sequence(str(i), prompt_len, prompt, params, ref, i)
+        if i < structured:
+            seq.matcher = GRAMMARS.matcher(StructuredOutput("json", STRUCTURED_SCHEMA))
+        sched.add(seq)
 
-    def step():
+    phases: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:  # host time of each phase of a step (--breakdown)
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
+    def step():  # LLMEngine.step's work, structured outputs included
+        lap("between steps")
         out = sched.schedule()
         batch = runner.prepare(out.scheduled)
+        seqs = batch.sample_seqs
+        guided = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        lap("schedule + prepare")
         logits = runner.execute(batch).logits
         sched.after_step(out)
-        seqs = batch.sample_seqs
+        lap("execute (launch)")
+        if guided:
+            allowed = GRAMMARS.allowed([seqs[i].matcher for i in guided], logits.device)
+            logits = restrict(logits, guided, allowed)
+            lap("fill + mask launch")
         toks = SAMPLER(logits, [s.params for s in seqs], [None] * len(seqs), history=seqs)
+        lap("sample (syncs)")
         for s, t in zip(seqs, toks, strict=True):
             s.tokens.append(t)
+        if guided:
+            matchers = [seqs[i].matcher for i in guided]
+            accepted = GRAMMARS.accept(matchers, [toks[i] for i in guided])
+            for m, ok in zip(matchers, accepted, strict=True):
+                if not ok or m.is_terminated():
+                    m.reset()  # the array closed (EOS taken): start another
+            lap("grammar accept")
         return out
 
     step()  # prefill of every sequence (the token budget covers all prompts)
@@ -197,10 +234,15 @@ def run(model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, step
         )
     sync()
     t0 = time.perf_counter()
+    phases.clear()
+    clock[0] = t0
     for _ in range(steps):
         step()
     sync()
     dt = time.perf_counter() - t0
+    if BREAKDOWN:
+        print(f"{num_seqs} seqs, {structured} structured: host ms per step",
+              {k: round(v / steps * 1e3, 3) for k, v in phases.items()}, flush=True)  # fmt: skip
     replays = graphs.replays if graphs else 0
     del kv, graphs
     return {
@@ -234,6 +276,11 @@ def main() -> None:
     ap.add_argument("--sampling", choices=sorted(SAMPLINGS), default="greedy",
                     help="top_p: temperature 0.8, top_p 0.95; penalties: greedy with presence 0.5, "
                          "frequency 0.5, repetition 1.1 on every row")  # fmt: skip
+    ap.add_argument("--structured", default="",
+                    help="e.g. 64,128: also run each combo with that many rows under a JSON "
+                         "grammar (128k synthetic vocabulary)")  # fmt: skip
+    ap.add_argument("--breakdown", action="store_true",
+                    help="print the host time of each phase of a step")  # fmt: skip
     ap.add_argument("--per-row-sampler", action="store_true",
                     help="the sampler before 2026-12-04 (a loop over rows), for comparison")  # fmt: skip
     args = ap.parse_args()
@@ -252,7 +299,9 @@ def main() -> None:
         from kernels.triton import lora_fused
 
         lora_fused.FUSED_MAX_TOKENS = 1 << 30
-    global DEVICE, PROFILE, GRAPHS
+    global DEVICE, PROFILE, GRAPHS, GRAMMARS, BREAKDOWN
+    BREAKDOWN = args.breakdown
+    structured = [0] + [int(k) for k in args.structured.split(",") if k]
     PROFILE = args.profile
     GRAPHS = not args.eager and not args.smoke
     hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
@@ -260,6 +309,11 @@ def main() -> None:
         DEVICE = torch.device("cpu")
         hf.update(SMOKE)
     cfg = ModelConfig.from_hf(hf)
+    if args.structured:
+        from synthetic_vocab import synthetic_tokenizer
+
+        tok = synthetic_tokenizer(min(128000, cfg.vocab_size))
+        GRAMMARS = Grammars(tok, cfg.vocab_size, [tok.eos_token_id])
     bw = copy_bandwidth()
     model, ctx, buffers = build(cfg, 32, args.rank)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -270,13 +324,16 @@ def main() -> None:
         combos = [tuple(int(v) for v in c.split(":")) for c in args.only.split(",")]
     runs = []
     for rnd in range(args.repeat):  # rounds over all combos: drift hits every combo alike
-        for seqs, n in combos:
-            r = run(model, ctx, cfg, seqs, n, args.prompt_len, args.steps)
-            r.update(num_seqs=seqs, distinct_adapters=n, round=rnd)
+        for (seqs, n), k in itertools.product(combos, structured):
+            r = run(model, ctx, cfg, seqs, n, args.prompt_len, args.steps, min(k, seqs))
+            r.update(num_seqs=seqs, distinct_adapters=n, structured_rows=min(k, seqs), round=rnd)
             runs.append(r)
             print(json.dumps(r), flush=True)
-    for seqs, n in combos:
-        mine = [r for r in runs if (r["num_seqs"], r["distinct_adapters"]) == (seqs, n)]
+    for (seqs, n), k in itertools.product(combos, structured):
+        key = (seqs, n, min(k, seqs))
+        mine = [
+            r for r in runs if (r["num_seqs"], r["distinct_adapters"], r["structured_rows"]) == key
+        ]
         ctx_tokens = seqs * (args.prompt_len + args.steps)
         kv_bytes = ctx_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
         floor_s = (weight_bytes + n * per_adapter + kv_bytes) / bw
@@ -285,21 +342,25 @@ def main() -> None:
             "decode_tokens_per_s": seqs / step_ms * 1e3, "step_ms": step_ms,
             "step_ms_per_round": [round(r["step_ms"], 3) for r in mine],
             "graph_replays": mine[0]["graph_replays"], "num_seqs": seqs,
-            "distinct_adapters": n, "hbm_floor_step_ms": floor_s * 1e3,
+            "distinct_adapters": n, "structured_rows": key[2], "hbm_floor_step_ms": floor_s * 1e3,
         })  # fmt: skip
-    base = {r["num_seqs"]: r["decode_tokens_per_s"] for r in rows if r["distinct_adapters"] == 0}
+    base = {
+        r["num_seqs"]: r["decode_tokens_per_s"]
+        for r in rows
+        if r["distinct_adapters"] == 0 and r["structured_rows"] == 0
+    }
     for r in rows:
         base.setdefault(r["num_seqs"], r["decode_tokens_per_s"])
     print(
         f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.1f} GB; adapter {per_adapter / 1e6:.1f} MB"
     )
     print(
-        f"{'seqs':>5} {'adapters':>8} {'tok/s':>9} {'step ms':>8} {'HBM floor ms':>12} {'vs base':>8}"
+        f"{'seqs':>5} {'adapters':>8} {'grammar':>7} {'tok/s':>9} {'step ms':>8} {'HBM floor ms':>12} {'vs base':>8}"
     )
     for r in rows:
         r["ratio_to_base"] = r["decode_tokens_per_s"] / base[r["num_seqs"]]
         print(
-            f"{r['num_seqs']:>5} {r['distinct_adapters']:>8} {r['decode_tokens_per_s']:>9.0f} {r['step_ms']:>8.2f} {r['hbm_floor_step_ms']:>12.2f} {r['ratio_to_base']:>7.2f}x"
+            f"{r['num_seqs']:>5} {r['distinct_adapters']:>8} {r['structured_rows']:>7} {r['decode_tokens_per_s']:>9.0f} {r['step_ms']:>8.2f} {r['hbm_floor_step_ms']:>12.2f} {r['ratio_to_base']:>7.2f}x"
         )
     if args.out:
         args.out.write_text(
@@ -317,6 +378,11 @@ def main() -> None:
                     "rounds": args.repeat,
                     "cuda_graphs": GRAPHS,
                     "sampling": {**SAMPLING, "sampler": SAMPLER.__name__},
+                    "structured": {
+                        "schema": STRUCTURED_SCHEMA,
+                        "vocabulary": "synthetic 128k",
+                        "fill": "on the host after the forward is launched",
+                    },
                     "results": rows,
                 },
                 indent=2,

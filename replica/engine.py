@@ -233,19 +233,18 @@ class LLMEngine:
             return outputs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]
         banned = [self._banned(s) for s in seqs]
-        guided = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        logits, guided = result.logits, [i for i, s in enumerate(seqs) if s.matcher is not None]
         if guided:  # the host fills the masks while the device runs the forward
-            allowed = self.grammars.allowed([seqs[i].matcher for i in guided], result.logits.device)
-            logits = restrict(result.logits, guided, allowed)
-        else:
-            logits = result.logits
+            allowed = self.grammars.allowed([seqs[i].matcher for i in guided], logits.device)
+            logits = restrict(logits, guided, allowed)
         sampled = sample(logits, params, streams, self.generator, seqs, banned)
         bad = set(sampled.non_finite)
+        refused = self._feed_grammars(seqs, guided, sampled.tokens, bad)
         for i, seq in enumerate(seqs):
             if i in bad:
                 outputs.append(self._fail(seq, self._non_finite(seq)))
                 continue
-            if seq.matcher is not None and not seq.matcher.accept_token(sampled.tokens[i]):
+            if i in refused:
                 why = f"request {seq.request_id}: the grammar refused a token it allowed"
                 outputs.append(self._fail(seq, LoraFleetError(why)))
                 continue
@@ -255,6 +254,17 @@ class LLMEngine:
                 seq.top_logprobs.append(sampled.top[i])
             outputs.append(self._append(seq, sampled.tokens[i]))
         return outputs
+
+    def _feed_grammars(
+        self, seqs: list[Sequence], guided: list[int], tokens: list[int], bad: set[int]
+    ) -> set[int]:
+        """Feed the constrained rows' matchers their sampled tokens (a row that failed
+        samples nothing); -> the rows whose matcher refused its token."""
+        rows = [i for i in guided if i not in bad]
+        if not rows:
+            return set()
+        ok = self.grammars.accept([seqs[i].matcher for i in rows], [tokens[i] for i in rows])
+        return {i for i, accepted in zip(rows, ok, strict=True) if not accepted}
 
     def _non_finite(self, seq: Sequence) -> LoraFleetError:
         """The error of a row left with no finite logit: with structured outputs, when

@@ -4,8 +4,9 @@ outputs and OpenAI's `response_format`). xgrammar does the grammar work, as in v
 
 How a step runs: each constrained sequence holds an `xgrammar.GrammarMatcher` (its
 grammar compiled once per engine and cached). After the model's forward is launched, the
-host fills one bitmask row per constrained sequence (the tokens its matcher allows next:
-this overlaps with the device's forward), copies the bitmask over once, and every other
+host fills one bitmask row per constrained sequence (the tokens its matcher allows next)
+once the forward is launched, so it runs while the device computes, spread over a few
+xgrammar threads; then it copies the bitmask over once (pinned, not blocking the host), and every other
 token's logit is set to -inf before the sampler sees the logits (so before logit_bias,
 the penalties, the argmax or the draw). The sampled token is then fed to the matcher.
 As in vLLM, a constrained request's logprobs are those of this masked distribution: a
@@ -21,6 +22,7 @@ incomplete, as in vLLM.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -33,6 +35,9 @@ from replica.structured_spec import StructuredOutput
 
 CACHE_SIZE = 256
 """Compiled grammars an engine keeps (least recently used dropped first)."""
+FILL_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
+"""Threads xgrammar fills a step's masks with (JSON with a 128k vocabulary: ~35 us per
+row on one thread, `benchmarks/structured_gpu.py`)."""
 
 
 class Grammars:
@@ -49,6 +54,8 @@ class Grammars:
         self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._shifts: dict[torch.device, torch.Tensor] = {}
+        self._batch: Any = None
+        self._pinned: torch.Tensor | None = None
 
     def compile(self, spec: StructuredOutput) -> Any:
         """The `xgrammar.CompiledGrammar` of spec, compiled on first use; InvalidRequest
@@ -76,14 +83,41 @@ class Grammars:
         return xgr.GrammarMatcher(self.compile(spec))
 
     def allowed(self, matchers: list[Any], device: torch.device) -> torch.Tensor:
-        """bool [len(matchers), vocab_size] on device: the tokens each matcher allows next
-        (filled on the host, one copy to the device, unpacked there)."""
+        """bool [len(matchers), vocab_size] on device: the tokens each matcher allows next.
+
+        The engine calls this after it has launched the step's forward, so the fill (on
+        the host, spread over FILL_THREADS threads of xgrammar's own) runs while the
+        device computes. The bitmask crosses from pinned memory without blocking the host
+        (it waits for nothing but the forward queued before it, on the device) and is
+        unpacked there. The pinned rows are written again only next step, after this
+        step's sampling has synchronised with the device."""
         import xgrammar as xgr
 
-        bits = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
-        for i, m in enumerate(matchers):
-            m.fill_next_token_bitmask(bits, i)
-        return unpack_bitmask(bits.to(device), self.vocab_size, self._shift(device))
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher(max_threads=FILL_THREADS)
+        bits = self._host_bits(len(matchers), device)
+        self._batch.batch_fill_next_token_bitmask(matchers, bits)
+        on_device = bits.to(device, non_blocking=True)
+        return unpack_bitmask(on_device, self.vocab_size, self._shift(device))
+
+    @staticmethod
+    def accept(matchers: list[Any], tokens: list[int]) -> list[bool]:
+        """Feed each matcher its sampled token (one call for the step); False where a
+        matcher refused it."""
+        import xgrammar as xgr
+
+        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+
+    def _host_bits(self, rows: int, device: torch.device) -> torch.Tensor:
+        """int32 [rows, ceil(V / 32)] on the host, pinned when device is CUDA."""
+        import xgrammar as xgr
+
+        if device.type != "cuda":
+            return xgr.allocate_token_bitmask(rows, self.vocab_size)
+        if self._pinned is None or self._pinned.shape[0] < rows:
+            size = max(rows, 2 * (0 if self._pinned is None else self._pinned.shape[0]), 64)
+            self._pinned = xgr.allocate_token_bitmask(size, self.vocab_size).pin_memory()
+        return self._pinned[:rows]
 
     def _shift(self, device: torch.device) -> torch.Tensor:
         shifts = self._shifts.get(device)
