@@ -152,6 +152,24 @@ def test_a_spec_that_does_not_compile_is_refused_at_add(llama_dir, spec, message
     assert e.value.param == "structured_outputs" and not engine.has_unfinished()
 
 
+def test_a_spec_the_other_fields_leave_no_token_for_stops_with_an_error(llama_dir):
+    engine = small_engine(llama_dir)
+    tok = engine.tokenizer
+    # allowed_token_ids hold no token starting "red": the grammar's tokens are all masked
+    others = [
+        t for t in range(engine.vocab_size) if not "red".startswith(tok.decode([t])[:1] or "?")
+    ]
+    params = SamplingParams(max_tokens=4, temperature=0.0, allowed_token_ids=others[:50],
+                            structured_outputs=StructuredOutput("choice", ("red",)))  # fmt: skip
+    engine.add_request("r", tok(PROMPT).input_ids, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    [out] = outs
+    assert isinstance(out.error, InvalidRequest) and out.error.param == "structured_outputs"
+    assert "allows no token" in str(out.error) and out.new_token_ids == []
+
+
 @pytest.mark.parametrize(
     "fields, param", [({"min_tokens": 2}, "min_tokens"), ({"ignore_eos": True}, "ignore_eos")]
 )
