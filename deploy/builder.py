@@ -175,6 +175,8 @@ class ClusterArgs(BaseModel):
     """Affinity router: holders with this many queued requests are skipped."""
     ingress_max_ongoing_requests: int = Field(1024, ge=1)
     """Concurrent requests one ingress replica handles (it only awaits replicas)."""
+    max_request_bytes: int = Field(32 * 2**20, ge=1024)
+    """Largest request body the ingress reads (413 beyond)."""
     routing_stats_period_s: float = Field(1.0, gt=0.0)
     registry_tick_s: float = Field(1.0, gt=0.0)
     lease_ttl_s: float = Field(5.0, ge=0.01, le=3600.0)
@@ -439,6 +441,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_model_len=cfg.max_model_len,
         max_lora_rank=cfg.max_lora_rank,
         max_loras=cfg.max_loras,
+        max_request_bytes=cfg.max_request_bytes,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

@@ -44,6 +44,10 @@ class InvalidRequest(LoraFleetError):
         self.param = param
 
 
+class RequestTooLarge(InvalidRequest):
+    """A request body over the ingress's byte limit (413: refused before it is read whole)."""
+
+
 class AdapterError(LoraFleetError):
     """Base of adapter errors."""
 

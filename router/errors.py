@@ -26,6 +26,7 @@ from lora_core.errors import (
     PinRefused,
     RegistryUnavailable,
     ReplicaFailed,
+    RequestTooLarge,
     StaleEpoch,
     Unauthorized,
 )
@@ -52,6 +53,10 @@ class ErrorStatus:
 _S = grpc.StatusCode
 # Most specific first: `status_for` takes the first entry the error is an instance of.
 ERROR_TABLE: tuple[tuple[type[BaseException], ErrorStatus], ...] = (
+    (
+        RequestTooLarge,
+        ErrorStatus(413, _S.RESOURCE_EXHAUSTED, "invalid_request_error", "request_too_large"),
+    ),
     (
         InvalidRequest,
         ErrorStatus(400, _S.INVALID_ARGUMENT, "invalid_request_error", "invalid_request"),

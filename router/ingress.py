@@ -27,7 +27,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from lora_core.errors import CapacityExceeded, InvalidRequest, ReplicaFailed
+from lora_core.errors import CapacityExceeded, InvalidRequest, ReplicaFailed, RequestTooLarge
 from replica.models.config import max_positions, resolve_max_model_len
 from replica.outputs import RequestOutput
 from replica.serve_protocol import GenerateCall
@@ -52,6 +52,8 @@ from router.openai_protocol import (
 from router.openai_responses import model_card
 from router.serve_logs import install_client_error_filter
 
+MAX_REQUEST_BYTES = 32 * 2**20
+
 
 @dataclass(frozen=True)
 class IngressSettings:
@@ -67,7 +69,9 @@ class IngressSettings:
     the registry refuses a pin that would leave no evictable slot (None: not published,
     pins are not checked).
     served_republish_s: seconds between re-publications of the served base model (so a
-    Redis restarted empty gets it back)."""
+    Redis restarted empty gets it back). max_request_bytes: the largest request body
+    read (a larger one is a 413, refused by its Content-Length before it is read, or
+    as soon as a body streamed without one passes the limit)."""
 
     model_dir: str
     served_model_name: str
@@ -81,6 +85,7 @@ class IngressSettings:
     max_lora_rank: int = 64
     max_loras: int | None = None
     served_republish_s: float = SERVED_REPUBLISH_S
+    max_request_bytes: int = MAX_REQUEST_BYTES
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -89,6 +94,27 @@ def model_max_len(model_dir: str, configured: int) -> int:
 
 
 REPLICA_DEATH_RETRIES = 1
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, at most `limit` bytes; RequestTooLarge (413) beyond: without
+    a bound, one client's gigabyte body was held in the ingress's memory whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit, "at least ")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int, bound: str = "") -> RequestTooLarge:
+    return RequestTooLarge(
+        f"body: {bound}{size} bytes; allowed: at most {limit} bytes (max_request_bytes)", "body"
+    )
 
 
 def _key(request: Request) -> str | None:
@@ -168,6 +194,7 @@ class LoraIngress(GrpcInferenceMixin):
         self.registry = registry
         self.replicas = replicas
         self.adapter_roots = settings.adapter_roots
+        self.max_request_bytes = settings.max_request_bytes
         resolver = AdapterResolver(
             registry, settings.served_model_name, settings.auth, settings.admin_key
         )
@@ -228,7 +255,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         try:
-            req = await parse_request(CompletionRequest, await request.body())
+            req = await parse_request(CompletionRequest, await self._body(request))
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.completions(self.frontend, _key(request), req)
@@ -236,7 +263,7 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = await parse_request(ChatCompletionRequest, await request.body())
+            req = await parse_request(ChatCompletionRequest, await self._body(request))
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
         return await rest.chat_completions(self.frontend, _key(request), req)
@@ -268,12 +295,20 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
         """vLLM's tokenizer route (`router.tokenize`)."""
-        return await tokenize.tokenize(self.frontend, _key(request), await request.body())
+        try:
+            body = await self._body(request)
+        except InvalidRequest as e:
+            return await rest.refusal(self.frontend, _key(request), e)
+        return await tokenize.tokenize(self.frontend, _key(request), body)
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> Response:
         """vLLM's detokenizer route (`router.tokenize`)."""
-        return await tokenize.detokenize(self.frontend, _key(request), await request.body())
+        try:
+            body = await self._body(request)
+        except InvalidRequest as e:
+            return await rest.refusal(self.frontend, _key(request), e)
+        return await tokenize.detokenize(self.frontend, _key(request), body)
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -320,10 +355,13 @@ class LoraIngress(GrpcInferenceMixin):
 
         return await self._admin(request, WarmAdapterRequest, act)
 
+    async def _body(self, request: Request) -> bytes:
+        return await read_body(request, self.max_request_bytes)
+
     async def _admin(self, request: Request, model, act) -> Response:
         try:
             self.frontend.resolver.check_admin(_key(request))
-            req = await parse_request(model, await request.body())
+            req = await parse_request(model, await self._body(request))
             if self.registry is None:
                 raise InvalidRequest("admin endpoints need a registry (redis_url)")
             return JSONResponse(await act(req))
