@@ -48,17 +48,22 @@ def _ids(tok, pieces: tuple[bytes, ...]) -> list[int]:
     return [tok.convert_tokens_to_ids("".join(char[b] for b in p)) for p in pieces]
 
 
-def _stream(detok: Detokenizer, ids: list[int], stop: tuple[str, ...]) -> tuple[str, bool]:
-    """Feed ids one by one as the engine does -> (streamed text, whether a stop hit)."""
-    seq = Sequence("r", 0, [], SamplingParams(max_tokens=len(ids), stop=stop), None, 0)
-    text = ""
+def _stream(
+    detok: Detokenizer, ids: list[int], stop: tuple[str, ...], **params
+) -> tuple[str, bool]:
+    """Feed ids one by one as the engine does -> (streamed text, whether a stop hit);
+    params: more SamplingParams fields."""
+    seq = Sequence("r", 0, [], SamplingParams(max_tokens=len(ids), stop=stop, **params), None, 0)
+    text, hit = "", False
     for i, token in enumerate(ids):
         seq.tokens.append(token)
         new, hit = detok.update(seq, final=i == len(ids) - 1)
         text += new
         if hit:
-            return text, True
-    return text, False
+            break
+    if params.get("include_stop_str_in_output"):
+        assert text == seq.text  # what was streamed is the whole text
+    return text, hit
 
 
 @pytest.mark.parametrize(
@@ -91,10 +96,11 @@ def test_stop_token_text_is_left_out():
     assert seq.text == "ab"
 
 
-def test_streamed_text_is_the_text_before_the_first_stop(llama_dir):
+@pytest.mark.parametrize("keep", [False, True], ids=["stop-left-out", "stop-kept"])
+def test_streamed_text_is_the_text_before_the_first_stop(llama_dir, keep):
     """Random token ids of the tiny byte-level tokenizer (split characters are common)
     and stop strings cut from their own text: the streamed text is exactly the final
-    text up to the first stop string, never more."""
+    text up to the first stop string (through it, when kept), never more."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(llama_dir))
@@ -106,8 +112,8 @@ def test_streamed_text_is_the_text_before_the_first_stop(llama_dir):
         stop = full[a : a + rng.randint(1, 4)]
         if not stop or "\ufffd" in stop:
             continue
-        text, hit = _stream(detok, ids, (stop,))
-        assert hit and text == full[: full.find(stop)], (ids, stop)
+        text, hit = _stream(detok, ids, (stop,), include_stop_str_in_output=keep)
+        assert hit and text == full[: full.find(stop) + (len(stop) if keep else 0)], (ids, stop)
 
 
 def _sentencepiece_tokenizer():
@@ -258,20 +264,8 @@ def test_a_sentencepiece_completion_keeps_its_first_space():
 
 
 def _stream_kept(detok: Detokenizer, ids: list[int], stop: tuple[str, ...], **params):
-    """`_stream` with include_stop_str_in_output (and more SamplingParams fields)."""
-    params = SamplingParams(
-        max_tokens=len(ids), stop=stop, include_stop_str_in_output=True, **params
-    )
-    seq = Sequence("r", 0, [], params, None, 0)
-    text = ""
-    for i, token in enumerate(ids):
-        seq.tokens.append(token)
-        new, hit = detok.update(seq, final=i == len(ids) - 1)
-        text += new
-        if hit:
-            break
-    assert text == seq.text  # what was streamed is the whole text
-    return text, hit
+    """`_stream` with include_stop_str_in_output."""
+    return _stream(detok, ids, stop, include_stop_str_in_output=True, **params)
 
 
 @pytest.mark.parametrize(
@@ -296,24 +290,6 @@ def test_a_kept_stop_string_is_the_first_to_complete():
     tok = _byte_tokenizer((b"xabcd",))
     ids = _ids(tok, (b"xabcd",))
     assert _stream_kept(Detokenizer(tok), ids, ("abcd", "bc")) == ("xabc", True)
-
-
-def test_kept_stop_strings_of_random_text_end_the_streamed_text(llama_dir):
-    """`test_streamed_text_is_the_text_before_the_first_stop` with the stop string kept:
-    the streamed text is the final text up to the end of the first stop string."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(llama_dir))
-    detok, rng = Detokenizer(tok), random.Random(3)
-    for _ in range(400):
-        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 10))]
-        full = tok.decode(ids, skip_special_tokens=True)
-        a = rng.randrange(len(full) + 1)
-        stop = full[a : a + rng.randint(1, 4)]
-        if not stop or "\ufffd" in stop:
-            continue
-        text, hit = _stream_kept(detok, ids, (stop,))
-        assert hit and text == full[: full.find(stop) + len(stop)], (ids, stop)
 
 
 @pytest.mark.parametrize(

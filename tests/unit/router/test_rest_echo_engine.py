@@ -13,13 +13,12 @@ import json
 
 import pytest
 
-from replica.async_engine import AsyncEngine
 from router import rest
-from router.auth import AdapterResolver
 from router.frontend import Frontend
 from router.openai_protocol import CompletionRequest, parse_body
 from tests.unit.replica.engines import small_engine
-from tests.unit.router.test_frontend_auth import BASE, FakeRegistry
+from tests.unit.router.served_engine import served_frontend
+from tests.unit.router.test_frontend_auth import BASE
 from tests.unit.router.test_rest_echo import by_index
 
 _words = itertools.count()
@@ -33,19 +32,8 @@ def fresh_prompt() -> str:
 @pytest.fixture(scope="module")
 def served(llama_dir):
     engine = small_engine(llama_dir)  # 4-token blocks, prefix caching on
-    front_end = AsyncEngine(engine.config, engine)
-
-    async def dispatch(call):  # as replica.deployment calls it
-        ids, params = list(call.prompt_token_ids), call.params
-        outputs = front_end.generate(
-            call.request_id, ids, params, call.adapter, call.cache_salt, call.group
-        )
-        async for out in outputs:
-            yield out
-
-    resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
-    yield Frontend(engine.tokenizer, resolver, dispatch, 512), engine
-    front_end.shutdown()
+    with served_frontend(engine, 512) as front:
+        yield front, engine
 
 
 def complete(front: Frontend, body: dict):

@@ -12,14 +12,13 @@ import json
 
 import pytest
 
-from replica.async_engine import AsyncEngine
 from replica.sampling_params import TRUNCATE_ALLOWED
 from router import rest
-from router.auth import AdapterResolver
 from router.frontend import Frontend
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from tests.unit.replica.engines import small_engine
-from tests.unit.router.test_frontend_auth import BASE, FakeRegistry
+from tests.unit.router.served_engine import served_frontend
+from tests.unit.router.test_frontend_auth import BASE
 
 PROMPT = "hello world how are you today"
 MESSAGES = [{"role": "user", "content": "what is lorafleet"}]
@@ -28,20 +27,8 @@ EOS = "<|endoftext|>"  # the demo tokenizer's EOS (id 0), a special token
 
 @pytest.fixture(scope="module")
 def served(llama_dir):
-    engine = small_engine(llama_dir)
-    front_end = AsyncEngine(engine.config, engine)
-
-    async def dispatch(call):  # as replica.deployment calls it
-        ids, params = list(call.prompt_token_ids), call.params
-        outputs = front_end.generate(
-            call.request_id, ids, params, call.adapter, call.cache_salt, call.group
-        )
-        async for out in outputs:
-            yield out
-
-    resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
-    yield Frontend(engine.tokenizer, resolver, dispatch, engine.max_model_len)
-    front_end.shutdown()
+    with served_frontend(small_engine(llama_dir)) as front:
+        yield front
 
 
 def post(front: Frontend, kind: str, body: dict):
