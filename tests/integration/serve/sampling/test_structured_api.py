@@ -21,15 +21,10 @@ from replica.structured_spec import StructuredOutput
 from router.proto import lorafleet_pb2 as pb
 from tests.integration.serve.cluster_fixture import offline_outputs
 from tests.integration.serve.sampling.test_sampling_api import PROMPT, create
+from tests.unit.replica.test_structured_vs_hf import SCHEMA
 
 pytestmark = pytest.mark.integration
 MAX = 40
-SCHEMA = {
-    "type": "object",
-    "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer", "maximum": 9}},
-    "required": ["color", "n"],
-    "additionalProperties": False,
-}
 REGEX = r"(yes|no), [a-z]{2,6}"
 
 
