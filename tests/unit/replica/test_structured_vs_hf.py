@@ -136,6 +136,22 @@ def test_logprobs_are_of_the_masked_distribution(llama_dir):
     assert tops[-1][0][1] == pytest.approx(0.0, abs=1e-6)  # EOS, the only token left
 
 
+def test_preempted_constrained_requests_give_the_same_tokens(llama_dir, refs):
+    """A preempted sequence recomputes its KV and keeps its matcher as it was (the tokens
+    it already fed are not fed again)."""
+    kinds = ["json", "regex", "grammar", "json_object"]
+    reqs = [
+        (k, f"{PROMPT} {i}", SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
+                                            structured_outputs=SPECS[k]),
+         refs["qv8"] if i % 2 else None)
+        for i, k in enumerate(kinds)
+    ]  # fmt: skip
+    tight = small_engine(llama_dir, num_kv_blocks=9)
+    got = run_requests(tight, reqs)
+    assert tight.scheduler.num_preemptions > 0
+    assert got == run_requests(small_engine(llama_dir), reqs)
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
