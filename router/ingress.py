@@ -40,15 +40,11 @@ from router.admin_bodies import (
     WarmAdapterRequest,
 )
 from router.auth import AdapterResolver, bearer_key
+from router.body_parse import param_of_check, parse_request
 from router.errors import unwrap
 from router.frontend import Frontend
 from router.grpc_service import GrpcInferenceMixin
-from router.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    param_of_check,
-    parse_request,
-)
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import model_card
 from router.serve_logs import install_client_error_filter
 

@@ -19,8 +19,9 @@ from starlette.responses import JSONResponse, Response
 
 from replica.serve_protocol import check_prompt_ids
 from router.body_checks import only_neutral
+from router.body_parse import parse_request
 from router.frontend import Frontend
-from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts, parse_request
+from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
 from router.rest import refusal
 
 

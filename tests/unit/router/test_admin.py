@@ -20,8 +20,8 @@ from lora_core.errors import (
 )
 from router.admin import load_adapter, name_at_fault, unpin_adapter
 from router.admin_bodies import LoadAdapterRequest
+from router.body_parse import parse_body
 from router.errors import openai_error_body, status_for
-from router.openai_protocol import parse_body
 
 SHAPE = BaseShape("LlamaForCausalLM", num_layers=2, hidden=64, num_heads=4,
                   num_kv_heads=2, head_dim=16, intermediate=128)  # fmt: skip

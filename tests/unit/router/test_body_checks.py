@@ -18,8 +18,9 @@ from router.body_checks import (
     TEXT_ALLOWED,
     too_deep,
 )
+from router.body_parse import parse_body
 from router.errors import openai_error_body
-from router.openai_protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 LONE = "\ud800"
 USER = [{"role": "user", "content": "x"}]

@@ -7,9 +7,10 @@ import pytest
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.auth import AdapterResolver
+from router.body_parse import parse_body
 from router.frontend import Frontend, cache_salt_of
 from router.grpc_service import cache_salt_of_request
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
 from tests.unit.router.test_frontend_auth import BASE, Dispatcher, FakeRegistry, run, tokenizer
 

@@ -7,9 +7,10 @@ from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
 from replica.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from replica.serve_protocol import GenerateCall
+from router.body_parse import parse_body
 from router.choices import MAX_N, N_ALLOWED, choice_params, choice_seed, total_usage
 from router.frontend import Prepared
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import Usage
 
 COMPLETION = {"model": "a", "prompt": "x"}

@@ -108,8 +108,9 @@ def test_a_short_message_is_shown_verbatim():
 
 def test_a_long_message_is_cut_in_its_middle_keeping_what_is_allowed():
     # a seed of 4000 digits (under Python's 4300-digit limit) was echoed in full
+    from router.body_parse import parse_body
     from router.errors import MAX_MESSAGE_CHARS, public_message
-    from router.openai_protocol import CompletionRequest, parse_body
+    from router.openai_protocol import CompletionRequest
 
     digits = "9" * 4000
     with pytest.raises(InvalidRequest) as e:

@@ -7,15 +7,9 @@ import pytest
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.admin_bodies import AdapterNameRequest, LoadAdapterRequest, WarmAdapterRequest
+from router.body_parse import BIG_BODY, param_of_check, parse_body, parse_request
 from router.choices import PROMPT_ALLOWED
-from router.openai_protocol import (
-    BIG_BODY,
-    ChatCompletionRequest,
-    CompletionRequest,
-    param_of_check,
-    parse_body,
-    parse_request,
-)
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ROOM = 1000

@@ -5,7 +5,8 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.body_parse import parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 USER = [{"role": "user", "content": "x"}]
 BODIES = {

@@ -12,8 +12,9 @@ from lora_core.errors import CapacityExceeded, NonFiniteLogits, ReplicaFailed
 from replica.outputs import RequestOutput
 from router import rest
 from router.auth import AdapterResolver
+from router.body_parse import parse_body
 from router.frontend import Frontend
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from tests.unit.router.test_frontend_auth import BASE, FakeRegistry, tokenizer
 
 __all__ = ["tokenizer"]  # the module fixture, shared

@@ -13,7 +13,8 @@ import pytest
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
 from router import rest
-from router.openai_protocol import CompletionRequest, parse_body
+from router.body_parse import parse_body
+from router.openai_protocol import CompletionRequest
 from tests.unit.router.test_frontend_auth import make_front, tokenizer
 
 __all__ = ["tokenizer"]  # the module fixture, shared

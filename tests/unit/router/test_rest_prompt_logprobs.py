@@ -12,7 +12,8 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from router import rest
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.body_parse import parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from tests.unit.router.test_frontend_auth import make_front, tokenizer
 from tests.unit.router.test_rest_echo import PROMPT, EngineLike, answer
 

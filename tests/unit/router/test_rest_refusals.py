@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from lora_core.errors import InvalidRequest
 from router import rest
 from router.auth import INVALID_KEY, MISSING_KEY, AdapterResolver
+from router.body_parse import parse_body
 from router.frontend import Frontend
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from tests.unit.router.test_frontend_auth import BASE, Dispatcher, FakeRegistry, tokenizer
 
 __all__ = ["tokenizer"]  # the module fixture, shared

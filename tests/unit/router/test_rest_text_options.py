@@ -14,8 +14,9 @@ import pytest
 
 from replica.sampling_params import TRUNCATE_ALLOWED
 from router import rest
+from router.body_parse import parse_body
 from router.frontend import Frontend
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from tests.unit.replica.engines import small_engine
 from tests.unit.router.served_engine import served_frontend
 from tests.unit.router.test_frontend_auth import BASE

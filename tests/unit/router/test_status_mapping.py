@@ -7,9 +7,10 @@ import pytest
 
 from lora_core.errors import AdapterNotFound, CapacityExceeded, InvalidRequest, RegistryUnavailable
 from replica.sampling_params import SamplingParams
+from router.body_parse import parse_body
 from router.grpc_proxy import retry_hint
 from router.grpc_service import _fail, grpc_api_key, sampling_of
-from router.openai_protocol import CompletionRequest, parse_body
+from router.openai_protocol import CompletionRequest
 from router.proto import lorafleet_pb2 as pb
 from router.rest import error_response
 

@@ -9,8 +9,9 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import MAX_STOP_CHARS, MAX_STOPS
+from router.body_parse import parse_body
 from router.grpc_service import sampling_of
-from router.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
 
 ALLOWED = (
