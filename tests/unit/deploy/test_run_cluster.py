@@ -122,7 +122,12 @@ def launch(tmp_path: Path, ignoring: tuple[int, ...] = ()) -> tuple[subprocess.P
     launcher = subprocess.Popen(
         [sys.executable, "-m", "deploy.run_cluster", str(config), "--non-blocking"],
         env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in ignoring],
+        # a suite started in the background (`nohup ... &`) has SIGINT / SIGHUP ignored:
+        # the launcher would inherit that, so each is set as this test means it
+        preexec_fn=lambda: [
+            signal.signal(s, signal.SIG_IGN if s in ignoring else signal.SIG_DFL)
+            for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
+        ],
     )  # fmt: skip
     fake_pid = int(launcher.stdout.readline())
     assert launcher.stdout.readline() == f"args run {config} --non-blocking\n"

@@ -12,6 +12,7 @@ from lora_core import errors
 # One instance of every error type, built with its own constructor's arguments.
 CASES = [
     errors.InvalidRequest("max_tokens: -1; allowed: >= 1"),
+    errors.RequestTooLarge("body: 40000000 bytes; allowed: at most 33554432 bytes", "body"),
     errors.AdapterNotFound("poet"),
     errors.AdapterIncompatible("r", "rank 128 exceeds max_rank", "rank <= 64"),
     errors.AdapterLoadFailed("/x: adapter_config.json is missing"),
