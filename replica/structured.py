@@ -67,16 +67,21 @@ class Grammars:
             if compiled is not None:
                 self._cache.move_to_end(spec)
                 return compiled
-            try:
-                compiled = self._get_compiler().compile_grammar(spec.grammar())
-            except ValueError as e:
-                raise InvalidRequest(
-                    f"structured output ({spec.kind}): {e}", "structured_outputs"
-                ) from None
-            self._cache[spec] = compiled
+            compiler = self._get_compiler()
+        # compiled outside the lock: the engine thread, looking up a cached grammar under
+        # the engine lock, must not wait for another request's compile (two threads
+        # compiling one new spec at once both do it; one result is kept)
+        try:
+            compiled = compiler.compile_grammar(spec.grammar())
+        except ValueError as e:
+            raise InvalidRequest(
+                f"structured output ({spec.kind}): {e}", "structured_outputs"
+            ) from None
+        with self._lock:
+            compiled = self._cache.setdefault(spec, compiled)
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-            return compiled
+        return compiled
 
     def matcher(self, spec: StructuredOutput) -> Any:
         """A new `xgrammar.GrammarMatcher` for one sequence."""
