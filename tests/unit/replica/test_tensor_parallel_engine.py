@@ -100,6 +100,26 @@ def test_tp2_logit_readers_see_the_tp1_logits(odd_vocab_dir, refs):
             assert g[3] is None or g[3] == pytest.approx(w[3], abs=1e-4)
 
 
+def test_tp2_structured_outputs_equal_tp1(odd_vocab_dir, refs):
+    """The driver masks the gathered logits: with logits of another width than the
+    tokenizer's vocabulary (the odd_vocab model: 383 logits, 384 tokens; its last rank's
+    shard padded), every structured kind gives tp=1's tokens, with an adapter."""
+    from tests.unit.replica.test_structured_vs_hf import SPECS
+
+    reqs = [
+        (kind, f"hello world {i}", SamplingParams(max_tokens=12, temperature=0.0,
+                                                  structured_outputs=spec),
+         refs["qv8"] if i % 2 else None)
+        for i, (kind, spec) in enumerate(SPECS.items())
+    ]  # fmt: skip
+    want = run_requests(small_engine(odd_vocab_dir), reqs)
+    engine = small_engine(odd_vocab_dir, tensor_parallel_size=2)
+    try:
+        assert run_requests(engine, reqs) == want
+    finally:
+        engine.close()
+
+
 def test_a_dead_worker_fails_the_health_check(llama_dir):
     engine = small_engine(llama_dir, tensor_parallel_size=2)
     try:
