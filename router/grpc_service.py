@@ -12,6 +12,7 @@ calls and aborts the requests in the engine.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -79,6 +80,13 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         ),
         structured_outputs=_structured(req),
     )
+
+
+def _asks_grammar(req: pb.GenerateRequest) -> bool:
+    return bool(
+        req.structured_json_schema or req.structured_regex or req.structured_choice
+        or req.structured_grammar or req.structured_json_object
+    )  # fmt: skip
 
 
 def _structured(req: pb.GenerateRequest):
@@ -221,7 +229,10 @@ class GrpcInferenceMixin:
             n = choices_of(request)
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = await front.encode_prompt(prompt)
-            params = sampling_of(request)
+            if _asks_grammar(request):  # its grammar is built off the event loop, as REST's
+                params = await asyncio.to_thread(sampling_of, request)
+            else:
+                params = sampling_of(request)
             ids = params.kept_prompt(ids, front.max_model_len)
             prepared = await front.prepare(
                 api_key,
