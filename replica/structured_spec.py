@@ -151,7 +151,7 @@ def structured_outputs_of(value: object, field: str = "structured_outputs") -> S
         if value[key] is not True:
             raise ValueError(f"{field}.json_object: allowed: true or null")
         return StructuredOutput("json_object")
-    return spec_from_json(key, value[key], f"structured_outputs.{key}")
+    return spec_from_json(key, value[key], f"{field}.{key}")
 
 
 def spec_from_json(kind: str, value: object, field: str) -> StructuredOutput:

@@ -11,6 +11,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from lora_core.errors import InvalidRequest
+from router import structured_request
 from router.body_checks import (
     DEPTH_ALLOWED,
     MAX_DEPTH,
@@ -28,7 +29,7 @@ BIG_BODY = 64 * 1024
 ids takes ~1 s of CPU, which on the event loop stalled every request on the ingress."""
 
 
-GRAMMAR_FIELDS = (b'"response_format"', b'"structured_outputs"', b'"guided_')
+GRAMMAR_FIELDS = tuple(f'"{name}"'.encode() for name in structured_request.FIELDS)
 """A body naming one of these may ask for a structured output, whose grammar is built
 while it is parsed (milliseconds for a big JSON schema): such bodies are parsed in a
 worker thread too."""

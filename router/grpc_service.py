@@ -29,7 +29,7 @@ from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
 from router.proto import lorafleet_pb2 as pb
-from router.structured_request import grpc_structured
+from router.structured_request import grpc_asks_grammar, grpc_structured
 
 
 def grpc_api_key(context: RayServegRPCContext) -> str | None:
@@ -80,13 +80,6 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         ),
         structured_outputs=_structured(req),
     )
-
-
-def _asks_grammar(req: pb.GenerateRequest) -> bool:
-    return bool(
-        req.structured_json_schema or req.structured_regex or req.structured_choice
-        or req.structured_grammar or req.structured_json_object
-    )  # fmt: skip
 
 
 def _structured(req: pb.GenerateRequest):
@@ -229,7 +222,7 @@ class GrpcInferenceMixin:
             n = choices_of(request)
             prompt = request.prompt or list(request.prompt_token_ids)
             ids = await front.encode_prompt(prompt)
-            if _asks_grammar(request):  # its grammar is built off the event loop, as REST's
+            if grpc_asks_grammar(request):  # its grammar is built off the event loop, as REST's
                 params = await asyncio.to_thread(sampling_of, request)
             else:
                 params = sampling_of(request)

@@ -291,20 +291,20 @@ class LoraIngress(GrpcInferenceMixin):
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
         """vLLM's tokenizer route (`router.tokenize`)."""
-        try:
-            body = await self._body(request)
-        except InvalidRequest as e:
-            return await rest.refusal(self.frontend, _key(request), e)
-        return await tokenize.tokenize(self.frontend, _key(request), body)
+        return await self._tokenizer_route(request, tokenize.tokenize)
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> Response:
         """vLLM's detokenizer route (`router.tokenize`)."""
+        return await self._tokenizer_route(request, tokenize.detokenize)
+
+    async def _tokenizer_route(self, request: Request, route) -> Response:
+        """route(frontend, key, body), or the refusal of a body over the limit."""
         try:
             body = await self._body(request)
         except InvalidRequest as e:
             return await rest.refusal(self.frontend, _key(request), e)
-        return await tokenize.detokenize(self.frontend, _key(request), body)
+        return await route(self.frontend, _key(request), body)
 
     @app.get("/health")
     async def health(self) -> Response:

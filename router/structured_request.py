@@ -41,6 +41,16 @@ LEGACY = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
+FIELDS = ("response_format", "structured_outputs", *LEGACY)
+"""The body fields that ask for a structured output."""
+GRPC_FIELDS = {
+    "structured_json_schema": "json",
+    "structured_json_object": "json_object",
+    "structured_regex": "regex",
+    "structured_choice": "choice",
+    "structured_grammar": "grammar",
+}
+"""GenerateRequest's structured-output fields -> the kind each asks for."""
 
 
 def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
@@ -111,30 +121,24 @@ class StructuredBody(BaseModel):
         return self._structured
 
 
+def grpc_asks_grammar(req: Any) -> bool:
+    """Whether a GenerateRequest sets any structured_* field."""
+    return any(getattr(req, name) for name in GRPC_FIELDS)
+
+
 def grpc_structured(req: Any) -> StructuredOutput | None:
     """The structured output of a GenerateRequest's structured_* fields (None: none);
     ValueError naming the field at fault."""
-    found = []
-    if req.structured_json_schema:
-        found.append(("structured_json_schema", "json", req.structured_json_schema))
-    if req.structured_json_object:
-        found.append(("structured_json_object", "json_object", ""))
-    if req.structured_regex:
-        found.append(("structured_regex", "regex", req.structured_regex))
-    if req.structured_choice:
-        found.append(("structured_choice", "choice", list(req.structured_choice)))
-    if req.structured_grammar:
-        found.append(("structured_grammar", "grammar", req.structured_grammar))
+    found = [(name, kind) for name, kind in GRPC_FIELDS.items() if getattr(req, name)]
     if not found:
         return None
     if len(found) > 1:
         raise ValueError(
             f"{found[1][0]}: given with {found[0][0]}; allowed: one structured_* field"
         )
-    field, kind, value = found[0]
-    spec = (
-        StructuredOutput("json_object")
-        if kind == "json_object"
-        else spec_from_json(kind, value, field)
-    )
-    return checked(field, spec)
+    field, kind = found[0]
+    if kind == "json_object":
+        return StructuredOutput("json_object")
+    value = getattr(req, field)
+    value = list(value) if kind == "choice" else value
+    return checked(field, spec_from_json(kind, value, field))
