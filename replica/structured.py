@@ -36,10 +36,12 @@ from replica.structured_spec import StructuredOutput
 CACHE_SIZE = 256
 """Compiled grammars an engine keeps (least recently used dropped first)."""
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
-"""Threads xgrammar fills a step's masks with. With a 128k vocabulary one row takes 35 us
-(a JSON object's keys) to 190 us (inside a JSON string) on one thread of the development
-machine; on an H100 host 64 rows took 3.6-4.2 ms with 8 threads, all hidden behind the
-forward (`benchmarks/engine_gpu.py --structured`)."""
+"""Threads xgrammar fills a step's masks with. With a 128k vocabulary one row takes 1.2 us
+(where a JSON object's key starts) to 187 us (inside a JSON string), and 1.6 ms for a
+regex with a counted repeat, on one thread of the development machine
+(`benchmarks/structured_fill_cpu.py`); on an H100 host 64 rows inside JSON strings took
+3.6-4.2 ms with 8 threads, all hidden behind the forward (`benchmarks/engine_gpu.py
+--structured`)."""
 
 
 class Grammars:
