@@ -141,6 +141,11 @@ class ClusterArgs(BaseModel):
     cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
+    tool_call_parser: Literal["hermes"] | None = None
+    """How chat's tool_choice "auto" reads the calls a model writes: "hermes"
+    (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen 2.5 / 3
+    and the demo's template write them); None refuses "auto" with tools (named and
+    "required" calls need no parser: a grammar forces them)."""
     adapter_roots: tuple[str, ...] = ()
     """Absolute directories POST /v1/load_lora_adapter may register adapters from (their
     real paths, symlinks resolved; () = any absolute path). The admin CLI, which talks to
@@ -442,6 +447,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_lora_rank=cfg.max_lora_rank,
         max_loras=cfg.max_loras,
         max_request_bytes=cfg.max_request_bytes,
+        tool_call_parser=cfg.tool_call_parser,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

@@ -25,7 +25,15 @@ _CORPUS_WORDS = (
     "hello world how are you today what is lorafleet a multi tenant lora serving system"
 ).split()
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    # tools (chat's `tools`) as Hermes writes them: listed in a system turn first, each
+    # earlier call as a <tool_call> block, a tool's answer as a "tool" turn
+    "{% if tools %}<|system|>You may call these tools. To call one, answer "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.\n<tools>'
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|end|>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}"
+    "</tool_call>{% endfor %}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -42,7 +50,7 @@ class DemoAssets:
 
 def default_cache_dir() -> Path:
     root = os.environ.get("LORAFLEET_CACHE") or Path.home() / ".cache" / "lorafleet"
-    return Path(root) / "demo-v1"
+    return Path(root) / "demo-v2"  # v2: the chat template renders tools
 
 
 def _corpus() -> list[str]:

@@ -29,10 +29,10 @@ BIG_BODY = 64 * 1024
 ids takes ~1 s of CPU, which on the event loop stalled every request on the ingress."""
 
 
-GRAMMAR_FIELDS = tuple(f'"{name}"'.encode() for name in structured_request.FIELDS)
-"""A body naming one of these may ask for a structured output, whose grammar is built
-while it is parsed (milliseconds for a big JSON schema): such bodies are parsed in a
-worker thread too."""
+GRAMMAR_FIELDS = tuple(f'"{name}"'.encode() for name in (*structured_request.FIELDS, "tools"))
+"""A body naming one of these may ask for a structured output or a forced tool call,
+whose grammar is built while it is parsed (milliseconds for a big JSON schema): such
+bodies are parsed in a worker thread too."""
 
 
 async def parse_request(model: type[M], body: bytes) -> M:
@@ -155,9 +155,10 @@ def _count(n: int, unit: str) -> str:
 
 def _param_of(msg: str) -> str | None:
     """Model validators name their field first ("tool_choice: ...", or a path in it:
-    "response_format.json_schema: ..." -> "response_format"); else None."""
+    "response_format.json_schema: ..." -> "response_format", "tools[0].function: ..."
+    -> "tools"); else None."""
     field, sep, _ = msg.partition(":")
-    top = field.split(".", 1)[0]
+    top = field.split(".", 1)[0].split("[", 1)[0]
     return top if sep and top.isidentifier() else None
 
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -39,6 +40,7 @@ from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
+from router.tools import PARSERS
 
 Dispatch = Callable[[GenerateCall], AsyncGenerator[RequestOutput, None]]
 VERSION_RETRIES = 1
@@ -145,6 +147,8 @@ class Frontend:
     dispatch: sends one GenerateCall to a replica, yields its outputs.
     max_model_len: prompt + max_tokens allowed per request.
     prefix_cache_scope: who shares prefix-cache blocks (`cache_salt_of`).
+    tool_call_parser: how chat's tool_choice "auto" reads calls in the output
+    (`router.tools.PARSERS`; None: "auto" with tools is refused).
     """
 
     def __init__(
@@ -154,8 +158,12 @@ class Frontend:
         dispatch: Dispatch,
         max_model_len: int,
         prefix_cache_scope: str = "tenant",
+        tool_call_parser: str | None = None,
     ):
         cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
+        if tool_call_parser not in (None, *PARSERS):
+            raise ValueError(f"tool_call_parser={tool_call_parser!r}; allowed: None or {PARSERS}")
+        self.tool_call_parser = tool_call_parser
         self.prefix_cache_scope = prefix_cache_scope
         self.tokenizer = tokenizer
         self.resolver = resolver
@@ -212,14 +220,19 @@ class Frontend:
         return await self._off_loop(self._encoder.decode, ids)
 
     async def encode_chat(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[int, ...]:
-        """Renders and tokenizes in a worker thread, like `encode_prompt`."""
+        """Renders and tokenizes in a worker thread, like `encode_prompt`. tools: the
+        request's tools as templates take them (`router.tools.Tool.template_dict`)."""
         self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = await self._off_loop(
                 self._encoder.apply_chat_template,
                 messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 return_dict=False,

@@ -67,7 +67,8 @@ class IngressSettings:
     served_republish_s: seconds between re-publications of the served base model (so a
     Redis restarted empty gets it back). max_request_bytes: the largest request body
     read (a larger one is a 413, refused by its Content-Length before it is read, or
-    as soon as a body streamed without one passes the limit)."""
+    as soon as a body streamed without one passes the limit). tool_call_parser: how
+    chat's tool_choice "auto" reads calls (`router.tools.PARSERS`; None refuses "auto")."""
 
     model_dir: str
     served_model_name: str
@@ -82,6 +83,7 @@ class IngressSettings:
     max_loras: int | None = None
     served_republish_s: float = SERVED_REPUBLISH_S
     max_request_bytes: int = MAX_REQUEST_BYTES
+    tool_call_parser: str | None = None
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -197,7 +199,12 @@ class LoraIngress(GrpcInferenceMixin):
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
         max_len = model_max_len(settings.model_dir, settings.max_model_len)
         self.frontend = Frontend(
-            tokenizer, resolver, self._dispatch, max_len, settings.prefix_cache_scope
+            tokenizer,
+            resolver,
+            self._dispatch,
+            max_len,
+            settings.prefix_cache_scope,
+            settings.tool_call_parser,
         )
 
     async def __del__(self) -> None:

@@ -1,10 +1,11 @@
 """OpenAI-compatible request bodies, validated once; every problem is an `InvalidRequest`.
 
 Unknown fields are ignored (clients send many optional ones); fields we cannot honour
-(best_of other than n, suffix, chat's tools, and the vLLM fields of
+(best_of other than n, suffix, and the vLLM fields of
 `body_checks.UNHONOURED_*`: use_beam_search, bad_words, ...) are refused unless they hold
 their neutral value, with a message naming what is allowed. response_format,
-structured_outputs and guided_* ask for structured outputs (`router.structured_request`). logit_bias and the
+structured_outputs and guided_* ask for structured outputs (`router.structured_request`);
+chat's tools, tool_choice and parallel_tool_calls for tool calls (`router.tools`). logit_bias and the
 presence / frequency penalties are OpenAI's; top_k, min_p, repetition_penalty,
 allowed_token_ids and prompt_logprobs are vLLM's extensions (top_k -1 = off, as 0), as are
 include_stop_str_in_output, skip_special_tokens and truncate_prompt_tokens; n is
@@ -26,7 +27,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -36,8 +37,8 @@ from replica.sampling_params import (
     bad_token_key,
     logit_bias_of_json,
 )
+from replica.structured_spec import StructuredOutput
 from router.body_checks import (
-    TOOL_CHOICE_ALLOWED,
     UNHONOURED_CHAT,
     UNHONOURED_COMPLETION,
     check_cache_salt,
@@ -45,13 +46,13 @@ from router.body_checks import (
     check_max_tokens,
     check_prompt_count,
     check_stop,
-    check_tool_choice,
     check_top_count,
     only_neutral,
     refuse_unhonoured,
 )
 from router.choices import batch_of, check_fan_out, check_n, check_prompt
 from router.structured_request import StructuredBody
+from router.tools import ToolPlan, plan_of
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -265,23 +266,59 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = BODY_CONFIG
+
+    name: str
+    arguments: str
+    """JSON text of an object, as OpenAI sends a call's arguments (a template gets it parsed)."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError("not the JSON text of an object; allowed: a JSON object as text")
+        return arguments
+
+
+class ToolCall(BaseModel):
+    """A call of an earlier assistant turn, as a response returned it."""
+
+    model_config = BODY_CONFIG
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = BODY_CONFIG
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Annotated[str | list[TextPart] | None, BeforeValidator(check_content)]
+    content: Annotated[str | list[TextPart] | None, BeforeValidator(check_content)] = None
     """null only in an assistant turn (OpenAI allows it there), read as an empty string."""
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn's calls (only there)."""
+    tool_call_id: str | None = None
+    """A tool turn's answer to this call (only there)."""
 
-    @field_validator("content")
-    @classmethod
-    def _null_only_for_assistant(cls, content: object, info: ValidationInfo) -> object:
-        role = info.data.get("role")
-        if content is None and role != "assistant":
+    @model_validator(mode="after")
+    def _role_fields(self) -> Self:
+        role = json.dumps(self.role)
+        if self.content is None and self.role != "assistant":
             raise ValueError(
-                f"null in a {json.dumps(role)} message; allowed: a string or a list of text parts "
-                '(null only for role "assistant")'
+                f"content: null or missing in a {role} message; allowed: a string or a list "
+                'of text parts (null only for role "assistant")'
             )
-        return content
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f'tool_calls: in a {role} message; allowed only for role "assistant"')
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f'tool_call_id: in a {role} message; allowed only for role "tool"')
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -290,6 +327,26 @@ class ChatMessage(BaseModel):
             return self.content
         # one line per part, as vLLM joins them for a template that takes string content
         return "\n".join(part.text for part in self.content)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it: calls' arguments parsed into objects
+        (templates write them with tojson), as vLLM and HF's tool templates expect."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": json.loads(c.function.arguments),
+                    },
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
@@ -304,18 +361,37 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: TopCount = None
     """k: the k most likely tokens at each position (needs logprobs: true)."""
-    tools: Annotated[list[Any], only_neutral(lambda t: not t, "[] or null")] = []
     echo: Annotated[bool, only_neutral(lambda e: e is False, "false or null")] = False
     """vLLM's chat echo (the last message before the reply) is not supported: refused
     unless false, as ignoring it would change what the client gets."""
-    tool_choice: Annotated[str | dict[str, Any], BeforeValidator(check_tool_choice)] = "none"
-    """Only "none" (or "auto" without tools): no tool calls."""
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    """tools / tool_choice / parallel_tool_calls: read into `tool_plan` (`router.tools`)."""
+    _tool_plan: ToolPlan = PrivateAttr(default=ToolPlan((), "none"))
+    _tool_grammar: StructuredOutput | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _no_tool_calls(self) -> ChatCompletionRequest:
-        if self.tool_choice == "none" or (self.tool_choice == "auto" and not self.tools):
-            return self
-        raise ValueError(f"tool_choice: got {json.dumps(self.tool_choice)}; {TOOL_CHOICE_ALLOWED}")
+    def _read_tools(self) -> Self:
+        plan = plan_of(self.tools, self.tool_choice, self.parallel_tool_calls)
+        grammar = plan.grammar()
+        if grammar is not None and self.structured is not None:
+            raise ValueError(
+                f"tool_choice: {json.dumps(self.tool_choice)[:80]} forces a call, given with a "
+                "structured output (response_format, structured_outputs or guided_*); "
+                'allowed: one of them, or tool_choice "none" / "auto"'
+            )
+        self._tool_plan, self._tool_grammar = plan, grammar
+        return self
+
+    @property
+    def tool_plan(self) -> ToolPlan:
+        return self._tool_plan
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        """The body's structured output, or the grammar that forces its tool call."""
+        return super().structured or self._tool_grammar
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """default_max_tokens: used when neither max_tokens field is given (as vLLM does,
@@ -328,11 +404,11 @@ class ChatCompletionRequest(_Sampling):
         )
         return self._scoring(params)
 
-    def chat_dicts(self) -> list[dict[str, str]]:
+    def chat_dicts(self) -> list[dict[str, Any]]:
         """Messages as the tokenizer's chat template expects them."""
         return chat_dicts(self.messages)
 
 
-def chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def chat_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the tokenizer's chat template expects them (chat and /tokenize)."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+    return [m.template_dict() for m in messages]

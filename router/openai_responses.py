@@ -115,13 +115,18 @@ def completion_chunk(head: Head, index: int, piece: Piece, want_logprobs: bool) 
 
 
 def chat_body(
-    head: Head, pieces: Sequence[Piece], usage: Usage, want_logprobs: bool
+    head: Head,
+    pieces: Sequence[Piece],
+    usage: Usage,
+    want_logprobs: bool,
+    messages: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A whole /v1/chat/completions response: choice i is pieces[i]."""
+    """A whole /v1/chat/completions response: choice i is pieces[i], its message
+    messages[i] when given (tool calls: `router.tools.whole_message`), else its text."""
     choices = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": p.text},
+            "message": messages[i] if messages else {"role": "assistant", "content": p.text},
             "logprobs": _chat_logprobs(p) if want_logprobs else None,
             "finish_reason": p.finish_reason,
         }
@@ -131,7 +136,7 @@ def chat_body(
 
 
 def chat_chunk(
-    head: Head, index: int, delta: dict[str, str], piece: Piece | None, want_logprobs: bool
+    head: Head, index: int, delta: dict[str, Any], piece: Piece | None, want_logprobs: bool
 ) -> dict[str, Any]:
     """One /v1/chat/completions stream chunk, of choice `index`."""
     return {

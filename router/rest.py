@@ -20,6 +20,10 @@ so each stream's first chunk has the scores to echo. A prompt `truncate_prompt_t
 cut is truncated here, before anything reads it (the length checks, usage, echo, prompt
 scores), and echoed as its kept tokens decoded, so the echo and its logprobs agree.
 
+A chat with tools whose `tool_choice` reads calls (`router.tools.ToolPlan.stream`) sends
+each choice's text through its reader (`router.tool_calls`): a stream's chunks are the
+reader's deltas, a whole response's message their join, so the two agree.
+
 `prompt_logprobs` (vLLM's field; not streamed) returns the same scores in vLLM's shape
 (`router.prompt_logprobs`): on each completion choice, of its own prompt, and on a chat
 response; the engine scores with the larger k when echo's logprobs ask too.
@@ -55,6 +59,7 @@ from router.openai_responses import (
     usage_chunk,
 )
 from router.prompt_logprobs import prompt_logprobs_json
+from router.tool_calls import ToolStream, whole_message
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -336,8 +341,10 @@ async def _completion_events(
 async def chat_completions(
     front: Frontend, api_key: str | None, req: ChatCompletionRequest
 ) -> Response:
+    plan = req.tool_plan
     try:
-        ids = await front.encode_chat(req.chat_dicts())
+        plan.check_parser(front.tool_call_parser)
+        ids = await front.encode_chat(req.chat_dicts(), tools=plan.template_tools())
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
         params = req.to_sampling_params(front.room_after(ids))
         prepared = await front.prepare(
@@ -365,7 +372,14 @@ async def chat_completions(
             )
         except Exception as e:
             return error_response(e)
-        body = chat_body(head, wholes, total_usage(usages), req.logprobs)
+        messages = None
+        if plan.stream(front.tool_call_parser) is not None:
+            messages = []
+            for w in wholes:
+                stream = plan.stream(front.tool_call_parser)
+                message, w.finish_reason = whole_message(stream, w.text, w.finish_reason)
+                messages.append(message)
+        body = chat_body(head, wholes, total_usage(usages), req.logprobs, messages)
         if req.returns_prompt_logprobs:  # on the response, as vLLM's chat has it
             body["prompt_logprobs"] = prompt_logprobs_json(
                 ids, _scored(started), req.prompt_logprobs, front.token_table
@@ -377,6 +391,7 @@ async def chat_completions(
 
 async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, head: Head):
     readers = [_reader(front, req.logprobs, req.skip_special_tokens) for _ in started]
+    tools = [req.tool_plan.stream(front.tool_call_parser) for _ in started]
     usages = [Usage() for _ in started]
     try:
         for i in range(len(started)):  # each choice's first chunk names the role (as vLLM)
@@ -384,9 +399,13 @@ async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, hea
         async with aclosing(_merged(started)) as merged:
             async for i, out in merged:
                 p = piece_of(out, readers[i])
-                # "content" even when empty (a token that ends inside a UTF-8 character,
-                # a finish without text), as vLLM sends it: clients read delta.content
-                yield sse(chat_chunk(head, i, {"content": p.text}, p, req.logprobs))
+                if tools[i] is not None:
+                    for chunk in _tool_chunks(head, i, tools[i], p, req.logprobs):
+                        yield sse(chunk)
+                else:
+                    # "content" even when empty (a token that ends inside a UTF-8 character,
+                    # a finish without text), as vLLM sends it: clients read delta.content
+                    yield sse(chat_chunk(head, i, {"content": p.text}, p, req.logprobs))
                 usages[i] = Usage(out.num_prompt_tokens, out.num_output_tokens)
         if req.include_usage:
             yield sse(usage_chunk(head, "chat.completion.chunk", total_usage(usages)))
@@ -395,3 +414,27 @@ async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, hea
     finally:
         await close_all([outputs for outputs, _ in started])
     yield sse("[DONE]")
+
+
+def _tool_chunks(
+    head: Head, index: int, stream: ToolStream, p: Piece, want_logprobs: bool
+) -> list[dict]:
+    """The chunks of one output of a choice whose text is read for tool calls: a chunk
+    per delta the reader sends (none while it holds text back), the output's logprobs
+    on the first, its finish reason on the last (an empty delta carries them when the
+    reader sent nothing, as OpenAI's last chunk has)."""
+    deltas = stream.feed(p.text) + (stream.end() if p.finish_reason else [])
+    finish = stream.finish_reason(p.finish_reason)
+    if not deltas and (p.logprobs or finish is not None):
+        deltas = [{}]
+    last = len(deltas) - 1
+    return [
+        chat_chunk(
+            head,
+            index,
+            delta,
+            Piece(p.text, p.logprobs if j == 0 else [], finish if j == last else None),
+            want_logprobs,
+        )
+        for j, delta in enumerate(deltas)
+    ]

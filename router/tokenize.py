@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from starlette.responses import JSONResponse, Response
 
 from replica.serve_protocol import check_prompt_ids
@@ -23,6 +23,7 @@ from router.body_parse import parse_request
 from router.frontend import Frontend
 from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
 from router.rest import refusal
+from router.tools import Tool, tools_of
 
 
 class TokenizeRequest(BaseModel):
@@ -40,7 +41,9 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
     continue_final_message: Annotated[bool, only_neutral(lambda v: v is False, "false")] = False
     chat_template: Annotated[Any, only_neutral(lambda v: v is None, "null")] = None
-    tools: Annotated[list[Any], only_neutral(lambda v: not v, "[] or null")] = []
+    tools: Any = None
+    """With messages: the tools the chat template renders, as chat's `tools`."""
+    _tools: tuple[Tool, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _one_input(self) -> Self:
@@ -51,7 +54,13 @@ class TokenizeRequest(BaseModel):
                 "add_special_tokens: true with messages; allowed: false or absent (the chat "
                 "template adds the model's special tokens itself)"
             )
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools: given with prompt; allowed: tools only with messages")
+        self._tools = tools_of(self.tools) if self.tools is not None else ()
         return self
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.template_dict() for t in self._tools] or None
 
 
 class DetokenizeRequest(BaseModel):
@@ -71,7 +80,9 @@ async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Respons
         await _authorize(front, api_key, req.model)
         if req.messages is not None:
             ids = await front.encode_chat(
-                chat_dicts(req.messages), add_generation_prompt=req.add_generation_prompt
+                chat_dicts(req.messages),
+                add_generation_prompt=req.add_generation_prompt,
+                tools=req.template_tools(),
             )
         else:
             ids = await front.encode_text(req.prompt, req.add_special_tokens is not False)

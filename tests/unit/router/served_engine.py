@@ -14,9 +14,11 @@ from tests.unit.router.test_frontend_auth import BASE, FakeRegistry
 
 
 @contextlib.contextmanager
-def served_frontend(engine: LLMEngine, max_model_len: int | None = None) -> Iterator[Frontend]:
+def served_frontend(
+    engine: LLMEngine, max_model_len: int | None = None, tool_call_parser: str | None = None
+) -> Iterator[Frontend]:
     """A Frontend (no auth, base model BASE) whose requests engine runs; max_model_len:
-    the Frontend's context (default the engine's)."""
+    the Frontend's context (default the engine's); tool_call_parser: the Frontend's."""
     front_end = AsyncEngine(engine.config, engine)
 
     async def dispatch(call):  # as replica.deployment calls it
@@ -29,6 +31,9 @@ def served_frontend(engine: LLMEngine, max_model_len: int | None = None) -> Iter
 
     resolver = AdapterResolver(FakeRegistry(), BASE, auth=False, admin_key="")
     try:
-        yield Frontend(engine.tokenizer, resolver, dispatch, max_model_len or engine.max_model_len)
+        max_len = max_model_len or engine.max_model_len
+        yield Frontend(
+            engine.tokenizer, resolver, dispatch, max_len, tool_call_parser=tool_call_parser
+        )
     finally:
         front_end.shutdown()

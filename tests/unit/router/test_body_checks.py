@@ -80,21 +80,6 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
             "best_of: 1 with n = 3; allowed: null or 3",
         ),
         (ChatCompletionRequest, chat(best_of=2), "best_of: 2 with n = 1; allowed: null or 1"),
-        (
-            ChatCompletionRequest,
-            chat(tools=[{"type": "function", "function": {"name": "f"}}]),
-            'tools: got [{"type": "function", "function": {"name": "f"}}]; allowed: [] or null',
-        ),
-        (
-            ChatCompletionRequest,
-            chat(tool_choice="required"),
-            'tool_choice: got "required"; allowed',
-        ),
-        (
-            ChatCompletionRequest,
-            chat(tool_choice="auto", tools=[{"type": "function"}]),
-            "tools: ",
-        ),
         (CompletionRequest, completion(use_beam_search=True), "use_beam_search: got true"),
         (
             CompletionRequest,
@@ -226,7 +211,7 @@ def test_a_text_part_needs_its_text(part, message):
         (CompletionRequest, completion(stop=5), f"stop: got a number; {STOP_ALLOWED}"),
         (CompletionRequest, completion(stop=["a", 5]), f"stop.1: got a number; {STOP_ALLOWED}"),
         (ChatCompletionRequest, chat(stop={"a": 1}), f"stop: got an object; {STOP_ALLOWED}"),
-        (ChatCompletionRequest, chat(tool_choice=5), "tool_choice: got a number; allowed: "),
+        (ChatCompletionRequest, chat(tool_choice=5), 'tool_choice: got 5; allowed: "none"'),
         (
             ChatCompletionRequest,
             chat(messages=["hi"]),
@@ -279,7 +264,6 @@ def test_every_union_field_is_covered():
         ("CompletionRequest", "stop"),
         ("CompletionRequest", "prompt"),
         ("ChatCompletionRequest", "stop"),
-        ("ChatCompletionRequest", "tool_choice"),
         ("ChatMessage", "content"),
     }
 

@@ -10,6 +10,6 @@ from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1)
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1, tool_call_parser="hermes")
     yield c
     stop_cluster(c)

@@ -1,0 +1,226 @@
+"""Readers of a chat choice's generated text for tool calls (`router.tools.ToolPlan.stream`):
+`feed` each piece of text, `end` once the choice finished; each returns chat deltas,
+{"content": ...} or {"tool_calls": [...]}, for a stream and (joined) for a whole response
+alike. A call is sent once whole ("required", "auto"); a named call's arguments stream as
+they are generated. Text a reader cannot read as a call stays content: nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def call_delta(index: int, name: str, arguments: str) -> dict[str, Any]:
+    """A whole call (its first delta in a stream): id, type, name, arguments."""
+    function = {"name": name, "arguments": arguments}
+    return {"index": index, "id": new_call_id(), "type": "function", "function": function}
+
+
+@dataclass
+class ToolStream:
+    """Reads one choice's generated text into chat deltas ({"content": ...} or
+    {"tool_calls": [...]}): `feed` each piece, `end` once the choice finished."""
+
+    calls: int = 0
+    """Calls sent so far."""
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def end(self) -> list[dict[str, Any]]:
+        return []
+
+    def finish_reason(self, engine: str | None) -> str | None:
+        """A choice that stopped having called tools finishes with "tool_calls" (OpenAI's)."""
+        return "tool_calls" if engine == "stop" and self.calls else engine
+
+    def _call(self, name: str, arguments: str) -> dict[str, Any]:
+        self.calls += 1
+        return {"tool_calls": [call_delta(self.calls - 1, name, arguments)]}
+
+
+@dataclass
+class NamedCall(ToolStream):
+    """tool_choice naming a function: every piece is more of its arguments. Finishes
+    "stop", as OpenAI's forced function call does."""
+
+    name: str = ""
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.calls == 0:
+            first = self._call(self.name, text)
+            return [first]
+        if not text:
+            return []
+        return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+
+    def end(self) -> list[dict[str, Any]]:
+        return self.feed("") if self.calls == 0 else []
+
+    def finish_reason(self, engine: str | None) -> str | None:
+        return engine
+
+
+@dataclass
+class CallArray(ToolStream):
+    """tool_choice "required": the JSON array of {"name", "parameters"}; each element is
+    sent as a call once it closes. What never closes (a length cut) ends as content."""
+
+    buffer: str = ""
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    start: int = -1
+    """Where the open element begins in `buffer` (-1: none open)."""
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        out = []
+        base = len(self.buffer)
+        self.buffer += text
+        for i, ch in enumerate(text, base):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                continue
+            if ch == '"':
+                self.in_string = True
+            elif ch in "[{":
+                self.depth += 1
+                if self.depth == 2:
+                    self.start = i
+            elif ch in "]}":
+                self.depth -= 1
+                if self.depth == 1 and self.start >= 0:
+                    out.append(self._element(self.buffer[self.start : i + 1]))
+                    self.start = -1
+        return out
+
+    def _element(self, text: str) -> dict[str, Any]:
+        item = json.loads(text)
+        arguments = json.dumps(item["parameters"], ensure_ascii=False)
+        return self._call(item["name"], arguments)
+
+    def end(self) -> list[dict[str, Any]]:
+        if self.start >= 0:
+            return [{"content": self.buffer[self.start :]}]
+        if not self.calls and self.buffer:
+            return [{"content": self.buffer}]
+        return []
+
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass
+class HermesCalls(ToolStream):
+    """tool_choice "auto" read as Hermes writes calls: text, then any number of
+    <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks. Text outside them is
+    content (a tail that may begin a tag is held until it is known); a block that is not
+    a call of one of `names` (or a second one when `parallel` is off) stays content."""
+
+    names: set[str] = field(default_factory=set)
+    parallel: bool = True
+    held: str = ""
+    inside: bool = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.held += text
+        out: list[dict[str, Any]] = []
+        while True:
+            if self.inside:
+                close = self.held.find(CLOSE)
+                if close < 0:
+                    return out
+                out += self._block(self.held[:close], OPEN + self.held[: close + len(CLOSE)])
+                self.held = self.held[close + len(CLOSE) :]
+                self.inside = False
+                continue
+            opened = self.held.find(OPEN)
+            if opened < 0:
+                keep = _partial_tag(self.held)
+                out += _content(self.held[: len(self.held) - keep])
+                self.held = self.held[len(self.held) - keep :]
+                return out
+            out += _content(self.held[:opened])
+            self.held = self.held[opened + len(OPEN) :]
+            self.inside = True
+
+    def _block(self, body: str, raw: str) -> list[dict[str, Any]]:
+        call = _hermes_call(body)
+        if call is None or call[0] not in self.names or (self.calls and not self.parallel):
+            return _content(raw)
+        return [self._call(*call)]
+
+    def end(self) -> list[dict[str, Any]]:
+        held, self.held = self.held, ""
+        if self.inside:  # a block the end cut (EOS right after the JSON is common)
+            self.inside = False
+            return self._block(held, OPEN + held)
+        return _content(held)
+
+
+def _partial_tag(text: str) -> int:
+    """Length of the longest tail of text that begins OPEN (0: none)."""
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-k:]):
+            return k
+    return 0
+
+
+def _content(text: str) -> list[dict[str, Any]]:
+    return [{"content": text}] if text else []
+
+
+def _hermes_call(body: str) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a block's {"name", "arguments"} object, else None."""
+    try:
+        item = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get("arguments", item.get("parameters", {}))
+    if isinstance(arguments, str):
+        return item["name"], arguments
+    if not isinstance(arguments, dict):
+        return None
+    return item["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def joined(deltas: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """A whole message's (content, tool_calls) from its deltas: content None when the
+    message called tools and said nothing else (OpenAI's)."""
+    text = "".join(d.get("content", "") for d in deltas)
+    calls: list[dict[str, Any]] = []
+    for d in deltas:
+        for c in d.get("tool_calls", ()):
+            if "id" in c:
+                calls.append({k: v for k, v in c.items() if k != "index"})
+                calls[-1]["function"] = dict(c["function"])
+            else:
+                calls[c["index"]]["function"]["arguments"] += c["function"]["arguments"]
+    if calls and not text.strip():
+        return None, calls
+    return text, calls
+
+
+def whole_message(
+    stream: ToolStream, text: str, finish_reason: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """A non-streamed choice's message and finish reason: the stream's deltas, joined."""
+    content, calls = joined(stream.feed(text) + stream.end())
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message, stream.finish_reason(finish_reason)

@@ -1,0 +1,62 @@
+"""Tool calling end to end, through the OpenAI client: a named call and a "required" one
+(streamed, joined as the client joins deltas, equal to the whole response), and "auto"
+read by the cluster's tool_call_parser (hermes). That each forced call is HF's greedy
+output under its grammar is tests/unit/router/test_rest_tools.py's.
+
+One app with one replica, shared with this package's other modules (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.serve.sampling.test_sampling_api import create
+from tests.unit.router.test_rest_tools import CITY, HERMES_REGEX
+from tests.unit.router.test_tools import CLOCK
+
+pytestmark = pytest.mark.integration
+TOOLS = [CITY, CLOCK]
+
+
+def _calls(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+
+
+def test_a_named_call_answers_its_arguments(cluster):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = create(cluster, "chat", max_tokens=48, temperature=0, tools=TOOLS, tool_choice=named)
+    choice = r.choices[0]
+    [(name, arguments)] = _calls(choice.message)
+    assert choice.message.content is None and choice.finish_reason == "stop"
+    assert name == "get_weather" and arguments["city"] in ("oslo", "lima")
+    assert choice.message.tool_calls[0].id.startswith("call_")
+
+
+def test_a_required_call_streams_as_it_answers(cluster):
+    fields = dict(max_tokens=48, temperature=0, tools=TOOLS, tool_choice="required",
+                  parallel_tool_calls=False)  # fmt: skip
+    whole = create(cluster, "chat", **fields)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    calls: dict[int, list[str]] = {}
+    finish = None
+    for chunk in create(cluster, "chat", stream=True, **fields):
+        for c in chunk.choices:
+            for call in c.delta.tool_calls or ():
+                entry = calls.setdefault(call.index, ["", ""])
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+            finish = c.finish_reason or finish
+    streamed = [(name, json.loads(arguments)) for name, arguments in calls.values()]
+    assert streamed == _calls(whole.choices[0].message) and finish == "tool_calls"
+
+
+def test_auto_reads_the_calls_the_model_writes(cluster):
+    # a random model writes no call unless a regex makes it ("auto" only reads the text)
+    r = create(cluster, "chat", max_tokens=160, temperature=0, tools=TOOLS,
+               extra_body={"structured_outputs": {"regex": HERMES_REGEX}})  # fmt: skip
+    choice = r.choices[0]
+    assert choice.message.content == "Sure. " and choice.finish_reason == "tool_calls"
+    [(name, arguments)] = _calls(choice.message)
+    assert name == "get_weather" and set(arguments) == {"city"}

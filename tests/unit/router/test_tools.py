@@ -1,0 +1,249 @@
+"""router.tools and router.tool_calls, pure logic: tools and tool_choice read into a plan, its forcing grammar,
+and the readers that turn generated text into chat deltas, fed in random pieces (a
+stream) or whole (a response) with the same result."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import xgrammar as xgr
+
+from lora_core.errors import InvalidRequest
+from router.tool_calls import CallArray, HermesCalls, NamedCall, joined, whole_message
+from router.tools import NO_PARAMETERS, Tool, ToolPlan, plan_of, tools_of
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "now"}}
+
+
+def fn(name: str, **function) -> dict:
+    return {"type": "function", "function": {"name": name, **function}}
+
+
+@pytest.mark.parametrize(
+    "tools, message",
+    [
+        ({"a": 1}, "tools: got dict; allowed: a list of at most 128 tools"),
+        ([fn("f")] * 129, "tools: got 129 tools; allowed: a list of at most 128"),
+        ([{"type": "code_interpreter"}], 'tools[0]: allowed: {"type": "function"'),
+        ([fn("a b")], 'tools[0].function.name: got "a b"; allowed: 1 to 64 letters'),
+        ([fn("x" * 65)], "tools[0].function.name: got"),
+        ([fn("f"), fn("f")], "tools[1].function.name: 'f' is named twice"),
+        ([fn("f", parameters=[1])], "tools[0].function.parameters: allowed: a JSON schema"),
+        ([fn("f", description=3)], "tools[0].function.description: allowed: a string"),
+        ([fn("f", examples=[])], "tools[0]: unknown field 'examples'"),
+    ],
+)
+def test_bad_tools_name_the_field(tools, message):
+    with pytest.raises(ValueError) as e:
+        tools_of(tools)
+    assert str(e.value).startswith(message)
+
+
+def test_tools_read_with_their_defaults():
+    (weather, clock) = tools_of([WEATHER, CLOCK])
+    assert weather == Tool(
+        "get_weather", WEATHER["function"]["parameters"], "The weather in a city"
+    )
+    assert clock == Tool("now", NO_PARAMETERS)
+    assert clock.template_dict() == {
+        "type": "function",
+        "function": {"name": "now", "parameters": NO_PARAMETERS},
+    }
+
+
+@pytest.mark.parametrize(
+    "tools, choice, want",
+    [
+        (None, None, "none"),
+        ([WEATHER], None, "auto"),  # OpenAI's default once tools are given
+        ([WEATHER], "none", "none"),
+        (None, "auto", "auto"),
+        ([WEATHER], "required", "required"),
+        ([WEATHER, CLOCK], {"type": "function", "function": {"name": "now"}}, "function"),
+    ],
+)
+def test_choices(tools, choice, want):
+    assert plan_of(tools, choice, None).choice == want
+
+
+@pytest.mark.parametrize(
+    "choice, message",
+    [
+        ("any", 'tool_choice: got "any"; allowed: "none", "auto", "required"'),
+        ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name: 'nope'"),
+        ({"type": "function"}, "tool_choice: got"),
+        ({"type": "function", "function": {"name": "now"}, "x": 1}, "tool_choice: got"),
+    ],
+)
+def test_bad_choices_name_the_field(choice, message):
+    with pytest.raises(ValueError) as e:
+        plan_of([WEATHER, CLOCK], choice, None)
+    assert str(e.value).startswith(message)
+
+
+def test_required_needs_tools_and_auto_needs_a_parser():
+    with pytest.raises(ValueError, match='"required" with no tools'):
+        plan_of(None, "required", None)
+    with pytest.raises(InvalidRequest, match="cluster arg tool_call_parser"):
+        plan_of([WEATHER], "auto", None).check_parser(None)
+    plan_of([WEATHER], "auto", None).check_parser("hermes")
+    plan_of(None, "auto", None).check_parser(None)  # "auto" without tools: plain text
+
+
+def test_a_schema_xgrammar_refuses_is_named_by_its_tool():
+    bad = fn(
+        "f", parameters={"type": "object", "properties": {"a": {"type": "string", "pattern": "a("}}}
+    )
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(ValueError, match=r"^tools\[1\]\.function\.parameters: Regex"):
+            plan_of([CLOCK, bad], choice, None)
+    assert plan_of([CLOCK, bad], "auto", None).grammar() is None  # not forced: not compiled
+
+
+def _matches(grammar_json: str, text: str) -> bool:
+    """Whether text is a whole sentence of the JSON schema's grammar (compact JSON)."""
+    compiled = xgr.GrammarCompiler(
+        xgr.TokenizerInfo([chr(c) for c in range(32, 127)])
+    ).compile_json_schema(grammar_json, any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def test_required_grammar_admits_calls_of_the_tools_only():
+    plan = plan_of([WEATHER, CLOCK], "required", None)
+    schema = plan.grammar().value
+    one = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    two = one[:-1] + ', {"name": "now", "parameters": {}}]'
+    assert _matches(schema, one) and _matches(schema, two)
+    assert not _matches(schema, "[]")  # at least one call
+    assert not _matches(schema, '[{"name": "nope", "parameters": {}}]')
+    assert not _matches(schema, '[{"name": "get_weather", "parameters": {}}]')  # city required
+    single = plan_of([WEATHER, CLOCK], "required", False).grammar().value
+    assert _matches(single, one) and not _matches(single, two)
+
+
+def _pieces(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def _read(make, text: str, seed: int) -> tuple[str | None, list[dict]]:
+    stream = make()
+    deltas = [d for piece in _pieces(text, random.Random(seed)) for d in stream.feed(piece)]
+    return joined(deltas + stream.end())
+
+
+def _calls(calls: list[dict]) -> list[tuple[str, dict]]:
+    for c in calls:
+        assert c["type"] == "function" and c["id"].startswith("call_")
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+ARRAY = '[{"name": "f", "parameters": {"a": "x]}\\"{", "b": [1, {"c": []}]}}, {"name": "g", "parameters": {}}]'
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_call_array_reads_the_same_in_any_pieces(seed):
+    content, calls = _read(CallArray, ARRAY, seed)
+    assert content is None
+    assert _calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]}), ("g", {})]
+    assert len({c["id"] for c in calls}) == 2
+
+
+def test_a_cut_call_array_keeps_what_did_not_close_as_content():
+    cut = ARRAY.removesuffix('ameters": {}}]')
+    content, calls = _read(CallArray, cut, 0)
+    assert _calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]})]
+    assert content == '{"name": "g", "par'
+    message, finish = whole_message(CallArray(), cut, "length")
+    assert finish == "length" and message["content"] == content
+    assert whole_message(CallArray(), "[", "length")[0] == {"role": "assistant", "content": "["}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_named_call_is_its_arguments(seed):
+    content, calls = _read(lambda: NamedCall(name="f"), '{"a": [1, 2]}', seed)
+    assert content is None and _calls(calls) == [("f", {"a": [1, 2]})]
+    message, finish = whole_message(NamedCall(name="f"), '{"a": 1}', "stop")
+    assert finish == "stop"  # as OpenAI's forced call
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert whole_message(NamedCall(name="f"), "", "length")[0]["tool_calls"][0]["function"] == {
+        "name": "f",
+        "arguments": "",
+    }
+
+
+HERMES = (
+    "Let me check. <tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Oslo <tool_call>"}}\n</tool_call>'
+    '<tool_call>{"name": "now", "arguments": {}}</tool_call> and <tool_'
+)
+
+
+def _hermes(parallel: bool = True):
+    return lambda: HermesCalls(names={"get_weather", "now"}, parallel=parallel)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hermes_calls_read_the_same_in_any_pieces(seed):
+    content, calls = _read(_hermes(), HERMES, seed)
+    assert content == "Let me check.  and <tool_"
+    assert _calls(calls) == [("get_weather", {"city": "Oslo <tool_call>"}), ("now", {})]
+
+
+@pytest.mark.parametrize(
+    "text, content, calls",
+    [
+        ("no calls at all", "no calls at all", []),
+        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        (
+            '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',  # not one of the tools
+            '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+            [],
+        ),
+        ('<tool_call>{"name": "now", "arguments": {}}', None, [("now", {})]),  # cut by EOS
+        (
+            '<tool_call>{"name": "now", "arguments": {',
+            '<tool_call>{"name": "now", "arguments": {',
+            [],
+        ),
+        ('<tool_call>{"name": "now", "arguments": "{}"}</tool_call>', None, [("now", {})]),
+    ],
+)
+def test_hermes_blocks_that_are_no_call_stay_content(text, content, calls):
+    got_content, got_calls = _read(_hermes(), text, 1)
+    assert got_content == content and _calls(got_calls) == calls
+
+
+def test_hermes_without_parallel_calls_keeps_the_second_as_content():
+    content, calls = _read(_hermes(parallel=False), HERMES, 3)
+    assert _calls(calls) == [("get_weather", {"city": "Oslo <tool_call>"})]
+    assert '<tool_call>{"name": "now", "arguments": {}}</tool_call>' in content
+
+
+def test_finish_reason_says_tool_calls_only_after_a_call():
+    message, finish = whole_message(HermesCalls(names={"now"}), "hello", "stop")
+    assert message == {"role": "assistant", "content": "hello"} and finish == "stop"
+    text = '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    assert whole_message(HermesCalls(names={"now"}), text, "stop")[1] == "tool_calls"
+    assert whole_message(HermesCalls(names={"now"}), text, "length")[1] == "length"
+
+
+def test_plain_plans_read_nothing():
+    assert plan_of(None, None, None).stream("hermes") is None
+    assert plan_of([WEATHER], "none", None).stream("hermes") is None
+    assert ToolPlan((), "auto").stream("hermes") is None
