@@ -1,0 +1,122 @@
+"""What would the shrink cost inside a cuBLAS base GEMM? (GPU probe.)
+
+The notes on the kernel misses (results/lora_kernels_h200.json, notes_on_misses) say the
+decode misses close only with the LoRA work inside a cuBLAS-speed base GEMM, a change of
+the kernel contract. The simplest such design needs no kernel of our own: stack the
+adapters' A under the base weight, so one cuBLAS GEMM computes y_base and every row's
+shrink against every stacked slot, [T, N + k*S*R] = x @ [W; A_1; ...; A_k]^T (S slices,
+rank R), and the expand then reads each row's own slot's columns. This probe measures the
+GEMM's extra cost per shape (bf16, Llama-3-8B layers, CUDA-graph replay, weights rotated
+past L2) against the library's shrink, which it would replace:
+
+  base           torch.mm(x, W^T): the layer's own GEMM
+  +active        x @ [W; A of the n active slots]^T: the increment over base (the best
+                 case: an engine would have to keep a step's adapters stacked, a copy
+                 each time the set changes)
+  +pool          x @ [W; A of all 64 slots]^T: the increment over base (no copies: the
+                 slot pool itself stacked under W)
+  lorafleet      kernels.lora_shrink alone, as the engine runs it (rows gathered)
+  both           kernels.lora_shrink_expand (shrink + expand), for scale
+
+The stacked columns come out in bf16 (the contract's shrink output is fp32): the probe
+times the design, it does not make it correct.
+
+    python3 benchmarks/cublas_concat_probe.py --out benchmarks/results/cublas_concat_probe_h100.json
+
+A probe, not a kernel of the library (benchmarks/README.md, "Probes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grouped_mm_probe import SHAPES  # noqa: E402
+from lora_bench import (  # noqa: E402
+    DT,
+    LAYERS,
+    Pools,
+    call_both,
+    call_shrink,
+    floor_bytes,
+    make_sets,
+    num_sets,
+    probe_header,
+    time_graph,
+    workspaces,
+)
+
+WEIGHT_COPIES = 3
+"""Base weights rotated between calls (each layer's W is 8-235 MB: three copies pass L2)."""
+
+
+def stacked(st: dict, weight: torch.Tensor, active_only: bool) -> torch.Tensor:
+    """[W; A...] as one [N + k*S*R, H] operand: the active slots' A (or the whole pool's)."""
+    slots = st["slots"].unique()
+    slots = slots[slots >= 0]
+    parts = [a[slots] if active_only else a for a in st["pool"].a]  # [k, R, H] per slice
+    return torch.cat([weight, *(p.reshape(-1, p.shape[-1]) for p in parts)])
+
+
+def run_shape(layer: str, rank: int, tokens: int, n: int) -> dict:
+    hidden, sizes = LAYERS[layer]
+    nsets = num_sets(floor_bytes(layer, tokens, n, rank, rank))
+    sets, _ = make_sets(
+        layer, Pools(layer, rank), tokens, n, nsets, lambda i: rank, expected_slots=n
+    )
+    memset, views = workspaces(sets, layer, rank)
+    pairs = list(zip(sets, views, strict=True))
+    x = sets[0]["x"]
+    weights = [
+        (torch.randn(sum(sizes), hidden, device="cuda") * hidden**-0.5).to(DT)
+        for _ in range(WEIGHT_COPIES)
+    ]
+    row = {"layer": layer, "rank": rank, "T": tokens, "n": n, "sets": nsets}
+    row["base_us"] = time_graph([lambda w=w: torch.mm(x, w.t()) for w in weights])
+    for name, active in (("active", True), ("pool", False)):
+        cats = [stacked(sets[i % nsets], w, active) for i, w in enumerate(weights)]
+        row[f"with_{name}_us"] = time_graph([lambda c=c: torch.mm(x, c.t()) for c in cats])
+        row[f"extra_{name}_us"] = row[f"with_{name}_us"] - row["base_us"]
+        del cats
+    row["lorafleet_shrink_us"] = time_graph(
+        [lambda p=p: call_shrink(p[0], out=p[1]) for p in pairs], prologue=memset
+    )
+    row["lorafleet_both_us"] = time_graph([lambda st=st: call_both(st) for st in sets])
+    del sets, views, pairs, weights
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--budget-s", type=float, default=240)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    _, doc = probe_header()
+    doc["rows"] = []
+    t0 = time.monotonic()
+    print("shape                  |  base | +active | +pool | lorafleet shrink | both", flush=True)
+    for layer, rank, tokens, n in SHAPES:
+        if time.monotonic() - t0 > args.budget_s:
+            print(f"budget spent: skipping {layer} r{rank} T={tokens} n={n}", flush=True)
+            continue
+        r = run_shape(layer, rank, tokens, n)
+        doc["rows"].append(r)
+        name = f"{layer} r{rank} T={tokens} n={n}"
+        print(f"{name:22s} | {r['base_us']:5.1f} | {r['extra_active_us']:7.2f} | "
+              f"{r['extra_pool_us']:5.2f} | {r['lorafleet_shrink_us']:16.2f} | "
+              f"{r['lorafleet_both_us']:5.2f}", flush=True)  # fmt: skip
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
