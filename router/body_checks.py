@@ -239,10 +239,7 @@ UNHONOURED_COMPLETION: Unhonoured = UNHONOURED_SAMPLING
 UNHONOURED_CHAT: Unhonoured = UNHONOURED_SAMPLING | {
     "functions": (_empty, "[] or null"),
     "function_call": (lambda c: c in ("none", "auto"), '"none", "auto" or null'),
-    "continue_final_message": (_false, "false or null"),
-    "add_generation_prompt": (_true, "true or null"),
     "chat_template": (_nothing, "null"),
-    "chat_template_kwargs": (_empty, "{} or null"),
     "documents": (_nothing, "null"),
     "modalities": (lambda m: m == ["text"], '["text"] or null'),
     "audio": (_nothing, "null"),

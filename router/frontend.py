@@ -222,20 +222,23 @@ class Frontend:
     async def encode_chat(
         self,
         messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[int, ...]:
         """Renders and tokenizes in a worker thread, like `encode_prompt`. tools: the
-        request's tools as templates take them (`router.tools.Tool.template_dict`)."""
+        request's tools as templates take them (`router.tools.Tool.template_dict`);
+        options: apply_chat_template's keyword arguments (default: add_generation_prompt;
+        `router.chat_options.ChatTemplateFields.template_options`)."""
+        options = {"add_generation_prompt": True} if options is None else options
         self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = await self._off_loop(
                 self._encoder.apply_chat_template,
                 messages,
                 tools=tools,
-                add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 return_dict=False,
+                **options,
             )
         except TemplateError as e:  # the template's own checks (e.g. roles must alternate)
             raise InvalidRequest(

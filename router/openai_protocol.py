@@ -50,6 +50,7 @@ from router.body_checks import (
     only_neutral,
     refuse_unhonoured,
 )
+from router.chat_options import ChatTemplateFields
 from router.choices import batch_of, check_fan_out, check_n, check_prompt
 from router.structured_request import StructuredBody
 from router.tools import ToolPlan, plan_of
@@ -349,7 +350,7 @@ class ChatMessage(BaseModel):
         return out
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(ChatTemplateFields, _Sampling):
     """POST /v1/chat/completions."""
 
     unhonoured: ClassVar[dict] = UNHONOURED_CHAT

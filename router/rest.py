@@ -344,7 +344,9 @@ async def chat_completions(
     plan = req.tool_plan
     try:
         plan.check_parser(front.tool_call_parser)
-        ids = await front.encode_chat(req.chat_dicts(), tools=plan.template_tools())
+        ids = await front.encode_chat(
+            req.chat_dicts(), plan.template_tools(), req.template_options()
+        )
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
         params = req.to_sampling_params(front.room_after(ids))
         prepared = await front.prepare(

@@ -3,7 +3,8 @@ count a prompt's tokens or fit it to the context before sending it.
 
 Bodies as vLLM's: /tokenize takes `prompt` (a string; `add_special_tokens`, default
 true) or `messages` (rendered by the chat template as /v1/chat/completions renders them;
-`add_generation_prompt`, default true), and `return_token_strs`; it answers
+`add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` and `tools` as
+chat takes them), and `return_token_strs`; it answers
 {"count", "max_model_len", "tokens", "token_strs"}. /detokenize takes `tokens` and
 answers {"prompt"}. `model` is optional (the base model); when given it is resolved as on
 the inference routes, so an unknown or forbidden adapter is the same 404. With auth on a
@@ -20,13 +21,14 @@ from starlette.responses import JSONResponse, Response
 from replica.serve_protocol import check_prompt_ids
 from router.body_checks import only_neutral
 from router.body_parse import parse_request
+from router.chat_options import ChatTemplateFields
 from router.frontend import Frontend
 from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
 from router.rest import refusal
 from router.tools import Tool, tools_of
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatTemplateFields):
     """POST /tokenize: exactly one of prompt and messages."""
 
     model_config = BODY_CONFIG
@@ -37,9 +39,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None
     """Default true for a prompt (vLLM's); a chat template adds its own special tokens,
     so with messages only false (the default) is taken."""
-    add_generation_prompt: bool = True
     return_token_strs: bool = False
-    continue_final_message: Annotated[bool, only_neutral(lambda v: v is False, "false")] = False
     chat_template: Annotated[Any, only_neutral(lambda v: v is None, "null")] = None
     tools: Any = None
     """With messages: the tools the chat template renders, as chat's `tools`."""
@@ -80,9 +80,7 @@ async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Respons
         await _authorize(front, api_key, req.model)
         if req.messages is not None:
             ids = await front.encode_chat(
-                chat_dicts(req.messages),
-                add_generation_prompt=req.add_generation_prompt,
-                tools=req.template_tools(),
+                chat_dicts(req.messages), req.template_tools(), req.template_options()
             )
         else:
             ids = await front.encode_text(req.prompt, req.add_special_tokens is not False)

@@ -89,8 +89,6 @@ def test_the_json_escape_of_a_lone_surrogate_is_refused_but_a_pair_is_text():
         (ChatCompletionRequest, chat(bad_words=["x"]), 'bad_words: got ["x"]'),
         (ChatCompletionRequest, chat(functions=[{"name": "f"}]), "functions: got [{"),
         (ChatCompletionRequest, chat(function_call={"name": "f"}), "function_call: got {"),
-        (ChatCompletionRequest, chat(continue_final_message=True), "continue_final_message"),
-        (ChatCompletionRequest, chat(add_generation_prompt=False), "add_generation_prompt: "),
         (ChatCompletionRequest, chat(modalities=["text", "audio"]), "modalities: got ["),
     ],
 )

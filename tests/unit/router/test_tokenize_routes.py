@@ -92,7 +92,7 @@ def test_keys_and_models_are_checked_as_on_inference(front, route):
         ({}, None, "exactly one of prompt"),
         ({"prompt": 5}, "prompt", ""),
         ({"messages": CHAT, "add_special_tokens": True}, None, "add_special_tokens"),
-        ({"messages": CHAT, "continue_final_message": True}, "continue_final_message", ""),
+        ({"messages": CHAT, "chat_template_kwargs": {"tokenize": 1}}, "chat_template_kwargs", ""),
         ({"messages": CHAT, "chat_template": "{{x}}"}, "chat_template", ""),
     ],
 )
