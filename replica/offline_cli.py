@@ -96,7 +96,8 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "structured_outputs": (
         lambda x: isinstance(x, dict),
         'an object, vLLM\'s structured_outputs: {"json": schema}, {"regex": "..."}, '
-        '{"choice": [...]}, {"grammar": "..."} or {"json_object": true}',
+        '{"choice": [...]}, {"grammar": "..."} or {"json_object": true}, '
+        '"disable_any_whitespace": false for free (bounded) whitespace in JSON',
     ),
 }
 SAMPLING_FIELDS = tuple(k for k in FIELD_TYPES if k not in ("prompt", "adapter"))

@@ -13,11 +13,14 @@ As in vLLM, a constrained request's logprobs are those of this masked distributi
 token the grammar forbids has logprob -inf and is never among the top logprobs (every
 other logits change leaves logprobs raw). A batch with no constrained row pays nothing.
 
-JSON grammars are compiled without free whitespace between tokens (xgrammar's
+JSON grammars are compiled without free whitespace between tokens by default (xgrammar's
 `any_whitespace=False`): one space after ':' and ',', none elsewhere, so a model cannot
 run to max_tokens emitting newlines inside a JSON value (a known failure of free-whitespace
-JSON grammars). Output that reaches max_tokens first ends with "length" and may be
-incomplete, as in vLLM.
+JSON grammars). A spec with `whitespace` N > 0 (asked for by vLLM's
+`disable_any_whitespace: false`) allows any whitespace, but at most N characters in each
+gap (`max_whitespace_cnt`), so that failure stays bounded. The spec, whitespace included,
+is the compiled-grammar cache's key. Output that reaches max_tokens first ends with
+"length" and may be incomplete, as in vLLM.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class Grammars:
     def compile(self, spec: StructuredOutput) -> Any:
         """The `xgrammar.CompiledGrammar` of spec, compiled on first use; InvalidRequest
         (param "structured_outputs") when spec does not compile."""
-        with self._lock:
+        with self._lock:  # keyed by the whole spec: kind, value and whitespace
             compiled = self._cache.get(spec)
             if compiled is not None:
                 self._cache.move_to_end(spec)

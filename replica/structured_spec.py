@@ -5,6 +5,10 @@ A spec is parsed into an xgrammar `Grammar` without a tokenizer (`StructuredOutp
 so the ingress refuses a schema xgrammar does not support, or a regular expression or
 grammar that does not parse, before any replica sees it. vLLM's `structured_outputs`
 object (REST, the offline runner) is read by `structured_outputs_of`.
+
+JSON is compact unless a request asks for free whitespace (`disable_any_whitespace: false`),
+and then bounded (FREE_WHITESPACE characters per gap between tokens), so that a model can
+never loop on newlines inside a JSON value.
 """
 
 from __future__ import annotations
@@ -24,6 +28,21 @@ MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
 CACHE_SIZE = 256
 """Compiled grammars an engine keeps (least recently used dropped first)."""
+WHITESPACE_KINDS = ("json", "json_object")
+FREE_WHITESPACE = 20
+"""The whitespace a request asking for free whitespace gets (vLLM's
+`disable_any_whitespace: false`, gRPC's structured_any_whitespace): at most 20 of space,
+newline, carriage return and tab in each gap between JSON tokens (after "{" / "[", on each
+side of ":" and ",", before "}" / "]"; none before or after the value). Pretty-printed JSON
+fits: a line break (CR LF too) and an indent of 4 spaces 4 levels deep, 2 spaces 9 deep or
+18 tabs; deeper lines are kept shallower, still valid JSON. The bound is what lets a model
+not loop: after 20 whitespace characters only a JSON token may follow, where an unbounded
+gap lets a model spend all of max_tokens on newlines. The bound's size costs nothing: with
+a 128k vocabulary a row's mask fill takes the same time for bounds of 4, 20 and 64; free
+whitespace itself takes 5.5 us instead of 1.1 where a key starts and 265 us instead of
+179 inside a string (`benchmarks/structured_fill_cpu.py`, one thread)."""
+MAX_WHITESPACE = 64
+"""The largest bound a StructuredOutput takes."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +54,17 @@ class StructuredOutput:
     strings; the output is exactly one of them) or "grammar" (value: EBNF, xgrammar's
     dialect of GBNF, with a `root` rule).
 
-    Example: StructuredOutput("choice", ("yes", "no")).
+    whitespace (json and json_object only): 0 (compact: one space after ":" and ",", none
+    elsewhere), or the most whitespace characters each gap between JSON tokens may hold
+    (1 to MAX_WHITESPACE; requests get FREE_WHITESPACE). Part of the grammar cache's key.
+
+    Example: StructuredOutput("choice", ("yes", "no")),
+    StructuredOutput("json_object", whitespace=FREE_WHITESPACE).
     """
 
     kind: str
     value: str | tuple[str, ...] = ""
+    whitespace: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -59,6 +84,17 @@ class StructuredOutput:
         elif not isinstance(self.value, str) or not 1 <= len(self.value) <= MAX_SPEC_CHARS:
             size = len(self.value) if isinstance(self.value, str) else "no string of"
             raise ValueError(f"{size} characters; allowed: 1 to {MAX_SPEC_CHARS}")
+        self._check_whitespace()
+
+    def _check_whitespace(self) -> None:
+        ws = self.whitespace
+        if type(ws) is not int or not 0 <= ws <= MAX_WHITESPACE:
+            raise ValueError(f"whitespace={ws!r}; allowed: an integer 0 to {MAX_WHITESPACE}")
+        if ws and self.kind not in WHITESPACE_KINDS:
+            raise ValueError(
+                f"whitespace={ws} with a {self.kind} spec; allowed: 0 (free whitespace is for "
+                "json and json_object only: a regex, choice or grammar says its own)"
+            )
 
     def grammar(self) -> Any:
         """The tokenizer-free `xgrammar.Grammar`; ValueError naming what is wrong (a
@@ -67,10 +103,14 @@ class StructuredOutput:
         import xgrammar as xgr
 
         try:
-            if self.kind == "json":
-                return xgr.Grammar.from_json_schema(self.value, any_whitespace=False)
-            if self.kind == "json_object":  # OpenAI's JSON mode: an object, not any value
-                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
+            if self.kind in WHITESPACE_KINDS:
+                # json_object is OpenAI's JSON mode: an object, not any value
+                schema = self.value if self.kind == "json" else '{"type": "object"}'
+                if self.whitespace:
+                    return xgr.Grammar.from_json_schema(
+                        schema, any_whitespace=True, max_whitespace_cnt=self.whitespace
+                    )
+                return xgr.Grammar.from_json_schema(schema, any_whitespace=False)
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.value)
             if self.kind == "choice":
@@ -140,8 +180,15 @@ def structured_outputs_of(value: object, field: str = "structured_outputs") -> S
             f"{field}: {len(given)} of {', '.join(SPEC_KEYS)} given; allowed: exactly one"
         )
     check_backend(value.get("backend"), f"{field}.backend")
-    if value.get("disable_any_whitespace") is False:
-        raise ValueError(free_whitespace(f"{field}.disable_any_whitespace"))
+    free = value.get("disable_any_whitespace")
+    if free is not None and not isinstance(free, bool):
+        raise ValueError(f"{field}.disable_any_whitespace: allowed: true, false or null")
+    if free is False and given[0] not in WHITESPACE_KINDS:
+        raise ValueError(
+            f"{field}.disable_any_whitespace: false applies to json and json_object only; "
+            f"allowed with {given[0]}: true or null"
+        )
+    whitespace = FREE_WHITESPACE if free is False else 0
     known = {*SPEC_KEYS, "backend", "disable_any_whitespace"}
     extra = sorted(k for k in value if k not in known and value[k] not in (None, False))
     if extra:
@@ -150,15 +197,16 @@ def structured_outputs_of(value: object, field: str = "structured_outputs") -> S
     if key == "json_object":
         if value[key] is not True:
             raise ValueError(f"{field}.json_object: allowed: true or null")
-        return StructuredOutput("json_object")
-    return spec_from_json(key, value[key], f"{field}.{key}")
+        return StructuredOutput("json_object", whitespace=whitespace)
+    return spec_from_json(key, value[key], f"{field}.{key}", whitespace)
 
 
-def spec_from_json(kind: str, value: object, field: str) -> StructuredOutput:
-    """StructuredOutput(kind, value) from JSON; ValueError naming field."""
+def spec_from_json(kind: str, value: object, field: str, whitespace: int = 0) -> StructuredOutput:
+    """StructuredOutput(kind, value) from JSON (whitespace: json's); ValueError naming
+    field."""
     try:
         if kind == "json":
-            return StructuredOutput("json", parse_json_schema(value))
+            return StructuredOutput("json", parse_json_schema(value), whitespace)
         if kind == "choice":
             if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
                 raise ValueError("allowed: a list of strings")
@@ -178,5 +226,10 @@ def check_backend(backend: object, field: str) -> None:
         )
 
 
-def free_whitespace(field: str) -> str:
-    return f"{field}: not supported; lorafleet's JSON grammars have no free whitespace"
+def whitespace_pattern_refused(field: str) -> str:
+    return (
+        f"{field}: not supported (xgrammar takes no whitespace pattern, and a pattern "
+        "such as [\\n ]* would let a model loop on newlines); allowed: null, or "
+        "structured_outputs with disable_any_whitespace false for JSON with at most "
+        f"{FREE_WHITESPACE} whitespace characters between tokens"
+    )

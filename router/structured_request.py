@@ -1,16 +1,19 @@
 """The request fields that ask for structured outputs (`replica.structured`), read into one
 `StructuredOutput`: OpenAI's `response_format`, vLLM's `structured_outputs` and its older
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`; gRPC's
-`structured_*` fields.
+`structured_*` fields (structured_any_whitespace: free whitespace in a JSON one).
 
     response_format     {"type": "text"} (none), {"type": "json_object"}, or
                         {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
                         "description"?}}
     structured_outputs  {"json": schema} | {"regex": str} | {"choice": [str]} |
                         {"grammar": EBNF} | {"json_object": true}, with vLLM's
-                        "disable_any_whitespace" true or null (lorafleet's JSON has no
-                        free whitespace) and "backend" "auto" / "xgrammar" / null
-    guided_json ...     the same, one field each (guided_decoding_backend as "backend")
+                        "disable_any_whitespace" (true / null: compact JSON; false, with
+                        json or json_object only: free whitespace, at most
+                        FREE_WHITESPACE characters per gap) and "backend" "auto" /
+                        "xgrammar" / null
+    guided_json ...     the same, one field each (guided_decoding_backend as "backend";
+                        guided_whitespace_pattern refused)
 
 At most one of them per request (two are refused, naming the second). Every spec is
 parsed here, on the ingress, so a schema xgrammar does not support, or a regular
@@ -27,12 +30,14 @@ from typing import Any
 from pydantic import BaseModel, PrivateAttr, model_validator
 
 from replica.structured_spec import (
+    FREE_WHITESPACE,
+    WHITESPACE_KINDS,
     StructuredOutput,
     check_backend,
     checked,
-    free_whitespace,
     spec_from_json,
     structured_outputs_of,
+    whitespace_pattern_refused,
 )
 
 LEGACY = {
@@ -51,6 +56,8 @@ GRPC_FIELDS = {
     "structured_grammar": "grammar",
 }
 """GenerateRequest's structured-output fields -> the kind each asks for."""
+GRPC_WHITESPACE = "structured_any_whitespace"
+"""GenerateRequest's flag for free whitespace in a JSON schema's or object's output."""
 
 
 def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
@@ -71,7 +78,7 @@ def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
             found.append((name, spec_from_json(kind, body[name], name)))
     check_backend(body.get("guided_decoding_backend"), "guided_decoding_backend")
     if body.get("guided_whitespace_pattern") is not None:
-        raise ValueError(free_whitespace("guided_whitespace_pattern"))
+        raise ValueError(whitespace_pattern_refused("guided_whitespace_pattern"))
     if not found:
         return None
     if len(found) > 1:
@@ -130,6 +137,11 @@ def grpc_structured(req: Any) -> StructuredOutput | None:
     """The structured output of a GenerateRequest's structured_* fields (None: none);
     ValueError naming the field at fault."""
     found = [(name, kind) for name, kind in GRPC_FIELDS.items() if getattr(req, name)]
+    json_fields = " or ".join(n for n, k in GRPC_FIELDS.items() if k in WHITESPACE_KINDS)
+    free = getattr(req, GRPC_WHITESPACE)
+    if free and (not found or found[0][1] not in WHITESPACE_KINDS):
+        given = f"given with {found[0][0]}" if found else "given alone"
+        raise ValueError(f"{GRPC_WHITESPACE}: {given}; allowed: true only with {json_fields}")
     if not found:
         return None
     if len(found) > 1:
@@ -137,8 +149,9 @@ def grpc_structured(req: Any) -> StructuredOutput | None:
             f"{found[1][0]}: given with {found[0][0]}; allowed: one structured_* field"
         )
     field, kind = found[0]
+    whitespace = FREE_WHITESPACE if free else 0
     if kind == "json_object":
-        return StructuredOutput("json_object")
+        return StructuredOutput("json_object", whitespace=whitespace)
     value = getattr(req, field)
     value = list(value) if kind == "choice" else value
-    return checked(field, spec_from_json(kind, value, field))
+    return checked(field, spec_from_json(kind, value, field, whitespace))

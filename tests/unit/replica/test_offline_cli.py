@@ -17,6 +17,7 @@ from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT
 from replica.sampling_params import SamplingParams
+from replica.structured_spec import FREE_WHITESPACE, StructuredOutput
 from tests.tiny import run_requests
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -230,6 +231,27 @@ def test_min_p_and_allowed_token_ids_lines_equal_the_engine(tmp_path, llama_dir,
     assert got == [want["0"], want["1"]] and set(got[0]) <= {7, 9, 30}
 
 
+def test_structured_outputs_lines_take_free_whitespace(tmp_path, llama_dir, llama_adapters):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    rows = [
+        {"prompt": "the cat sat", "max_tokens": 12,
+         "structured_outputs": {"json": schema, "disable_any_whitespace": False}},
+        {"prompt": "the cat sat", "max_tokens": 12, "structured_outputs": {"json": schema}},
+    ]  # fmt: skip
+    res, out = _generate(tmp_path, llama_dir, llama_adapters["qv8"], rows)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), device="cpu"))
+    text = json.dumps(schema, sort_keys=True)
+    specs = [StructuredOutput("json", text, FREE_WHITESPACE), StructuredOutput("json", text)]
+    want = run_requests(engine, [
+        (str(i), "the cat sat", SamplingParams(max_tokens=12, temperature=0.0,
+                                               structured_outputs=spec), None)
+        for i, spec in enumerate(specs)
+    ])  # fmt: skip
+    assert got == [want["0"], want["1"]] and got[0] != got[1]
+
+
 OK = {"prompt": "hi", "max_tokens": 2}
 
 
@@ -289,6 +311,8 @@ OK = {"prompt": "hi", "max_tokens": 2}
          "line 1: truncate_prompt_tokens=0; allowed: null (off), an integer k >= 1"),
         ([{"prompt": "a", "skip_special_tokens": 1}],
          "line 1: skip_special_tokens=1; allowed: true or false"),
+        ([{"prompt": "a", "structured_outputs": {"choice": ["x"], "disable_any_whitespace": False}}],
+         "line 1: structured_outputs.disable_any_whitespace: false applies to json and json_object only"),
     ],
 )  # fmt: skip
 def test_bad_line_exits_1_naming_the_line(tmp_path, llama_dir, llama_adapters, rows, message):

@@ -1,7 +1,8 @@
 """Structured outputs in float32 greedy generation equal HF transformers (+ PEFT) `generate`
 with a logits processor that masks by an independent xgrammar matcher (xgrammar's own
-`apply_token_bitmask_inplace`, not lorafleet's unpacking), token for token, batched beside
-an unconstrained request; finished outputs match their regex, choice or schema."""
+`apply_token_bitmask_inplace`, not lorafleet's unpacking; JSON with free whitespace from a
+grammar built here with xgrammar's options, not by the spec), token for token, batched
+beside an unconstrained request; finished outputs match their regex, choice or schema."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import xgrammar as xgr
 from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from replica.structured import unpack_bitmask
-from replica.structured_spec import StructuredOutput
+from replica.structured_spec import FREE_WHITESPACE, StructuredOutput
 from tests.hf_reference import hf_greedy
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
@@ -35,17 +36,30 @@ SPECS = {
     "json": StructuredOutput("json", json.dumps(SCHEMA)),
     "json_object": StructuredOutput("json_object"),
     "grammar": StructuredOutput("grammar", 'root ::= "yes" | "no" | ("maybe " [0-9])'),
+    "json_ws": StructuredOutput("json", json.dumps(SCHEMA), whitespace=FREE_WHITESPACE),
+    "json_object_ws": StructuredOutput("json_object", whitespace=FREE_WHITESPACE),
 }
+FREE = {  # the free-whitespace grammars, from xgrammar directly
+    "json_ws": (json.dumps(SCHEMA), FREE_WHITESPACE),
+    "json_object_ws": ('{"type": "object"}', FREE_WHITESPACE),
+}
+
+
+def _reference_grammar(kind: str) -> xgr.Grammar:
+    if kind in FREE:
+        schema, bound = FREE[kind]
+        return xgr.Grammar.from_json_schema(schema, any_whitespace=True, max_whitespace_cnt=bound)
+    return SPECS[kind].grammar()
 
 
 class _GrammarMask:
     """An HF logits processor: the tokens an xgrammar matcher allows, fed each new token."""
 
-    def __init__(self, engine, spec: StructuredOutput, prompt_len: int):
+    def __init__(self, engine, grammar: xgr.Grammar, prompt_len: int):
         info = xgr.TokenizerInfo.from_huggingface(
             engine.tokenizer, vocab_size=engine.vocab_size, stop_token_ids=sorted(engine.eos_ids)
         )
-        compiled = xgr.GrammarCompiler(info).compile_grammar(spec.grammar())
+        compiled = xgr.GrammarCompiler(info).compile_grammar(grammar)
         self.matcher, self.prompt_len = xgr.GrammarMatcher(compiled), prompt_len
         self.bits = xgr.allocate_token_bitmask(1, engine.vocab_size)
 
@@ -66,10 +80,10 @@ def _check_finished(engine, kind: str, ids: list[int]) -> None:
         assert re.fullmatch(SPECS["regex"].value, text), text
     elif kind == "choice":
         assert text in SPECS["choice"].value
-    elif kind == "json":
+    elif kind in ("json", "json_ws"):
         got = json.loads(text)
         assert set(got) == {"color", "n"} and got["color"] in ("red", "green") and got["n"] <= 9
-    elif kind == "json_object":
+    elif kind in ("json_object", "json_object_ws"):
         assert isinstance(json.loads(text), dict)
 
 
@@ -84,7 +98,7 @@ def test_structured_greedy_equals_hf(llama_dir, llama_adapters, refs, adapter, k
     got = run_requests(engine, [("s", PROMPT, params, ref), ("beside", PROMPT, free, ref)])
     ids = engine.tokenizer(PROMPT).input_ids
     path = llama_adapters[adapter] if adapter else None
-    mask = _GrammarMask(engine, SPECS[kind], len(ids))
+    mask = _GrammarMask(engine, _reference_grammar(kind), len(ids))
     want = hf_greedy(
         llama_dir, path, ids, max_new_tokens=MAX_NEW, logits_processor=[mask],
         eos_token_id=sorted(engine.eos_ids),
@@ -106,6 +120,37 @@ def test_sampled_outputs_stay_in_the_grammar(llama_dir):
     texts = {engine.tokenizer.decode(ids[:-1]) for ids in got.values()}
     assert all(ids[-1] in engine.eos_ids for ids in got.values())
     assert texts <= set(spec.value) and len(texts) > 1  # sampled, not one fixed answer
+
+
+def test_sampled_json_with_free_whitespace_parses_obeys_the_schema_and_ends(llama_dir):
+    """Every gap between JSON tokens holds at most FREE_WHITESPACE characters, so a schema
+    of finitely many values has a longest output (8 gaps here) and every sampled request
+    ends on EOS before max_tokens, however much whitespace the model likes."""
+    schema = {
+        **SCHEMA,
+        "properties": {
+            **SCHEMA["properties"],
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+    }
+    longest = len('{"color":"green","n":9}') + 8 * FREE_WHITESPACE
+    spec = StructuredOutput("json", json.dumps(schema), whitespace=FREE_WHITESPACE)
+    engine = small_engine(llama_dir)
+    reqs = [
+        (f"r{seed}", PROMPT, SamplingParams(max_tokens=longest + 1, temperature=1.0, seed=seed,
+                                             structured_outputs=spec), None)
+        for seed in range(8)
+    ]  # fmt: skip
+    texts = []
+    for ids in run_requests(engine, reqs).values():
+        assert ids[-1] in engine.eos_ids
+        text = engine.tokenizer.decode(ids[:-1])
+        got = json.loads(text)
+        assert set(got) == {"color", "n"} and got["color"] in ("red", "green")
+        assert type(got["n"]) is int and 0 <= got["n"] <= 9
+        assert max(map(len, re.findall(r"\s+", text)), default=0) <= FREE_WHITESPACE
+        texts.append(text)
+    assert any(re.search(r"[\n\r\t]", t) for t in texts), texts  # not the compact form
 
 
 def test_logprobs_are_of_the_masked_distribution(llama_dir):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.structured_spec import MAX_CHOICES, StructuredOutput, choice_ebnf
+from replica.structured_spec import FREE_WHITESPACE, MAX_CHOICES, StructuredOutput, choice_ebnf
 from router.body_parse import parse_body
 from router.grpc_service import sampling_of
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -38,6 +38,12 @@ def chat(**fields):
         ({"structured_outputs": {"choice": ["a", "b"], "disable_any_whitespace": True}}, StructuredOutput("choice", ("a", "b"))),
         ({"structured_outputs": {"grammar": 'root ::= "x"'}}, StructuredOutput("grammar", 'root ::= "x"')),
         ({"structured_outputs": {"json_object": True, "regex": None}}, StructuredOutput("json_object")),
+        ({"structured_outputs": {"json_object": True, "disable_any_whitespace": False}},
+         StructuredOutput("json_object", whitespace=FREE_WHITESPACE)),
+        ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": False}},
+         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True), FREE_WHITESPACE)),
+        ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": None}},
+         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))),
         ({"guided_json": SCHEMA, "guided_decoding_backend": "auto"}, StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))),
         ({"guided_regex": "a|b"}, StructuredOutput("regex", "a|b")),
         ({"guided_choice": ["yes", "no"]}, StructuredOutput("choice", ("yes", "no"))),
@@ -68,7 +74,10 @@ def test_each_form_reaches_sampling_params(fields, want, wrap):
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs: 2 of json, regex"),
         ({"structured_outputs": {}}, "structured_outputs: 0 of json, regex"),
         ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern: not supported"),
-        ({"structured_outputs": {"regex": "a", "disable_any_whitespace": False}}, "structured_outputs.disable_any_whitespace: not supported"),
+        ({"structured_outputs": {"regex": "a", "disable_any_whitespace": False}},
+         "structured_outputs.disable_any_whitespace: false applies to json and json_object only; allowed with regex: true or null"),
+        ({"structured_outputs": {"grammar": 'root ::= "x"', "disable_any_whitespace": False}},
+         "structured_outputs.disable_any_whitespace: false applies to json and json_object only; allowed with grammar: true or null"),
         ({"structured_outputs": {"regex": "a", "backend": "outlines"}}, 'structured_outputs.backend: got "outlines"'),
         ({"structured_outputs": "a"}, "structured_outputs: got str; allowed: an object"),
         ({"guided_json": "{not json"}, "guided_json: not valid JSON"),
@@ -80,7 +89,10 @@ def test_each_form_reaches_sampling_params(fields, want, wrap):
         ({"guided_regex": ""}, "guided_regex: 0 characters; allowed: 1 to 65536"),
         ({"guided_grammar": "root ::= "}, "guided_grammar: EBNF parser error"),
         ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend: got"),
-        ({"guided_regex": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern: not supported"),
+        ({"guided_json": SCHEMA, "guided_whitespace_pattern": "[\n ]*"},
+         "guided_whitespace_pattern: not supported (xgrammar takes no whitespace pattern, and a pattern "
+         "such as [\\n ]* would let a model loop on newlines); allowed: null, or structured_outputs with "
+         f"disable_any_whitespace false for JSON with at most {FREE_WHITESPACE} whitespace characters"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice: given with guided_regex; allowed: one"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex: given with response_format;"),
     ],
@@ -116,7 +128,31 @@ def test_grpc_fields():
             "structured_grammar: given with structured_regex",
         ),
         ({"structured_json_schema": "[1]"}, "structured_json_schema: got list"),
+        (
+            {"structured_any_whitespace": True},
+            "structured_any_whitespace: given alone; allowed: true only with "
+            "structured_json_schema or structured_json_object",
+        ),
+        (
+            {"structured_regex": "a", "structured_any_whitespace": True},
+            "structured_any_whitespace: given with structured_regex; allowed: true only with",
+        ),
     ]:
         with pytest.raises(InvalidRequest) as e:
             params(**fields)
         assert str(e.value).startswith(message) and e.value.param == message.split(":")[0]
+
+
+def test_grpc_any_whitespace_is_field_30_and_asks_free_whitespace():
+    field = pb.GenerateRequest.DESCRIPTOR.fields_by_name["structured_any_whitespace"]
+    assert field.number == 30 and field.type == field.TYPE_BOOL
+    for fields, want in [
+        ({"structured_json_object": True}, StructuredOutput("json_object", whitespace=FREE_WHITESPACE)),
+        ({"structured_json_schema": json.dumps(SCHEMA)},
+         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True), FREE_WHITESPACE)),
+    ]:  # fmt: skip
+        req = pb.GenerateRequest(model="m", prompt="x", structured_any_whitespace=True, **fields)
+        wire = pb.GenerateRequest.FromString(req.SerializeToString())
+        assert wire.structured_any_whitespace and sampling_of(wire).structured_outputs == want
+        wire.structured_any_whitespace = False
+        assert sampling_of(wire).structured_outputs == StructuredOutput(want.kind, want.value)

@@ -1,8 +1,8 @@
 """Structured outputs end to end: OpenAI's response_format (json_schema, json_object),
 vLLM's structured_outputs and guided_* on REST completions and chat, streamed or not, with
-n choices, and gRPC's structured_* fields. Each answer equals what an offline engine with
-the same StructuredOutput generates, and a finished one matches its spec; a bad spec is a
-400 / INVALID_ARGUMENT naming its field.
+n choices, and gRPC's structured_* fields (structured_any_whitespace too). Each answer
+equals what an offline engine with the same StructuredOutput generates, and a finished one
+matches its spec; a bad spec is a 400 / INVALID_ARGUMENT naming its field.
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from replica.sampling_params import SamplingParams
-from replica.structured_spec import StructuredOutput
+from replica.structured_spec import FREE_WHITESPACE, StructuredOutput
 from router.proto import lorafleet_pb2 as pb
 from tests.integration.serve.cluster_fixture import offline_outputs
 from tests.integration.serve.sampling.test_sampling_api import PROMPT, create
@@ -86,6 +86,23 @@ def test_grpc_structured_fields_equal_rest(cluster):
         list(stub.Generate(bad, metadata=meta))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details().startswith("structured_regex: Regex parsing error")
+
+
+def test_grpc_any_whitespace_equals_offline_and_needs_a_json_field(cluster):
+    stub, meta = cluster.grpc_stub(), cluster.grpc_auth()
+    req = pb.GenerateRequest(model="demo-poet", prompt=PROMPT, max_tokens=MAX, temperature=0.0,
+                             structured_json_schema=json.dumps(SCHEMA),
+                             structured_any_whitespace=True)  # fmt: skip
+    text = "".join(c.text for c in stub.Generate(req, metadata=meta))
+    spec = StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True), FREE_WHITESPACE)
+    assert text == _offline(cluster, spec)
+    alone = pb.GenerateRequest(model="demo-poet", prompt=PROMPT, structured_any_whitespace=True)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(alone, metadata=meta))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith(
+        "structured_any_whitespace: given alone; allowed: true only"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,144 @@
+"""replica.structured_spec's free whitespace: which kinds take it, what vLLM's
+disable_any_whitespace asks for, and the grammar it compiles to (at most FREE_WHITESPACE
+whitespace characters in each gap between JSON tokens, none by default), cached apart
+from the compact grammar of the same schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from replica.structured import Grammars
+from replica.structured_spec import (
+    FREE_WHITESPACE,
+    MAX_WHITESPACE,
+    StructuredOutput,
+    structured_outputs_of,
+)
+
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["a", "b"],
+    }
+)
+SPECS = {
+    "json": StructuredOutput("json", SCHEMA),
+    "json_object": StructuredOutput("json_object"),
+    "regex": StructuredOutput("regex", "a+"),
+    "choice": StructuredOutput("choice", ("a", "b")),
+    "grammar": StructuredOutput("grammar", 'root ::= "a"'),
+}
+
+
+def _with(spec: StructuredOutput, whitespace) -> StructuredOutput:
+    return StructuredOutput(spec.kind, spec.value, whitespace)
+
+
+@pytest.mark.parametrize("kind", ["json", "json_object"])
+@pytest.mark.parametrize("whitespace", [0, 1, FREE_WHITESPACE, MAX_WHITESPACE])
+def test_json_kinds_take_whitespace(kind, whitespace):
+    spec = _with(SPECS[kind], whitespace)
+    assert spec.whitespace == whitespace
+    spec.grammar()  # compiles without a tokenizer
+
+
+@pytest.mark.parametrize("kind", ["regex", "choice", "grammar"])
+def test_other_kinds_refuse_whitespace(kind):
+    _with(SPECS[kind], 0)
+    with pytest.raises(ValueError) as e:
+        _with(SPECS[kind], FREE_WHITESPACE)
+    assert str(e.value) == (
+        f"whitespace={FREE_WHITESPACE} with a {kind} spec; allowed: 0 (free whitespace is for "
+        "json and json_object only: a regex, choice or grammar says its own)"
+    )
+
+
+@pytest.mark.parametrize("whitespace", [-1, MAX_WHITESPACE + 1, True, 2.0, "20"])
+def test_whitespace_out_of_range_is_refused(whitespace):
+    with pytest.raises(
+        ValueError, match=f"^whitespace={whitespace!r}; allowed: an integer 0 to 64"
+    ):
+        _with(SPECS["json"], whitespace)
+
+
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ({"json_object": True, "disable_any_whitespace": False}, StructuredOutput("json_object", whitespace=FREE_WHITESPACE)),
+        ({"json": SCHEMA, "disable_any_whitespace": False}, StructuredOutput("json", json.dumps(json.loads(SCHEMA), sort_keys=True), FREE_WHITESPACE)),
+        ({"json": SCHEMA, "disable_any_whitespace": True}, StructuredOutput("json", json.dumps(json.loads(SCHEMA), sort_keys=True))),
+        ({"json_object": True, "disable_any_whitespace": None}, StructuredOutput("json_object")),
+        ({"regex": "a", "disable_any_whitespace": True}, StructuredOutput("regex", "a")),
+    ],
+)  # fmt: skip
+def test_disable_any_whitespace_false_asks_for_free_whitespace(value, want):
+    assert structured_outputs_of(value) == want
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"regex": "a", "disable_any_whitespace": False},
+         "structured_outputs.disable_any_whitespace: false applies to json and json_object only; "
+         "allowed with regex: true or null"),
+        ({"choice": ["a"], "disable_any_whitespace": False},
+         "structured_outputs.disable_any_whitespace: false applies to json and json_object only; "
+         "allowed with choice: true or null"),
+        ({"json_object": True, "disable_any_whitespace": "no"},
+         "structured_outputs.disable_any_whitespace: allowed: true, false or null"),
+        ({"json_object": True, "disable_any_whitespace": 0},
+         "structured_outputs.disable_any_whitespace: allowed: true, false or null"),
+    ],
+)  # fmt: skip
+def test_disable_any_whitespace_refusals_name_the_field(value, message):
+    with pytest.raises(ValueError) as e:
+        structured_outputs_of(value)
+    assert str(e.value) == message
+
+
+@pytest.fixture(scope="module")
+def grammars(llama_dir):
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    return Grammars(tok, len(tok), [tok.eos_token_id])
+
+
+def _accepts(grammars: Grammars, spec: StructuredOutput, text: str) -> bool:
+    """Whether spec's grammar takes text, whole (then EOS)."""
+    m = grammars.matcher(spec)
+    return m.accept_string(text) and m.accept_token(grammars.stop_ids[0])
+
+
+def test_free_whitespace_is_bounded_in_each_gap(grammars):
+    value = {"a": 1, "b": ["x", "y"]}
+    compact, free = SPECS["json"], _with(SPECS["json"], FREE_WHITESPACE)
+    pretty = json.dumps(value, indent=2)
+    assert _accepts(grammars, compact, json.dumps(value))  # one space after ':' and ','
+    assert not _accepts(grammars, compact, pretty)
+    assert _accepts(grammars, free, pretty)
+    assert _accepts(grammars, free, json.dumps(value, separators=(",", ":")))
+    n = FREE_WHITESPACE
+    tabs = "{" + "\t" * n + '"a"' + " " * n + ":" + "\n" * n + '1,"b":[]' + "\r\n" * (n // 2) + "}"
+    assert _accepts(grammars, free, tabs)  # each gap holds up to n, of any whitespace
+    assert not _accepts(grammars, free, "{" + " " * (n + 1) + '"a":1,"b":[]}')
+    assert not _accepts(grammars, free, '{"a":1,"b":[' + "\n" * (n + 1) + "]}")
+    assert not _accepts(grammars, free, ' {"a":1,"b":[]}')  # none before the value
+    assert not _accepts(grammars, free, '{"a":1,"b":[]}\n')  # nor after it
+    obj = _with(SPECS["json_object"], FREE_WHITESPACE)
+    assert _accepts(grammars, obj, json.dumps({"k": [{"x": None}]}, indent=4))
+    assert not _accepts(grammars, SPECS["json_object"], json.dumps({"k": 1}, indent=4))
+
+
+def test_the_grammar_cache_keys_on_whitespace(grammars):
+    compact, free = SPECS["json_object"], _with(SPECS["json_object"], FREE_WHITESPACE)
+    a, b = grammars.compile(compact), grammars.compile(free)
+    assert a is not b
+    assert grammars.compile(_with(SPECS["json_object"], FREE_WHITESPACE)) is b
+    assert grammars.compile(StructuredOutput("json_object")) is a
+    assert not _accepts(grammars, compact, '{\n"k": 1}') and _accepts(grammars, free, '{\n"k": 1}')
