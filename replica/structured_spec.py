@@ -157,7 +157,10 @@ def parse_json_schema(schema: object) -> str:
             raise ValueError("not valid JSON; allowed: a JSON schema") from None
     if not isinstance(schema, dict):
         raise ValueError(f"got {type(schema).__name__}; allowed: a JSON schema object")
-    return json.dumps(schema, sort_keys=True)
+    # keys keep the client's order: a schema's properties are generated in that order
+    # ("reasoning" before "answer" is why a client orders them), so sorting them changed
+    # what a model wrote
+    return json.dumps(schema)
 
 
 def checked(field: str, spec: StructuredOutput) -> StructuredOutput:

@@ -31,9 +31,9 @@ def chat(**fields):
         ({"response_format": {"type": "json_object"}}, StructuredOutput("json_object")),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},
-            StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True)),
+            StructuredOutput("json", json.dumps(SCHEMA)),
         ),
-        ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))),
+        ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, StructuredOutput("json", json.dumps(SCHEMA))),
         ({"structured_outputs": {"regex": "[a-z]+", "backend": "xgrammar"}}, StructuredOutput("regex", "[a-z]+")),
         ({"structured_outputs": {"choice": ["a", "b"], "disable_any_whitespace": True}}, StructuredOutput("choice", ("a", "b"))),
         ({"structured_outputs": {"grammar": 'root ::= "x"'}}, StructuredOutput("grammar", 'root ::= "x"')),
@@ -41,10 +41,10 @@ def chat(**fields):
         ({"structured_outputs": {"json_object": True, "disable_any_whitespace": False}},
          StructuredOutput("json_object", whitespace=FREE_WHITESPACE)),
         ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": False}},
-         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True), FREE_WHITESPACE)),
+         StructuredOutput("json", json.dumps(SCHEMA), FREE_WHITESPACE)),
         ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": None}},
-         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))),
-        ({"guided_json": SCHEMA, "guided_decoding_backend": "auto"}, StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))),
+         StructuredOutput("json", json.dumps(SCHEMA))),
+        ({"guided_json": SCHEMA, "guided_decoding_backend": "auto"}, StructuredOutput("json", json.dumps(SCHEMA))),
         ({"guided_regex": "a|b"}, StructuredOutput("regex", "a|b")),
         ({"guided_choice": ["yes", "no"]}, StructuredOutput("choice", ("yes", "no"))),
         ({"guided_grammar": 'root ::= "y"'}, StructuredOutput("grammar", 'root ::= "y"')),
@@ -120,7 +120,7 @@ def test_grpc_fields():
     )
     assert params(structured_json_object=True).structured_outputs == StructuredOutput("json_object")
     got = params(structured_json_schema=json.dumps(SCHEMA)).structured_outputs
-    assert got == StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True))
+    assert got == StructuredOutput("json", json.dumps(SCHEMA))
     for fields, message in [
         ({"structured_regex": "a("}, "structured_regex: Regex parsing error"),
         (
@@ -149,7 +149,7 @@ def test_grpc_any_whitespace_is_field_30_and_asks_free_whitespace():
     for fields, want in [
         ({"structured_json_object": True}, StructuredOutput("json_object", whitespace=FREE_WHITESPACE)),
         ({"structured_json_schema": json.dumps(SCHEMA)},
-         StructuredOutput("json", json.dumps(SCHEMA, sort_keys=True), FREE_WHITESPACE)),
+         StructuredOutput("json", json.dumps(SCHEMA), FREE_WHITESPACE)),
     ]:  # fmt: skip
         req = pb.GenerateRequest(model="m", prompt="x", structured_any_whitespace=True, **fields)
         wire = pb.GenerateRequest.FromString(req.SerializeToString())
