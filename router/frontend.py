@@ -16,6 +16,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +41,9 @@ from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
-from router.tools import PARSERS
+from router.tools import PARSERS, template_renders_tools
 
+log = logging.getLogger("lorafleet.router")
 Dispatch = Callable[[GenerateCall], AsyncGenerator[RequestOutput, None]]
 VERSION_RETRIES = 1
 PREFIX_CACHE_SCOPES = ("tenant", "shared")
@@ -164,6 +166,12 @@ class Frontend:
         if tool_call_parser not in (None, *PARSERS):
             raise ValueError(f"tool_call_parser={tool_call_parser!r}; allowed: None or {PARSERS}")
         self.tool_call_parser = tool_call_parser
+        if tool_call_parser and not template_renders_tools(tokenizer.chat_template):
+            log.warning(
+                "tool_call_parser=%s, but the model's chat template never reads `tools`: "
+                "requests' tools will not reach the model (use a template that renders them)",
+                tool_call_parser,
+            )
         self.prefix_cache_scope = prefix_cache_scope
         self.tokenizer = tokenizer
         self.resolver = resolver

@@ -209,3 +209,12 @@ def _grammar_or_raise(plan: ToolPlan, at: int | None) -> StructuredOutput:
         raise ValueError(f"{where}: {e}") from None
     assert grammar is not None
     return grammar
+
+
+def template_renders_tools(template: object) -> bool:
+    """Whether a chat template (HF's chat_template: a string, or named templates) can
+    show the model its tools: one that never reads `tools` renders a request's tools as
+    nothing, and the model calls blind. Example: "{{ messages }}" -> False."""
+    if isinstance(template, dict):
+        return any(template_renders_tools(t) for t in template.values())
+    return isinstance(template, str) and "tools" in template

@@ -7,13 +7,17 @@ naming the field."""
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 
 import pytest
+import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
 from replica.structured_spec import StructuredOutput
 from router.body_parse import parse_body
+from router.frontend import Frontend
 from router.openai_protocol import ChatCompletionRequest
 from router.tools import plan_of
 from tests.hf_reference import hf_greedy
@@ -89,7 +93,8 @@ def calls_of(message: dict) -> list[tuple[str, dict]]:
 
 def hf_text(engine, llama_dir, prompt: list[int], spec: StructuredOutput) -> str:
     """HF's greedy output under an xgrammar matcher of spec, decoded (EOS dropped)."""
-    mask = _GrammarMask(engine, spec, len(prompt))
+    grammar = xgr.Grammar.from_json_schema(spec.value, any_whitespace=False)  # xgrammar's own
+    mask = _GrammarMask(engine, grammar, len(prompt))
     ids = hf_greedy(
         llama_dir, None, prompt, max_new_tokens=GREEDY["max_tokens"], logits_processor=[mask],
         eos_token_id=sorted(engine.eos_ids),
@@ -246,3 +251,15 @@ def test_bad_tool_bodies_are_400s_naming_the_field(fields, param, message):
     with pytest.raises(InvalidRequest) as e:
         parse_body(ChatCompletionRequest, body)
     assert message in str(e.value) and (e.value.param or "").startswith(param)
+
+
+def test_a_parser_over_a_template_without_tools_is_warned_of(engine, caplog):
+    tokenizer = copy.deepcopy(engine.tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with caplog.at_level(logging.WARNING, logger="lorafleet.router"):
+        Frontend(tokenizer, None, None, 64, tool_call_parser="hermes")
+    assert "never reads `tools`" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lorafleet.router"):
+        Frontend(engine.tokenizer, None, None, 64, tool_call_parser="hermes")
+    assert "never reads" not in caplog.text

@@ -12,7 +12,14 @@ import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
 from router.tool_calls import CallArray, HermesCalls, NamedCall, joined, whole_message
-from router.tools import NO_PARAMETERS, Tool, ToolPlan, plan_of, tools_of
+from router.tools import (
+    NO_PARAMETERS,
+    Tool,
+    ToolPlan,
+    plan_of,
+    template_renders_tools,
+    tools_of,
+)
 
 WEATHER = {
     "type": "function",
@@ -247,3 +254,10 @@ def test_plain_plans_read_nothing():
     assert plan_of(None, None, None).stream("hermes") is None
     assert plan_of([WEATHER], "none", None).stream("hermes") is None
     assert ToolPlan((), "auto").stream("hermes") is None
+
+
+def test_a_template_that_never_reads_tools_is_told_apart():
+    assert template_renders_tools("{% for t in tools %}{{ t }}{% endfor %}")
+    assert template_renders_tools({"default": "{{ messages }}", "tool_use": "{{ tools }}"})
+    assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert not template_renders_tools(None)
