@@ -10,6 +10,7 @@ LoRA-affinity request router (and the LoRA autoscaling policy when `autoscaling`
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Literal
@@ -25,7 +26,7 @@ from pydantic import (
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from cluster.client import check_url
+from cluster.client import check_url, redact
 from cluster.keys import Keys, check_name
 from cluster.records import ServedBase
 from cluster.registry import MAX_LORA_RANK
@@ -123,6 +124,10 @@ class ClusterArgs(BaseModel):
     """The registry ("" = start a local redis-server on 127.0.0.1 for the cluster)."""
     redis_port: int | None = Field(None, ge=1, le=65535)
     """Port of that local redis-server (None = a free one)."""
+    redis_data_dir: str = ""
+    """An absolute directory (made if missing) where that local redis-server keeps the
+    registry (AOF, fsync every second) and its password across cluster restarts ("" = in
+    memory: what is registered goes when the Ray cluster stops)."""
     namespace: str = "lorafleet"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"
@@ -200,6 +205,15 @@ class ClusterArgs(BaseModel):
     def _redis_url(cls, url: str) -> str:
         return check_url(url) if url else url
 
+    @field_validator("redis_data_dir")
+    @classmethod
+    def _redis_data_dir(cls, path: str) -> str:
+        if path and not os.path.isabs(path):
+            raise ValueError(f"{path!r} is relative; allowed: an absolute directory")
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ValueError(f"{path!r} is not a directory; allowed: a directory, or no file")
+        return path
+
     @field_validator("served_model_name")
     @classmethod
     def _served_name(cls, name: str) -> str:
@@ -246,6 +260,11 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"redis_port={self.redis_port} with redis_url; allowed: redis_port only "
                 "without redis_url (the port of the local redis-server started then)"
+            )
+        if self.redis_data_dir and self.redis_url:
+            raise ValueError(
+                f"redis_data_dir={self.redis_data_dir!r} with redis_url; allowed: redis_data_dir "
+                "only without redis_url (the data directory of the local redis-server started then)"
             )
         if self.hot_queue_len > self.overload_queue_len:
             raise ValueError("hot_queue_len must be <= overload_queue_len")
@@ -348,22 +367,30 @@ def refuse_shadowed_adapter(redis_url: str, namespace: str, base_name: str) -> N
     raise ops.served_shadows(base_name, state)
 
 
+def local_registry(cfg: ClusterArgs) -> str:
+    """The URL of the cluster's local redis-server (started on first use), announced on
+    stderr: operators need it for the admin CLI (its port is picked at start unless
+    redis_port is set). Its password goes to no log; the line names the file holding the
+    whole URL, which only the cluster's user may read."""
+    from deploy.local_redis import ensure_local_redis, local_redis_url_file
+
+    redis_url = ensure_local_redis(cfg.redis_port, cfg.redis_data_dir)
+    url_file = shlex.quote(local_redis_url_file())
+    print(
+        f"lorafleet: local registry at {redact(redis_url)} "
+        f'(export LORAFLEET_REDIS_URL="$(cat {url_file})")',
+        file=sys.stderr,
+        flush=True,
+    )
+    return redis_url
+
+
 def build_app(args: dict) -> serve.Application:
     """The Serve app for cluster.yaml's args (see ClusterArgs)."""
     cfg = parse_args(args)
     model_dir, demo_adapters = prepare_model(cfg)
     check_model_fits(engine_config(cfg, model_dir))  # before anything starts
-    redis_url = cfg.redis_url
-    if not redis_url:
-        from deploy.local_redis import ensure_local_redis
-
-        redis_url = ensure_local_redis(cfg.redis_port)
-        # Operators need this URL for the admin CLI; it is picked at start unless redis_port is set.
-        print(
-            f"lorafleet: local registry at {redis_url} (export LORAFLEET_REDIS_URL={redis_url})",
-            file=sys.stderr,
-            flush=True,
-        )
+    redis_url = cfg.redis_url or local_registry(cfg)
     refuse_shadowed_adapter(redis_url, cfg.namespace, served_model_name(cfg, model_dir))
     if demo_adapters and cfg.register_demo_adapters:
         served = ServedBase.from_model_dir(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,12 @@ def test_redact_hides_password():
     assert redact("redis://:s3cret@h:1/0") == "redis://:***@h:1/0"
     assert redact("redis://u:s3cret@h:1/0") == "redis://u:***@h:1/0"
     assert redact("redis://h:1/0") == "redis://h:1/0"
+    # the local redis-server's URL (a secrets.token_urlsafe password), and a password
+    # holding the URL's own separators
+    token = secrets.token_urlsafe(32)
+    assert redact(f"redis://:{token}@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    assert redact("redis://u:a:b@c@h:1/0") == "redis://u:***@h:1/0"
+    assert redact("rediss://:s3cret@[::1]:1/0") == "rediss://:***@[::1]:1/0"
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,14 @@ def test_defaults_match_cluster_yaml():
         # ignored without a word
         ({"max_queued_requests": 0}, "max_queued_requests: 0; allowed: -1"),
         ({"redis_url": "redis://h:1/0", "redis_port": 6390}, "redis_port=6390 with redis_url"),
+        # the data directory of a local redis-server, which a given redis_url starts none of
+        (
+            {"redis_url": "redis://:pw@h:1/0", "redis_data_dir": "/srv/r"},
+            "cluster args: redis_data_dir='/srv/r' with redis_url; allowed: redis_data_dir "
+            "only without redis_url (the data directory of the local redis-server started then)",
+        ),
+        # the actor that makes it runs in another working directory
+        ({"redis_data_dir": "data"}, "redis_data_dir: 'data' is relative; allowed: an absolute"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):
@@ -152,3 +160,17 @@ def test_tensor_parallel_takes_one_gpu_per_rank_or_the_cpu():
         parse_args({"tensor_parallel_size": 2, "num_gpus_per_replica": 2}).tensor_parallel_size == 2
     )
     assert parse_args({"tensor_parallel_size": 2}).num_gpus_per_replica == 0
+
+
+def test_redis_data_dir_is_a_directory_or_nothing_yet(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InvalidRequest) as e:
+        parse_args({"redis_data_dir": str(tmp_path / "f")})
+    assert str(e.value) == (
+        f"cluster args: redis_data_dir: {str(tmp_path / 'f')!r} is not a directory; "
+        "allowed: a directory, or no file"
+    )
+    for ok in (tmp_path, tmp_path / "new" / "dir"):
+        assert parse_args({"redis_data_dir": str(ok)}).redis_data_dir == str(ok)
+    assert not (tmp_path / "new").exists()  # made by the local redis-server, at start
+    assert parse_args({}).redis_data_dir == ""
