@@ -151,6 +151,9 @@ class ClusterArgs(BaseModel):
     (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen 2.5 / 3
     and the demo's template write them); None refuses "auto" with tools (named and
     "required" calls need no parser: a grammar forces them)."""
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    """How chat splits a reasoning model's thinking (<think>...</think>) from its answer
+    into `reasoning_content` (`router.reasoning`); None leaves it in `content`."""
     adapter_roots: tuple[str, ...] = ()
     """Absolute directories POST /v1/load_lora_adapter may register adapters from (their
     real paths, symlinks resolved; () = any absolute path). The admin CLI, which talks to
@@ -475,6 +478,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_loras=cfg.max_loras,
         max_request_bytes=cfg.max_request_bytes,
         tool_call_parser=cfg.tool_call_parser,
+        reasoning_parser=cfg.reasoning_parser,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

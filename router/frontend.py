@@ -41,6 +41,7 @@ from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
+from router.reasoning import PARSERS as REASONING_PARSERS
 from router.tools import PARSERS, template_renders_tools
 
 log = logging.getLogger("lorafleet.router")
@@ -151,6 +152,8 @@ class Frontend:
     prefix_cache_scope: who shares prefix-cache blocks (`cache_salt_of`).
     tool_call_parser: how chat's tool_choice "auto" reads calls in the output
     (`router.tools.PARSERS`; None: "auto" with tools is refused).
+    reasoning_parser: how chat answers split a reasoning model's thinking into
+    `reasoning_content` (`router.reasoning.PARSERS`; None: not split).
     """
 
     def __init__(
@@ -161,11 +164,17 @@ class Frontend:
         max_model_len: int,
         prefix_cache_scope: str = "tenant",
         tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ):
         cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
         if tool_call_parser not in (None, *PARSERS):
             raise ValueError(f"tool_call_parser={tool_call_parser!r}; allowed: None or {PARSERS}")
         self.tool_call_parser = tool_call_parser
+        if reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(
+                f"reasoning_parser={reasoning_parser!r}; allowed: None or {REASONING_PARSERS}"
+            )
+        self.reasoning_parser = reasoning_parser
         if tool_call_parser and not template_renders_tools(tokenizer.chat_template):
             log.warning(
                 "tool_call_parser=%s, but the model's chat template never reads `tools`: "

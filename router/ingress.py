@@ -68,7 +68,8 @@ class IngressSettings:
     Redis restarted empty gets it back). max_request_bytes: the largest request body
     read (a larger one is a 413, refused by its Content-Length before it is read, or
     as soon as a body streamed without one passes the limit). tool_call_parser: how
-    chat's tool_choice "auto" reads calls (`router.tools.PARSERS`; None refuses "auto")."""
+    chat's tool_choice "auto" reads calls (`router.tools.PARSERS`; None refuses "auto").
+    reasoning_parser: how chat splits thinking into reasoning_content (None: not)."""
 
     model_dir: str
     served_model_name: str
@@ -84,6 +85,7 @@ class IngressSettings:
     served_republish_s: float = SERVED_REPUBLISH_S
     max_request_bytes: int = MAX_REQUEST_BYTES
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -205,6 +207,7 @@ class LoraIngress(GrpcInferenceMixin):
             max_len,
             settings.prefix_cache_scope,
             settings.tool_call_parser,
+            settings.reasoning_parser,
         )
 
     async def __del__(self) -> None:

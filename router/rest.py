@@ -20,9 +20,10 @@ so each stream's first chunk has the scores to echo. A prompt `truncate_prompt_t
 cut is truncated here, before anything reads it (the length checks, usage, echo, prompt
 scores), and echoed as its kept tokens decoded, so the echo and its logprobs agree.
 
-A chat with tools whose `tool_choice` reads calls (`router.tools.ToolPlan.stream`) sends
-each choice's text through its reader (`router.tool_calls`): a stream's chunks are the
-reader's deltas, a whole response's message their join, so the two agree.
+A chat whose text is read, for tool calls (`router.tools`) or a reasoning model's
+thinking (`router.reasoning`), sends each choice's text through a `router.chat_reader`:
+a stream's chunks are the reader's deltas, a whole response's message their join, so
+the two agree.
 
 `prompt_logprobs` (vLLM's field; not streamed) returns the same scores in vLLM's shape
 (`router.prompt_logprobs`): on each completion choice, of its own prompt, and on a chat
@@ -41,6 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
 from replica.sampling_params import kept_prompt
+from router.chat_reader import ChatReader, reader_of
 from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.fanout import all_or_first_error, close_all, merge_streams
@@ -59,7 +61,6 @@ from router.openai_responses import (
     usage_chunk,
 )
 from router.prompt_logprobs import prompt_logprobs_json
-from router.tool_calls import ToolStream, whole_message
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -375,11 +376,10 @@ async def chat_completions(
         except Exception as e:
             return error_response(e)
         messages = None
-        if plan.stream(front.tool_call_parser) is not None:
+        if _chat_reader(front, req) is not None:
             messages = []
             for w in wholes:
-                stream = plan.stream(front.tool_call_parser)
-                message, w.finish_reason = whole_message(stream, w.text, w.finish_reason)
+                message, w.finish_reason = _chat_reader(front, req).whole(w.text, w.finish_reason)
                 messages.append(message)
         body = chat_body(head, wholes, total_usage(usages), req.logprobs, messages)
         if req.returns_prompt_logprobs:  # on the response, as vLLM's chat has it
@@ -393,7 +393,7 @@ async def chat_completions(
 
 async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, head: Head):
     readers = [_reader(front, req.logprobs, req.skip_special_tokens) for _ in started]
-    tools = [req.tool_plan.stream(front.tool_call_parser) for _ in started]
+    chats = [_chat_reader(front, req) for _ in started]
     usages = [Usage() for _ in started]
     try:
         for i in range(len(started)):  # each choice's first chunk names the role (as vLLM)
@@ -401,8 +401,8 @@ async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, hea
         async with aclosing(_merged(started)) as merged:
             async for i, out in merged:
                 p = piece_of(out, readers[i])
-                if tools[i] is not None:
-                    for chunk in _tool_chunks(head, i, tools[i], p, req.logprobs):
+                if chats[i] is not None:
+                    for chunk in _read_chunks(head, i, chats[i], p, req.logprobs):
                         yield sse(chunk)
                 else:
                     # "content" even when empty (a token that ends inside a UTF-8 character,
@@ -418,13 +418,18 @@ async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, hea
     yield sse("[DONE]")
 
 
-def _tool_chunks(
-    head: Head, index: int, stream: ToolStream, p: Piece, want_logprobs: bool
+def _chat_reader(front: Frontend, req: ChatCompletionRequest) -> ChatReader | None:
+    """A fresh reader of one choice's text (None: the text is sent as it comes)."""
+    return reader_of(req.tool_plan, req.structured, front.tool_call_parser, front.reasoning_parser)
+
+
+def _read_chunks(
+    head: Head, index: int, stream: ChatReader, p: Piece, want_logprobs: bool
 ) -> list[dict]:
-    """The chunks of one output of a choice whose text is read for tool calls: a chunk
-    per delta the reader sends (none while it holds text back), the output's logprobs
-    on the first, its finish reason on the last (an empty delta carries them when the
-    reader sent nothing, as OpenAI's last chunk has)."""
+    """The chunks of one output of a choice whose text is read (reasoning, tool calls):
+    a chunk per delta the reader sends (none while it holds text back), the output's
+    logprobs on the first, its finish reason on the last (an empty delta carries them
+    when the reader sent nothing, as OpenAI's last chunk has)."""
     deltas = stream.feed(p.text) + (stream.end() if p.finish_reason else [])
     finish = stream.finish_reason(p.finish_reason)
     if not deltas and (p.logprobs or finish is not None):

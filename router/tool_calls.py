@@ -196,31 +196,3 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return item["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-def joined(deltas: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
-    """A whole message's (content, tool_calls) from its deltas: content None when the
-    message called tools and said nothing else (OpenAI's)."""
-    text = "".join(d.get("content", "") for d in deltas)
-    calls: list[dict[str, Any]] = []
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if "id" in c:
-                calls.append({k: v for k, v in c.items() if k != "index"})
-                calls[-1]["function"] = dict(c["function"])
-            else:
-                calls[c["index"]]["function"]["arguments"] += c["function"]["arguments"]
-    if calls and not text.strip():
-        return None, calls
-    return text, calls
-
-
-def whole_message(
-    stream: ToolStream, text: str, finish_reason: str | None
-) -> tuple[dict[str, Any], str | None]:
-    """A non-streamed choice's message and finish reason: the stream's deltas, joined."""
-    content, calls = joined(stream.feed(text) + stream.end())
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    return message, stream.finish_reason(finish_reason)

@@ -15,10 +15,14 @@ from tests.unit.router.test_frontend_auth import BASE, FakeRegistry
 
 @contextlib.contextmanager
 def served_frontend(
-    engine: LLMEngine, max_model_len: int | None = None, tool_call_parser: str | None = None
+    engine: LLMEngine,
+    max_model_len: int | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> Iterator[Frontend]:
     """A Frontend (no auth, base model BASE) whose requests engine runs; max_model_len:
-    the Frontend's context (default the engine's); tool_call_parser: the Frontend's."""
+    the Frontend's context (default the engine's); tool_call_parser, reasoning_parser:
+    the Frontend's."""
     front_end = AsyncEngine(engine.config, engine)
 
     async def dispatch(call):  # as replica.deployment calls it
@@ -33,7 +37,12 @@ def served_frontend(
     try:
         max_len = max_model_len or engine.max_model_len
         yield Frontend(
-            engine.tokenizer, resolver, dispatch, max_len, tool_call_parser=tool_call_parser
+            engine.tokenizer,
+            resolver,
+            dispatch,
+            max_len,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
         )
     finally:
         front_end.shutdown()

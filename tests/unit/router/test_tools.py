@@ -1,4 +1,4 @@
-"""router.tools and router.tool_calls, pure logic: tools and tool_choice read into a plan, its forcing grammar,
+"""router.tools, router.tool_calls and router.chat_reader, pure logic: tools and tool_choice read into a plan, its forcing grammar,
 and the readers that turn generated text into chat deltas, fed in random pieces (a
 stream) or whole (a response) with the same result."""
 
@@ -11,7 +11,8 @@ import pytest
 import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
-from router.tool_calls import CallArray, HermesCalls, NamedCall, joined, whole_message
+from router.chat_reader import ChatReader, joined
+from router.tool_calls import CallArray, HermesCalls, NamedCall
 from router.tools import (
     NO_PARAMETERS,
     Tool,
@@ -151,7 +152,12 @@ def _pieces(text: str, rng: random.Random) -> list[str]:
 def _read(make, text: str, seed: int) -> tuple[str | None, list[dict]]:
     stream = make()
     deltas = [d for piece in _pieces(text, random.Random(seed)) for d in stream.feed(piece)]
-    return joined(deltas + stream.end())
+    message = joined(deltas + stream.end())
+    return message["content"], message.get("tool_calls", [])
+
+
+def whole_message(stream, text: str, finish: str | None):
+    return ChatReader(tools=stream).whole(text, finish)
 
 
 def _calls(calls: list[dict]) -> list[tuple[str, dict]]:
