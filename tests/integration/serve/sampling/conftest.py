@@ -10,6 +10,11 @@ from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), num_replicas=1, tool_call_parser="hermes")
+    c = start_cluster(
+        tmp_path_factory.mktemp("cluster"),
+        num_replicas=1,
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+    )
     yield c
     stop_cluster(c)

@@ -1,7 +1,8 @@
-"""Tool calling end to end, through the OpenAI client: a named call and a "required" one
+"""Tool calling and reasoning end to end, through the OpenAI client: a named call and a "required" one
 (streamed, joined as the client joins deltas, equal to the whole response), and "auto"
 read by the cluster's tool_call_parser (hermes). That each forced call is HF's greedy
-output under its grammar is tests/unit/router/test_rest_tools.py's.
+output under its grammar is tests/unit/router/test_rest_tools.py's. A reasoning model's
+thinking (reasoning_parser qwen3) comes apart from its answer.
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """
@@ -9,10 +10,12 @@ One app with one replica, shared with this package's other modules (conftest.py)
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tests.integration.serve.sampling.test_sampling_api import create
+from tests.unit.router.test_reasoning import THINKING
 from tests.unit.router.test_rest_tools import CITY, HERMES_REGEX
 from tests.unit.router.test_tools import CLOCK
 
@@ -60,3 +63,14 @@ def test_auto_reads_the_calls_the_model_writes(cluster):
     assert choice.message.content == "Sure. " and choice.finish_reason == "tool_calls"
     [(name, arguments)] = _calls(choice.message)
     assert name == "get_weather" and set(arguments) == {"city"}
+
+
+def test_thinking_is_split_from_the_answer(cluster):
+    # the package's cluster runs reasoning_parser qwen3; a regex makes the model think
+    r = create(cluster, "chat", max_tokens=120, temperature=0,
+               extra_body={"structured_outputs": {"regex": THINKING}})  # fmt: skip
+    message = r.choices[0].message
+    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,2}", message.reasoning_content)
+    assert re.fullmatch(r"\n[a-z]{2,8}", message.content)
+    plain = create(cluster, "chat", max_tokens=4, temperature=0).choices[0].message
+    assert plain.reasoning_content is None and plain.content
