@@ -120,7 +120,7 @@ class ClusterArgs(BaseModel):
     """A local HF model directory, or "demo": generate the tiny demo model + adapters."""
     served_model_name: str = ""
     """The base model's id in `model` fields ("" = the model directory's name)."""
-    redis_url: str = ""
+    redis_url: str = Field("", repr=False)  # may hold a password: kept out of reprs
     """The registry ("" = start a local redis-server on 127.0.0.1 for the cluster)."""
     redis_port: int | None = Field(None, ge=1, le=65535)
     """Port of that local redis-server (None = a free one)."""

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
@@ -59,7 +59,7 @@ class ReplicaSettings:
     """
 
     engine: EngineConfig
-    redis_url: str = ""
+    redis_url: str = field(default="", repr=False)  # may hold a password: kept out of reprs
     namespace: str = "lorafleet"
     pool: str = "mixed"
     served_model_name: str = ""

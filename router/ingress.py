@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -73,7 +73,7 @@ class IngressSettings:
 
     model_dir: str
     served_model_name: str
-    redis_url: str
+    redis_url: str = field(repr=False)  # may hold a password: kept out of reprs
     namespace: str = "lorafleet"
     auth: bool = False
     admin_key: str = ""

@@ -14,7 +14,7 @@ from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from replica.structured import unpack_bitmask
-from replica.structured_spec import StructuredOutput
+from replica.structured_spec import FREE_WHITESPACE, StructuredOutput
 
 pytestmark = pytest.mark.gpu
 
@@ -27,6 +27,7 @@ SPECS = [
     StructuredOutput("regex", r"[a-z]{2,5}( [a-z]{2,5}){0,2}"),
     StructuredOutput("choice", ("alpha", "beta", "gamma")),
     StructuredOutput("json_object"),
+    StructuredOutput("json", json.dumps(SCHEMA), FREE_WHITESPACE),
 ]
 
 

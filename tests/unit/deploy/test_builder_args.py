@@ -174,3 +174,18 @@ def test_redis_data_dir_is_a_directory_or_nothing_yet(tmp_path):
         assert parse_args({"redis_data_dir": str(ok)}).redis_data_dir == str(ok)
     assert not (tmp_path / "new").exists()  # made by the local redis-server, at start
     assert parse_args({}).redis_data_dir == ""
+
+
+def test_settings_reprs_keep_the_redis_password_out():
+    from replica.config import EngineConfig
+    from replica.deployment import ReplicaSettings
+    from router.ingress import IngressSettings
+
+    url = "redis://:s3cret-pw@127.0.0.1:6379/0"
+    settings = [
+        ClusterArgs(redis_url=url),
+        IngressSettings(model_dir="m", served_model_name="b", redis_url=url),
+        ReplicaSettings(engine=EngineConfig(model="m"), redis_url=url),
+    ]
+    for s in settings:
+        assert s.redis_url == url and "s3cret-pw" not in repr(s), type(s).__name__
