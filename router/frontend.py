@@ -16,6 +16,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -247,7 +248,9 @@ class Frontend:
         options: apply_chat_template's keyword arguments (default: add_generation_prompt;
         `router.chat_options.ChatTemplateFields.template_options`)."""
         options = {"add_generation_prompt": True} if options is None else options
-        self.check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+        chars = sum(len(m["content"]) for m in messages)
+        chars += sum(len(json.dumps(t)) for t in tools or ())  # the template writes them too
+        self.check_prompt_chars(chars, "messages")
         try:
             ids = await self._off_loop(
                 self._encoder.apply_chat_template,

@@ -263,3 +263,12 @@ def test_a_parser_over_a_template_without_tools_is_warned_of(engine, caplog):
     with caplog.at_level(logging.WARNING, logger="lorafleet.router"):
         Frontend(engine.tokenizer, None, None, 64, tool_call_parser="hermes")
     assert "never reads" not in caplog.text
+
+
+def test_tools_count_toward_what_cannot_fit_the_context(llama_dir):
+    engine = small_engine(llama_dir)
+    with served_frontend(engine, max_model_len=64, tool_call_parser="hermes") as front:
+        huge = {"type": "function", "function": {"name": "f", "description": "x" * 5000}}
+        status, body = post(front, "chat", {"messages": MESSAGES, "tools": [huge]})
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert "characters cannot fit the model's context of 64 tokens" in body["error"]["message"]
