@@ -4,7 +4,8 @@ The Serve gRPC proxy calls `Generate` / `ListModels` on the ingress by name; the
 methods share `Frontend` with REST, so resolution, auth, routing and the error table
 are the same. `n` choices are n engine requests, as on REST (`router.choices`), their
 chunks interleaved, each naming its choice; the first error of any choice ends the call
-and aborts the others. Errors set the status from `router.errors` on the Serve gRPC
+and aborts the others. A request's `messages` are rendered by the chat template, as
+REST's chat renders them. Errors set the status from `router.errors` on the Serve gRPC
 context and raise (a retry hint becomes the retry-after trailer in the proxy:
 `router.grpc_proxy`); a client cancel cancels this generator, which cancels the replica
 calls and aborts the requests in the engine.
@@ -13,10 +14,12 @@ calls and aborts the requests in the engine.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import numpy as np
+from pydantic import Field
 from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
@@ -24,10 +27,13 @@ from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
 from router.body_checks import check_cache_salt, check_max_tokens, check_top_count
+from router.body_parse import parse_body
+from router.chat_options import ChatTemplateFields
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
+from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
 from router.proto import lorafleet_pb2 as pb
 from router.structured_request import grpc_asks_grammar, grpc_structured
 
@@ -183,6 +189,42 @@ async def shared_prompt_scores(
         yield index, out, (scores if first else None)
 
 
+class GrpcChat(ChatTemplateFields):
+    """A GenerateRequest's messages, checked as REST's chat checks them."""
+
+    model_config = BODY_CONFIG
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+async def prompt_ids_of(front: Frontend, req: pb.GenerateRequest) -> tuple[int, ...]:
+    """The prompt's token ids: prompt (else prompt_token_ids) encoded, or messages
+    rendered by the chat template (with chat_template_kwargs_json's variables)."""
+    if not req.messages:
+        if req.chat_template_kwargs_json:
+            raise InvalidRequest(
+                "chat_template_kwargs_json: allowed only with messages", "chat_template_kwargs_json"
+            )
+        return await front.encode_prompt(req.prompt or list(req.prompt_token_ids))
+    if req.prompt or req.prompt_token_ids:
+        given = "prompt" if req.prompt else "prompt_token_ids"
+        raise InvalidRequest(
+            f"messages: given with {given}; allowed: one of prompt, prompt_token_ids and messages",
+            "messages",
+        )
+    body: dict = {"messages": [{"role": t.role, "content": t.content} for t in req.messages]}
+    if req.chat_template_kwargs_json:
+        try:
+            body["chat_template_kwargs"] = json.loads(req.chat_template_kwargs_json)
+        except ValueError:
+            raise InvalidRequest(
+                "chat_template_kwargs_json: not JSON; allowed: a JSON object",
+                "chat_template_kwargs_json",
+            ) from None
+    chat = parse_body(GrpcChat, body)
+    return await front.encode_chat(chat_dicts(chat.messages), None, chat.template_options())
+
+
 def choices_of(req: pb.GenerateRequest) -> int:
     """`n`, 0 meaning 1 (proto3's unset), as REST's 1..MAX_N."""
     try:
@@ -220,8 +262,7 @@ class GrpcInferenceMixin:
                     "model: required (an adapter name or the base model name)", "model"
                 )
             n = choices_of(request)
-            prompt = request.prompt or list(request.prompt_token_ids)
-            ids = await front.encode_prompt(prompt)
+            ids = await prompt_ids_of(front, request)
             if grpc_asks_grammar(request):  # its grammar is built off the event loop, as REST's
                 params = await asyncio.to_thread(sampling_of, request)
             else:
@@ -232,6 +273,7 @@ class GrpcInferenceMixin:
                 request.model,
                 ids,
                 params,
+                prompt_field="messages" if request.messages else "prompt",
                 max_tokens_sent=request.HasField("max_tokens"),
                 cache_salt=cache_salt_of_request(request),
             )

@@ -2,7 +2,8 @@
 (streamed, joined as the client joins deltas, equal to the whole response), and "auto"
 read by the cluster's tool_call_parser (hermes). That each forced call is HF's greedy
 output under its grammar is tests/unit/router/test_rest_tools.py's. A reasoning model's
-thinking (reasoning_parser qwen3) comes apart from its answer.
+thinking (reasoning_parser qwen3) comes apart from its answer. gRPC's messages answer as
+REST's chat does.
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """
@@ -14,7 +15,8 @@ import re
 
 import pytest
 
-from tests.integration.serve.sampling.test_sampling_api import create
+from router.proto import lorafleet_pb2 as pb
+from tests.integration.serve.sampling.test_sampling_api import MESSAGES, create
 from tests.unit.router.test_reasoning import THINKING
 from tests.unit.router.test_rest_tools import CITY, HERMES_REGEX
 from tests.unit.router.test_tools import CLOCK
@@ -74,3 +76,12 @@ def test_thinking_is_split_from_the_answer(cluster):
     assert re.fullmatch(r"\n[a-z]{2,8}", message.content)
     plain = create(cluster, "chat", max_tokens=4, temperature=0).choices[0].message
     assert plain.reasoning_content is None and plain.content
+
+
+def test_grpc_messages_answer_as_rest_chat(cluster):
+    rest = create(cluster, "chat", max_tokens=12, temperature=0)
+    turns = [pb.ChatTurn(role=m["role"], content=m["content"]) for m in MESSAGES]
+    req = pb.GenerateRequest(model="demo-poet", messages=turns, max_tokens=12, temperature=0)
+    chunks = list(cluster.grpc_stub().Generate(req, metadata=cluster.grpc_auth(), timeout=60))
+    assert "".join(c.text for c in chunks) == rest.choices[0].message.content
+    assert chunks[-1].finish_reason == rest.choices[0].finish_reason
