@@ -17,6 +17,10 @@ past L2) against the library's shrink, which it would replace:
                  slot pool itself stacked under W)
   lorafleet      kernels.lora_shrink alone, as the engine runs it (rows gathered)
   both           kernels.lora_shrink_expand (shrink + expand), for scale
+  layer          the whole LoRA layer of the +pool design, over base: the stacked GEMM,
+                 each row's own slot's columns gathered into the expand's fp32 input
+                 (one torch indexing kernel), then kernels.lora_expand; an upper bound of
+                 a design whose expand would read the columns itself
 
 The stacked columns come out in bf16 (the contract's shrink output is fp32): the probe
 times the design, it does not make it correct.
@@ -46,6 +50,7 @@ from lora_bench import (  # noqa: E402
     call_both,
     call_shrink,
     floor_bytes,
+    lora_expand,
     make_sets,
     num_sets,
     probe_header,
@@ -63,6 +68,16 @@ def stacked(st: dict, weight: torch.Tensor, active_only: bool) -> torch.Tensor:
     slots = slots[slots >= 0]
     parts = [a[slots] if active_only else a for a in st["pool"].a]  # [k, R, H] per slice
     return torch.cat([weight, *(p.reshape(-1, p.shape[-1]) for p in parts)])
+
+
+def stacked_layer(st: dict, cat: torch.Tensor, n_base: int, buf: torch.Tensor, rows) -> None:
+    """The +pool design's layer: y_ext = x @ [W; pool A]^T, the row's slot's columns
+    gathered to the expand's fp32 [slices, T, R] input, lora_expand into y."""
+    tokens, slices, rank = buf.shape[1], buf.shape[0], buf.shape[2]
+    out = torch.mm(st["x"], cat.t())
+    h = out[:, n_base:].view(tokens, slices, -1, rank)  # columns: (slice, slot, r)
+    buf.copy_(h[rows, :, st["slots"].clamp_min(0)].permute(1, 0, 2))
+    lora_expand(st["y"], buf, st["pool"].b, st["meta"])
 
 
 def run_shape(layer: str, rank: int, tokens: int, n: int) -> dict:
@@ -84,6 +99,19 @@ def run_shape(layer: str, rank: int, tokens: int, n: int) -> dict:
         cats = [stacked(sets[i % nsets], w, active) for i, w in enumerate(weights)]
         row[f"with_{name}_us"] = time_graph([lambda c=c: torch.mm(x, c.t()) for c in cats])
         row[f"extra_{name}_us"] = row[f"with_{name}_us"] - row["base_us"]
+        if not active:
+            n_base, rows = sum(sizes), torch.arange(tokens, device="cuda")
+            bufs = [torch.empty_like(st["buf"]) for st in sets]
+            layer_fns = [
+                lambda st=sets[i % nsets], c=c, b=bufs[i % nsets], nb=n_base, r=rows: stacked_layer(
+                    st, c, nb, b, r
+                )
+                for i, c in enumerate(cats)
+            ]
+            row["layer_pool_us"] = time_graph(layer_fns) - row["base_us"]
+            stacked_layer(sets[0], cats[0], n_base, bufs[0], rows)
+            want = sets[0]["buf"]
+            row["layer_rel_err"] = float((bufs[0] - want).abs().max() / want.abs().max())
         del cats
     row["lorafleet_shrink_us"] = time_graph(
         [lambda p=p: call_shrink(p[0], out=p[1]) for p in pairs], prologue=memset
@@ -103,7 +131,10 @@ def main() -> None:
     _, doc = probe_header()
     doc["rows"] = []
     t0 = time.monotonic()
-    print("shape                  |  base | +active | +pool | lorafleet shrink | both", flush=True)
+    print(
+        "shape                  |  base | +active | +pool | lorafleet shrink | both  | layer (+pool) | err",
+        flush=True,
+    )
     for layer, rank, tokens, n in SHAPES:
         if time.monotonic() - t0 > args.budget_s:
             print(f"budget spent: skipping {layer} r{rank} T={tokens} n={n}", flush=True)
@@ -113,7 +144,8 @@ def main() -> None:
         name = f"{layer} r{rank} T={tokens} n={n}"
         print(f"{name:22s} | {r['base_us']:5.1f} | {r['extra_active_us']:7.2f} | "
               f"{r['extra_pool_us']:5.2f} | {r['lorafleet_shrink_us']:16.2f} | "
-              f"{r['lorafleet_both_us']:5.2f}", flush=True)  # fmt: skip
+              f"{r['lorafleet_both_us']:5.2f} | {r['layer_pool_us']:13.2f} | "
+              f"{r['layer_rel_err']:.1e}", flush=True)  # fmt: skip
         if args.out:
             args.out.write_text(json.dumps(doc, indent=1))
 
