@@ -19,8 +19,11 @@ past L2) against the library's shrink, which it would replace:
   both           kernels.lora_shrink_expand (shrink + expand), for scale
   layer          the whole LoRA layer of the +pool design, over base: the stacked GEMM,
                  each row's own slot's columns gathered into the expand's fp32 input
-                 (one torch indexing kernel), then kernels.lora_expand; an upper bound of
-                 a design whose expand would read the columns itself
+                 (one torch indexing kernel), then kernels.lora_expand
+  direct         the same layer with the expand reading its rows' columns out of the
+                 GEMM's output itself and adding into y = its first N columns, in place
+                 (`stacked_expand.py`: the library's expand kernel, one offset term
+                 added): the design with no launch but the GEMM's and the expand's
 
 The stacked columns come out in bf16 (the contract's shrink output is fp32): the probe
 times the design, it does not make it correct.
@@ -51,12 +54,14 @@ from lora_bench import (  # noqa: E402
     call_shrink,
     floor_bytes,
     lora_expand,
+    lora_shrink_expand,
     make_sets,
     num_sets,
     probe_header,
     time_graph,
     workspaces,
 )
+from stacked_expand import stacked_expand  # noqa: E402
 
 WEIGHT_COPIES = 3
 """Base weights rotated between calls (each layer's W is 8-235 MB: three copies pass L2)."""
@@ -78,6 +83,24 @@ def stacked_layer(st: dict, cat: torch.Tensor, n_base: int, buf: torch.Tensor, r
     h = out[:, n_base:].view(tokens, slices, -1, rank)  # columns: (slice, slot, r)
     buf.copy_(h[rows, :, st["slots"].clamp_min(0)].permute(1, 0, 2))
     lora_expand(st["y"], buf, st["pool"].b, st["meta"])
+
+
+def direct_layer(st: dict, cat: torch.Tensor, n_base: int) -> torch.Tensor:
+    """The +pool layer with the expand reading the GEMM's columns: out[:, :N] is y."""
+    out = torch.mm(st["x"], cat.t())
+    stacked_expand(out, n_base, st["pool"].b, st["meta"])
+    return out
+
+
+def direct_err(st: dict, weight: torch.Tensor, cat: torch.Tensor, n_base: int) -> float:
+    """Max |y_direct - y_library| / max |y_library - y_base|: the LoRA term's error, y
+    from the base GEMM plus kernels.lora_shrink_expand as the reference."""
+    base = torch.mm(st["x"], weight.t())
+    want = base.clone()
+    lora_shrink_expand(want, st["x"], st["pool"].a, st["pool"].b, st["meta"])
+    got = direct_layer(st, cat, n_base)[:, :n_base]
+    delta = (want.float() - base.float()).abs().max()
+    return float((got.float() - want.float()).abs().max() / delta)
 
 
 def run_shape(layer: str, rank: int, tokens: int, n: int) -> dict:
@@ -112,6 +135,16 @@ def run_shape(layer: str, rank: int, tokens: int, n: int) -> dict:
             stacked_layer(sets[0], cats[0], n_base, bufs[0], rows)
             want = sets[0]["buf"]
             row["layer_rel_err"] = float((bufs[0] - want).abs().max() / want.abs().max())
+            row["direct_pool_us"] = (
+                time_graph(
+                    [
+                        lambda st=sets[i % nsets], c=c, nb=n_base: direct_layer(st, c, nb)
+                        for i, c in enumerate(cats)
+                    ]
+                )
+                - row["base_us"]
+            )
+            row["direct_rel_err"] = direct_err(sets[0], weights[0], cats[0], n_base)
         del cats
     row["lorafleet_shrink_us"] = time_graph(
         [lambda p=p: call_shrink(p[0], out=p[1]) for p in pairs], prologue=memset
@@ -145,7 +178,7 @@ def main() -> None:
         print(f"{name:22s} | {r['base_us']:5.1f} | {r['extra_active_us']:7.2f} | "
               f"{r['extra_pool_us']:5.2f} | {r['lorafleet_shrink_us']:16.2f} | "
               f"{r['lorafleet_both_us']:5.2f} | {r['layer_pool_us']:13.2f} | "
-              f"{r['layer_rel_err']:.1e}", flush=True)  # fmt: skip
+              f"{r['direct_pool_us']:6.2f} | {r['direct_rel_err']:.1e}", flush=True)  # fmt: skip
         if args.out:
             args.out.write_text(json.dumps(doc, indent=1))
 
