@@ -146,11 +146,12 @@ class ClusterArgs(BaseModel):
     cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
-    tool_call_parser: Literal["hermes"] | None = None
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     """How chat's tool_choice "auto" reads the calls a model writes: "hermes"
     (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen 2.5 / 3
-    and the demo's template write them); None refuses "auto" with tools (named and
-    "required" calls need no parser: a grammar forces them)."""
+    and the demo's template write them) or "llama3_json" (an answer of {"name": ...,
+    "parameters": {...}} objects, as Llama 3.1 / 3.2 write them); None refuses "auto"
+    with tools (named and "required" calls need no parser: a grammar forces them)."""
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
     """How chat splits a reasoning model's thinking (<think>...</think>) from its answer
     into `reasoning_content` (`router.reasoning`); None leaves it in `content`."""

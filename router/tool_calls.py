@@ -188,6 +188,11 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
         item = json.loads(body)
     except ValueError:
         return None
+    return _call_of(item)
+
+
+def _call_of(item: object) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
     arguments = item.get("arguments", item.get("parameters", {}))
@@ -196,3 +201,63 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return item["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass
+class Llama3Calls(ToolStream):
+    """tool_choice "auto" read as Llama 3.1 / 3.2 write JSON calls: an answer that begins
+    with `{` (or <|python_tag|>) is one or more {"name": ..., "parameters": {...}}
+    objects, separated by ";"; any other answer is text. A call answer is held to the end
+    and read whole; one that does not read as calls of `names` (or holds a second call
+    when `parallel` is off) is content, as it came."""
+
+    names: set[str] = field(default_factory=set)
+    parallel: bool = True
+    held: str = ""
+    calls_answer: bool | None = None
+    """None: undecided (only whitespace, or a prefix of PYTHON_TAG, so far)."""
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.calls_answer is False:
+            return _content(text)
+        self.held += text
+        start = self.held.lstrip()
+        if not start or (PYTHON_TAG.startswith(start) and len(start) < len(PYTHON_TAG)):
+            return []
+        self.calls_answer = start.startswith(("{", PYTHON_TAG))
+        if self.calls_answer:
+            return []
+        held, self.held = self.held, ""
+        return _content(held)
+
+    def end(self) -> list[dict[str, Any]]:
+        held, self.held = self.held, ""
+        if not self.calls_answer:
+            return _content(held)
+        calls = _llama3_calls(held.lstrip().removeprefix(PYTHON_TAG))
+        if calls is None or any(name not in self.names for name, _ in calls):
+            return _content(held)
+        if len(calls) > 1 and not self.parallel:
+            return _content(held)
+        return [self._call(name, arguments) for name, arguments in calls]
+
+
+def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
+    """(name, arguments JSON) of each ";"-separated {"name", "parameters"} object, else None."""
+    decoder, calls, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n;":
+            i += 1
+        if i == len(text):
+            return calls or None
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        call = _call_of(item)
+        if call is None:
+            return None
+        calls.append(call)

@@ -11,7 +11,9 @@
     tool_choice "auto"      the model decides; its text is read by the cluster's
                             `tool_call_parser` ("hermes": <tool_call>{"name": ...,
                             "arguments": {...}}</tool_call> blocks, as Hermes, Qwen 2.5 /
-                            3 and the demo's template write them). OpenAI's default when
+                            3 and the demo's template write them; "llama3_json": an answer
+                            that is {"name": ..., "parameters": {...}} objects, as Llama 3.1
+                            / 3.2 write them). OpenAI's default when
                             tools are given; refused when the cluster has no parser
 
 A grammar-forced output always parses (a length cut aside), so a "required" or named
@@ -29,7 +31,7 @@ from typing import Any
 
 from lora_core.errors import InvalidRequest
 from replica.structured_spec import StructuredOutput, checked, parse_json_schema
-from router.tool_calls import CallArray, HermesCalls, NamedCall, ToolStream
+from router.tool_calls import CallArray, HermesCalls, Llama3Calls, NamedCall, ToolStream
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NAME_ALLOWED = "allowed: 1 to 64 letters, digits, '_' or '-'"
@@ -38,7 +40,7 @@ CHOICES_ALLOWED = (
     'allowed: "none", "auto", "required" or {"type": "function", "function": {"name": ...}} '
     "naming one of tools"
 )
-PARSERS = ("hermes",)
+PARSERS = ("hermes", "llama3_json")
 """The tool-call parsers a cluster may name (`tool_call_parser`) for tool_choice "auto"."""
 NO_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -142,8 +144,9 @@ class ToolPlan:
             return NamedCall(name=self.name or "")
         if self.choice == "required":
             return CallArray()
-        if self.choice == "auto" and self.tools and parser == "hermes":
-            return HermesCalls(names={t.name for t in self.tools}, parallel=self.parallel)
+        if self.choice == "auto" and self.tools and parser in PARSERS:
+            reader = HermesCalls if parser == "hermes" else Llama3Calls
+            return reader(names={t.name for t in self.tools}, parallel=self.parallel)
         return None
 
     def check_parser(self, parser: str | None) -> None:

@@ -12,7 +12,7 @@ import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
 from router.chat_reader import ChatReader, joined
-from router.tool_calls import CallArray, HermesCalls, NamedCall
+from router.tool_calls import CallArray, HermesCalls, Llama3Calls, NamedCall
 from router.tools import (
     NO_PARAMETERS,
     Tool,
@@ -267,3 +267,42 @@ def test_a_template_that_never_reads_tools_is_told_apart():
     assert template_renders_tools({"default": "{{ messages }}", "tool_use": "{{ tools }}"})
     assert not template_renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
     assert not template_renders_tools(None)
+
+
+def _llama3(parallel: bool = True):
+    return lambda: Llama3Calls(names={"get_weather", "now"}, parallel=parallel)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(
+    "text, content, calls",
+    [
+        ('{"name": "now", "parameters": {}}', None, [("now", {})]),
+        (
+            '\n<|python_tag|>{"name": "get_weather", "parameters": {"city": "a;b"}}; '
+            '{"name": "now", "arguments": {}}',
+            None,
+            [("get_weather", {"city": "a;b"}), ("now", {})],
+        ),
+        ("It is sunny {today}.", "It is sunny {today}.", []),  # text: not a call answer
+        ('{"name": "rm", "parameters": {}}', '{"name": "rm", "parameters": {}}', []),
+        (
+            '{"name": "now", "parameters": {}} and more',
+            '{"name": "now", "parameters": {}} and more',
+            [],
+        ),
+        ('{"name": "now", "param', '{"name": "now", "param', []),  # cut by max_tokens
+        ("  <|python", "  <|python", []),
+    ],
+)
+def test_llama3_json_answers_read_the_same_in_any_pieces(text, content, calls, seed):
+    got_content, got_calls = _read(_llama3(), text, seed)
+    assert got_content == content and _calls(got_calls) == calls
+
+
+def test_llama3_json_without_parallel_calls_keeps_two_as_content():
+    text = '{"name": "now", "parameters": {}}; {"name": "now", "parameters": {}}'
+    assert _read(_llama3(parallel=False), text, 0) == (text, [])
+    plan = plan_of([WEATHER, CLOCK], "auto", None)
+    assert isinstance(plan.stream("llama3_json"), Llama3Calls)
+    assert isinstance(plan.stream("hermes"), HermesCalls)
