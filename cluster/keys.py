@@ -14,12 +14,18 @@ Adapter catalog
 
 Tenants and API keys
     {ns}:tenants                  set    tenant names
-    {ns}:tenant:{tenant}          hash   name, created
+    {ns}:tenant:{tenant}          hash   name, created, requests_per_minute (the tenant's
+                                         own rate limit; absent: none of its own)
     {ns}:tenant:{tenant}:keys     set    sha256 hex of each key issued to tenant
     {ns}:tenant:{tenant}:key_created
                                   hash   sha256 hex -> unix s the key was issued (keys issued
                                          before this field existed have no entry)
     {ns}:apikey:{sha256}          string tenant owning the key (the key itself is never stored)
+
+    {ns}:rate:{tenant}:{minute}   string requests the tenant sent in unix minute `minute`
+                                         (INCR by the ingress, only while a limit applies);
+                                         expires `registry.RATE_WINDOW_TTL_S` after the
+                                         minute's first request
 
     A key's id (what `tenants keys` shows and `tenants revoke-key` takes) is the first
     12 hex characters of its sha256: not secret, and derivable for every stored key.
@@ -138,6 +144,9 @@ class Keys:
 
     def tenant_key_created(self, tenant: str) -> str:
         return f"{self.ns}:tenant:{tenant}:key_created"
+
+    def rate(self, tenant: str, minute: int) -> str:
+        return f"{self.ns}:rate:{tenant}:{minute}"
 
     def apikey(self, key_hash: str) -> str:
         return f"{self.ns}:apikey:{key_hash}"

@@ -26,6 +26,7 @@ from cluster.records import (
     ReplicaInfo,
     ResolvedRequest,
     ServedBase,
+    TenantInfo,
     WarmTarget,
     key_id,
 )
@@ -318,6 +319,29 @@ def delete_tenant(tenant: str) -> Plan[tuple[int, int]]:
         return int(keys), int(grants)
 
     return Plan("delete_tenant", (tenant,), _parse)
+
+
+def set_tenant_limit(tenant: str, requests_per_minute: int) -> Plan[None]:
+    """tenant's own limit (0 removes it); InvalidRequest when there is no such tenant."""
+    return script("set_tenant_limit", (tenant, requests_per_minute), lambda _: None, "")
+
+
+def tenant_limit(keys: Keys, tenant: str) -> Plan[int]:
+    """tenant's own limit, 0 for none (or no such tenant): one HGET."""
+    field = ("HGET", keys.tenant(tenant), "requests_per_minute")
+    return Plan(None, field, lambda v: int(v) if v else 0)
+
+
+def tenant_limits() -> Plan[list[TenantInfo]]:
+    def _parse(rest: list[Any]) -> list[TenantInfo]:
+        return sorted(TenantInfo(t, int(rpm) if rpm else 0) for t, rpm in _list(rest[0]))
+
+    return script("tenant_limits", (), _parse, "")
+
+
+def count_request(tenant: str, minute: int, ttl_s: int) -> Plan[int]:
+    """Count one request of tenant in unix minute `minute`: the minute's count with it."""
+    return script("count_request", (tenant, minute, ttl_s), lambda rest: int(rest[0]), "")
 
 
 def list_api_keys(tenant: str) -> Plan[list[ApiKeyInfo]]:

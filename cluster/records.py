@@ -58,6 +58,16 @@ def check_key_id(text: str) -> str:
     return prefix
 
 
+def check_requests_per_minute(value: object) -> int:
+    """value if it can be a tenant's request rate limit, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"requests_per_minute={value!r}; allowed: an integer >= 0 (0 = no limit of the "
+            "tenant's own: the cluster's tenant_requests_per_minute applies)"
+        )
+    return value
+
+
 class Location(NamedTuple):
     """Where one adapter is resident: on replica, in tier, and that replica's pool."""
 
@@ -245,6 +255,21 @@ class ApiKeyInfo:
 
     def to_json(self) -> dict[str, object]:
         return {"key_id": self.key_id, "created": self.created}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TenantInfo:
+    """One tenant, as `tenants list` shows it.
+
+    requests_per_minute: its own request rate limit; 0 for none (the cluster's
+    tenant_requests_per_minute applies then, itself 0 for no limit).
+    """
+
+    name: str
+    requests_per_minute: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"tenant": self.name, "requests_per_minute": self.requests_per_minute}
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,9 @@ from cluster.records import (
     ApiKeyInfo,
     ResolvedRequest,
     ServedBase,
+    TenantInfo,
     check_key_id,
+    check_requests_per_minute,
 )
 from cluster.registry_fleet import FleetApi, Reply, T
 from lora_core.base_shape import BaseShape
@@ -43,6 +45,9 @@ from lora_core.identity import AdapterRef
 API_KEY_PREFIX = "lf-"
 MAX_LORA_RANK = 1024  # the largest rank limit a registry takes
 LIST_PAGE = 256
+# A minute's request counter outlives its minute by one more: an ingress whose clock is a
+# little behind may still count into it.
+RATE_WINDOW_TTL_S = 120
 
 
 def hash_key(api_key: str) -> str:
@@ -239,6 +244,29 @@ class _Api(FleetApi):
 
     def list_tenants(self) -> Reply[list[str]]:
         return self._run(ops.list_tenants(self.keys))
+
+    def list_tenant_limits(self) -> Reply[list[TenantInfo]]:
+        """Every tenant with its own request rate limit (0: none), sorted by name."""
+        return self._run(ops.tenant_limits())
+
+    def set_tenant_limit(self, tenant: str, requests_per_minute: int) -> Reply[None]:
+        """Limit tenant to requests_per_minute inference requests per minute; 0 removes its
+        own limit (the cluster's tenant_requests_per_minute applies then). ValueError: not
+        an integer >= 0; InvalidRequest: no such tenant (nothing is written). Deleting the
+        tenant deletes its limit. Ingresses see a change within their cache's few seconds."""
+        args = (check_name("tenant", tenant), check_requests_per_minute(requests_per_minute))
+        return self._run(ops.set_tenant_limit(*args))
+
+    def tenant_limit(self, tenant: str) -> Reply[int]:
+        """tenant's own request rate limit; 0 for none, and for an unknown tenant."""
+        return self._run(ops.tenant_limit(self.keys, check_name("tenant", tenant)))
+
+    def count_request(self, tenant: str, minute: int) -> Reply[int]:
+        """Count one request of tenant in the fixed window of unix minute `minute` (unix
+        seconds // 60); returns the window's count, this request included. One round trip
+        (INCR, and the counter's expiry of RATE_WINDOW_TTL_S with the window's first)."""
+        args = (check_name("tenant", tenant), minute, RATE_WINDOW_TTL_S)
+        return self._run(ops.count_request(*args))
 
     def issue_api_key(self, tenant: str) -> Reply[str]:
         """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 (and the time

@@ -146,6 +146,9 @@ class ClusterArgs(BaseModel):
     cost)."""
     admin_key: str = ""
     """Key of the admin endpoints ("" disables them)."""
+    tenant_requests_per_minute: int = Field(0, ge=0)
+    """With auth: requests per minute of a tenant without a limit of its own (`lorafleet
+    tenants limit`); past it, 429 until the minute ends (0 = no limit)."""
     tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     """How chat's tool_choice "auto" reads the calls a model writes: "hermes"
     (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen 2.5 / 3
@@ -269,6 +272,11 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"redis_data_dir={self.redis_data_dir!r} with redis_url; allowed: redis_data_dir "
                 "only without redis_url (the data directory of the local redis-server started then)"
+            )
+        if self.tenant_requests_per_minute and not self.auth:
+            raise ValueError(
+                f"tenant_requests_per_minute={self.tenant_requests_per_minute} without auth; "
+                "allowed: a limit only with auth: true (without keys no request has a tenant)"
             )
         if self.hot_queue_len > self.overload_queue_len:
             raise ValueError("hot_queue_len must be <= overload_queue_len")
@@ -480,6 +488,7 @@ def bind_app(cfg: ClusterArgs, model_dir: str, redis_url: str) -> serve.Applicat
         max_request_bytes=cfg.max_request_bytes,
         tool_call_parser=cfg.tool_call_parser,
         reasoning_parser=cfg.reasoning_parser,
+        tenant_requests_per_minute=cfg.tenant_requests_per_minute,
     )
     return LoraIngress.options(
         ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=cfg.ingress_max_ongoing_requests

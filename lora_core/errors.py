@@ -113,6 +113,24 @@ class CapacityExceeded(LoraFleetError):
         self.retry_after_s = retry_after_s
 
 
+class TenantRateLimited(LoraFleetError):
+    """A tenant sent more requests in this minute than its limit allows (its own, set by
+    `lorafleet tenants limit`, else the cluster's tenant_requests_per_minute). Retry
+    after retry_after_s: seconds until the next minute's window opens."""
+
+    retryable = True
+
+    def __init__(self, tenant: str, limit: int, retry_after_s: int):
+        super().__init__(
+            f"tenant {tenant!r} is limited to {limit} requests per minute and sent them all "
+            f"in this minute; allowed: retry after {retry_after_s} s, when the next "
+            "minute begins"
+        )
+        self.tenant = tenant
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
 class ReplicaFailed(LoraFleetError):
     """The replica running a request stopped (crashed, killed) after it began answering.
     Sending the request again is safe: another replica takes it."""

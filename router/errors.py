@@ -28,6 +28,7 @@ from lora_core.errors import (
     ReplicaFailed,
     RequestTooLarge,
     StaleEpoch,
+    TenantRateLimited,
     Unauthorized,
 )
 
@@ -86,6 +87,10 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorStatus], ...] = (
         ErrorStatus(429, _S.RESOURCE_EXHAUSTED, "rate_limit_error", "capacity_exceeded", 1.0),
     ),
     (
+        TenantRateLimited,
+        ErrorStatus(429, _S.RESOURCE_EXHAUSTED, "rate_limit_error", "tenant_rate_limited", 1.0),
+    ),
+    (
         RegistryUnavailable,
         ErrorStatus(503, _S.UNAVAILABLE, "server_error", "registry_unavailable", 1.0),
     ),
@@ -102,7 +107,7 @@ def status_for(exc: BaseException) -> ErrorStatus:
     """The answer for `exc` (after `unwrap`); anything unknown is an internal error."""
     for cls, status in ERROR_TABLE:
         if isinstance(exc, cls):
-            if isinstance(exc, CapacityExceeded):
+            if isinstance(exc, (CapacityExceeded, TenantRateLimited)):
                 return _with_retry(status, exc.retry_after_s)
             return status
     return INTERNAL

@@ -42,6 +42,7 @@ from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
+from router.rate_limit import TenantRateLimiter
 from router.reasoning import PARSERS as REASONING_PARSERS
 from router.tools import PARSERS, template_renders_tools
 
@@ -155,6 +156,8 @@ class Frontend:
     (`router.tools.PARSERS`; None: "auto" with tools is refused).
     reasoning_parser: how chat answers split a reasoning model's thinking into
     `reasoning_content` (`router.reasoning.PARSERS`; None: not split).
+    rate_limiter: holds each tenant to its requests per minute (None: no limits); a
+    request is counted once its tenant is known (auth on), whatever its n.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class Frontend:
         prefix_cache_scope: str = "tenant",
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        rate_limiter: TenantRateLimiter | None = None,
     ):
         cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
         if tool_call_parser not in (None, *PARSERS):
@@ -183,6 +187,7 @@ class Frontend:
                 tool_call_parser,
             )
         self.prefix_cache_scope = prefix_cache_scope
+        self.rate_limiter = rate_limiter
         self.tokenizer = tokenizer
         self.resolver = resolver
         self.dispatch = dispatch
@@ -308,6 +313,8 @@ class Frontend:
         if too_long is not None:
             raise too_long
         resolved = await self.resolver.resolve(api_key, model)
+        if resolved.tenant is not None and self.rate_limiter is not None:
+            await self.rate_limiter.admit(resolved.tenant)
         call = GenerateCall(
             request_id=f"req-{uuid.uuid4().hex}",
             prompt_token_ids=prompt_ids,

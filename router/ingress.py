@@ -46,6 +46,7 @@ from router.frontend import Frontend
 from router.grpc_service import GrpcInferenceMixin
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import model_card
+from router.rate_limit import TenantRateLimiter
 from router.serve_logs import install_client_error_filter
 
 MAX_REQUEST_BYTES = 32 * 2**20
@@ -69,7 +70,9 @@ class IngressSettings:
     read (a larger one is a 413, refused by its Content-Length before it is read, or
     as soon as a body streamed without one passes the limit). tool_call_parser: how
     chat's tool_choice "auto" reads calls (`router.tools.PARSERS`; None refuses "auto").
-    reasoning_parser: how chat splits thinking into reasoning_content (None: not)."""
+    reasoning_parser: how chat splits thinking into reasoning_content (None: not).
+    tenant_requests_per_minute: with auth, the request rate limit of tenants without one
+    of their own (`lorafleet tenants limit`; 0 = none; `router.rate_limit`)."""
 
     model_dir: str
     served_model_name: str
@@ -86,6 +89,7 @@ class IngressSettings:
     max_request_bytes: int = MAX_REQUEST_BYTES
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    tenant_requests_per_minute: int = 0
 
 
 def model_max_len(model_dir: str, configured: int) -> int:
@@ -198,6 +202,9 @@ class LoraIngress(GrpcInferenceMixin):
         resolver = AdapterResolver(
             registry, settings.served_model_name, settings.auth, settings.admin_key
         )
+        limiter = None
+        if registry is not None and settings.auth:  # without auth no request has a tenant
+            limiter = TenantRateLimiter(registry, settings.tenant_requests_per_minute)
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir)
         max_len = model_max_len(settings.model_dir, settings.max_model_len)
         self.frontend = Frontend(
@@ -208,6 +215,7 @@ class LoraIngress(GrpcInferenceMixin):
             settings.prefix_cache_scope,
             settings.tool_call_parser,
             settings.reasoning_parser,
+            rate_limiter=limiter,
         )
 
     async def __del__(self) -> None:

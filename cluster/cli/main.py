@@ -7,6 +7,7 @@
     lorafleet replicas list | reap
     lorafleet tenants create NAME | delete NAME | list | grant NAME ADAPTER | revoke NAME ADAPTER
     lorafleet tenants key NAME | keys NAME | revoke-key NAME (KEY_ID | --all)
+    lorafleet tenants limit NAME --requests-per-minute N
     lorafleet status
 
 Every verb takes --redis-url (env LORAFLEET_REDIS_URL, default redis://127.0.0.1:6379/0),

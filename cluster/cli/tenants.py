@@ -1,4 +1,5 @@
-"""`lorafleet tenants ...`: create, delete, list, key, keys, revoke-key, grant, revoke."""
+"""`lorafleet tenants ...`: create, delete, list, limit, key, keys, revoke-key, grant,
+revoke."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 
 from cluster.cli.common import add_verb, print_json, print_table, utc_time
-from cluster.records import key_id
+from cluster.records import check_requests_per_minute, key_id
 from cluster.registry import Registry, hash_key
 
 TENANT = "tenant name"
@@ -18,7 +19,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_verb(verbs, "create", _create, "create a tenant", listing=False, named=TENANT)
     add_verb(verbs, "delete", _delete, "delete a tenant with its API keys and grants",
              listing=False, named=TENANT)  # fmt: skip
-    add_verb(verbs, "list", _list, "list tenants", listing=True)
+    add_verb(verbs, "list", _list, "list tenants with their request rate limits", listing=True)
+    p = add_verb(verbs, "limit", _limit, "set a tenant's request rate limit", listing=False,
+                 named=TENANT)  # fmt: skip
+    p.add_argument(
+        "--requests-per-minute",
+        type=_requests_per_minute,
+        required=True,
+        metavar="N",
+        help="inference requests the tenant may send per minute (0 removes its own limit: "
+        "the cluster's tenant_requests_per_minute applies)",
+    )
     add_verb(verbs, "key", _key, "issue a new API key (printed once, stored hashed)",
              listing=True, named=TENANT)  # fmt: skip
     add_verb(verbs, "keys", _keys, "list a tenant's key ids", listing=True, named=TENANT)
@@ -76,12 +87,31 @@ def _delete(reg: Registry, args: argparse.Namespace) -> int:
     return 0
 
 
+def _requests_per_minute(text: str) -> int:
+    try:
+        return check_requests_per_minute(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: an integer >= 0") from None
+
+
 def _list(reg: Registry, args: argparse.Namespace) -> int:
-    names = reg.list_tenants()
+    tenants = reg.list_tenant_limits()
     if args.json:
-        print_json(names)
+        print_json([t.to_json() for t in tenants])
     else:
-        print_table(("TENANT",), [(n,) for n in names])
+        # "-": no limit of its own (the cluster's tenant_requests_per_minute applies)
+        rows = [(t.name, t.requests_per_minute or "-") for t in tenants]
+        print_table(("TENANT", "REQUESTS_PER_MINUTE"), rows)
+    return 0
+
+
+def _limit(reg: Registry, args: argparse.Namespace) -> int:
+    rpm = args.requests_per_minute
+    reg.set_tenant_limit(args.name, rpm)
+    if rpm:
+        print(f"tenant {args.name}: at most {rpm} requests per minute")
+    else:
+        print(f"tenant {args.name}: no limit of its own (the cluster's default applies)")
     return 0
 
 

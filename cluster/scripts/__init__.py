@@ -8,14 +8,16 @@ checks inside one script all see the same instant.
 
 The shared Lua helpers live in `helpers`; the adapter, tenant and key scripts in
 `catalog`; the replica, residency, pin, warm and listing scripts in `fleet`; the
-adapter-demand ones (activity, warm claims, hot adapters) in `demand`.
+adapter-demand ones (activity, warm claims, hot adapters) in `demand`; tenants' request
+rate limits in `limits`.
 """
 
 from __future__ import annotations
 
-from cluster.scripts import catalog, demand, fleet
+from cluster.scripts import catalog, demand, fleet, limits
 from cluster.scripts.helpers import HELPERS
 
 SCRIPTS: dict[str, str] = {
-    name: HELPERS + body for name, body in (catalog.BODIES | fleet.BODIES | demand.BODIES).items()
+    name: HELPERS + body
+    for name, body in (catalog.BODIES | fleet.BODIES | demand.BODIES | limits.BODIES).items()
 }

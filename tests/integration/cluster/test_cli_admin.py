@@ -161,7 +161,9 @@ def test_tenant_key_grant_revoke(cli, adapters, registry: Registry):
     assert registry.resolve_request(key, "a").tenant == "acme"
     assert ok(cli("tenants", "revoke", "acme", "a")) == "revoked acme -> a\n"
     assert registry.authorize("acme", "a") is False
-    assert json.loads(ok(cli("tenants", "list", "--json"))) == ["acme"]
+    assert json.loads(ok(cli("tenants", "list", "--json"))) == [
+        {"tenant": "acme", "requests_per_minute": 0}
+    ]
 
 
 def test_unpin_and_unregister(cli, adapters, registry: Registry):
@@ -249,7 +251,9 @@ def test_unreachable_redis_names_url(cli):
 def test_lorafleet_entry_point_has_admin_verbs(cli, registry: Registry):
     pytest.importorskip("replica.offline_cli", reason="deploy/cli.py needs replica.offline_cli")
     registry.create_tenant("acme")
-    assert json.loads(ok(cli("tenants", "list", "--json", module="deploy.cli"))) == ["acme"]
+    assert json.loads(ok(cli("tenants", "list", "--json", module="deploy.cli"))) == [
+        {"tenant": "acme", "requests_per_minute": 0}
+    ]
 
 
 def test_register_checks_the_clusters_served_base(cli, adapters, registry: Registry, redis_url):

@@ -39,11 +39,11 @@ def test_a_registry_no_cluster_serves_from_gets_a_note(default_url, redis_url, c
     default_url(redis_url)
     assert main(["tenants", "list"]) == 0
     out, err = capsys.readouterr()
-    assert (out, err) == ("TENANT\n", NOTE.format(url=redis_url))
+    assert (out, err) == ("TENANT  REQUESTS_PER_MINUTE\n", NOTE.format(url=redis_url))
     # a URL given (not the default) is the registry asked for, cluster or not
     default_url(f"redis://127.0.0.1:{free_port()}/0")
     assert main(["tenants", "list", "--redis-url", redis_url]) == 0
-    assert capsys.readouterr() == ("TENANT\n", "")
+    assert capsys.readouterr() == ("TENANT  REQUESTS_PER_MINUTE\n", "")
 
 
 def test_a_registry_a_cluster_serves_from_gets_none(default_url, redis_url, capsys):
@@ -52,7 +52,7 @@ def test_a_registry_a_cluster_serves_from_gets_none(default_url, redis_url, caps
     registry.close()
     default_url(redis_url)
     assert main(["tenants", "list"]) == 0
-    assert capsys.readouterr() == ("TENANT\n", "")
+    assert capsys.readouterr() == ("TENANT  REQUESTS_PER_MINUTE\n", "")
 
 
 def test_an_unreachable_default_says_where_the_url_is(default_url, capsys):

@@ -98,10 +98,14 @@ def test_revoke_key_needs_exactly_one_of_id_and_all(cli, argv):
 
 def test_empty_redis_url_env_counts_as_unset(cli, acme: Registry, redis_url, monkeypatch):
     monkeypatch.setenv("LORAFLEET_REDIS_URL", "")
-    assert cli("tenants", "list", "--redis-url", redis_url) == (0, "TENANT\nacme\n", "")
+    assert cli("tenants", "list", "--redis-url", redis_url) == (
+        0,
+        "TENANT  REQUESTS_PER_MINUTE\nacme    -\n",
+        "",
+    )
     monkeypatch.setattr("cluster.cli.common.DEFAULT_URL", redis_url)  # the default Redis
     code, out, err = cli("tenants", "list")
-    assert (code, out) == (0, "TENANT\nacme\n")
+    assert (code, out) == (0, "TENANT  REQUESTS_PER_MINUTE\nacme    -\n")
     # the default it used, where no cluster serves (test_cli_default_url.py)
     assert err.startswith(
         f"lorafleet: note: no cluster serves from the default registry {redis_url} "

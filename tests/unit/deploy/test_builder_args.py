@@ -60,6 +60,13 @@ def test_defaults_match_cluster_yaml():
             "cluster args: redis_data_dir='/srv/r' with redis_url; allowed: redis_data_dir "
             "only without redis_url (the data directory of the local redis-server started then)",
         ),
+        ({"tenant_requests_per_minute": -1}, "tenant_requests_per_minute"),
+        # without auth no request has a tenant: the limit would bind nobody, silently
+        (
+            {"tenant_requests_per_minute": 600},
+            "cluster args: tenant_requests_per_minute=600 without auth; allowed: a limit only "
+            "with auth: true (without keys no request has a tenant)",
+        ),
         # the actor that makes it runs in another working directory
         ({"redis_data_dir": "data"}, "redis_data_dir: 'data' is relative; allowed: an absolute"),
     ],
@@ -189,3 +196,13 @@ def test_settings_reprs_keep_the_redis_password_out():
     ]
     for s in settings:
         assert s.redis_url == url and "s3cret-pw" not in repr(s), type(s).__name__
+
+
+def test_the_tenant_rate_limit_reaches_the_ingress():
+    from deploy.builder import bind_app
+
+    cfg = parse_args({"auth": True, "tenant_requests_per_minute": 600})
+    app = bind_app(cfg, "/models/m", "redis://127.0.0.1:1/0")  # binds only: nothing starts
+    _, ingress = app._bound_deployment.init_args  # Serve's bound (replicas, settings)
+    assert (ingress.auth, ingress.tenant_requests_per_minute) == (True, 600)
+    assert parse_args({}).tenant_requests_per_minute == 0  # no limit unless configured

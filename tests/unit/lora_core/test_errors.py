@@ -27,6 +27,7 @@ CASES = [
     errors.StaleEpoch("epoch 3 < 4"),
     errors.NonFiniteLogits("req-7", 12),
     errors.ReplicaFailed("replica r1 stopped while answering"),
+    errors.TenantRateLimited("acme", 600, 17),
 ]
 
 
@@ -57,3 +58,5 @@ def test_fields_survive():
     assert str(back) == "r: rank 128; allowed: rank <= 64"
     assert pickle.loads(pickle.dumps(errors.AdapterNotFound("poet"))).name == "poet"
     assert pickle.loads(pickle.dumps(errors.CapacityExceeded("m", 2.5))).retry_after_s == 2.5
+    back = pickle.loads(pickle.dumps(errors.TenantRateLimited("acme", 600, 17)))
+    assert (back.tenant, back.limit, back.retry_after_s) == ("acme", 600, 17)

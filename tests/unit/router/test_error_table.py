@@ -13,6 +13,7 @@ from lora_core.errors import (
     NonFiniteLogits,
     RegistryUnavailable,
     ReplicaFailed,
+    TenantRateLimited,
     Unauthorized,
 )
 from router.errors import openai_error_body, status_for, unwrap
@@ -47,6 +48,13 @@ from router.errors import openai_error_body, status_for, unwrap
             "rate_limit_error",
             3.0,
         ),
+        (
+            TenantRateLimited("acme", 600, 17),
+            429,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "rate_limit_error",
+            17,
+        ),
         (ReplicaFailed("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
         (RegistryUnavailable("x"), 503, grpc.StatusCode.UNAVAILABLE, "server_error", 1.0),
         (NonFiniteLogits("r", 3), 500, grpc.StatusCode.INTERNAL, "server_error", None),
@@ -57,6 +65,20 @@ from router.errors import openai_error_body, status_for, unwrap
 def test_table(exc, http, code, openai_type, retry):
     s = status_for(exc)
     assert (s.http, s.grpc_code, s.openai_type, s.retry_after_s) == (http, code, openai_type, retry)
+
+
+def test_a_tenant_over_its_limit_is_a_rate_limit_error_of_its_own_code():
+    """Not capacity_exceeded: a client (or its operator) can tell its own limit from a full
+    cluster."""
+    assert openai_error_body(TenantRateLimited("acme", 600, 17)) == {
+        "error": {
+            "message": "tenant 'acme' is limited to 600 requests per minute and sent them all "
+            "in this minute; allowed: retry after 17 s, when the next minute begins",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "tenant_rate_limited",
+        }
+    }
 
 
 def test_openai_body_hides_internal_messages():

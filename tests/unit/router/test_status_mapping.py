@@ -5,7 +5,13 @@ import json
 import grpc
 import pytest
 
-from lora_core.errors import AdapterNotFound, CapacityExceeded, InvalidRequest, RegistryUnavailable
+from lora_core.errors import (
+    AdapterNotFound,
+    CapacityExceeded,
+    InvalidRequest,
+    RegistryUnavailable,
+    TenantRateLimited,
+)
 from replica.sampling_params import SamplingParams
 from router.body_parse import parse_body
 from router.grpc_proxy import retry_hint
@@ -36,6 +42,7 @@ class FakeContext:
         (InvalidRequest("bad"), 400, None),
         (AdapterNotFound("x"), 404, None),
         (CapacityExceeded("full", retry_after_s=2.6), 429, "3"),
+        (TenantRateLimited("acme", 600, 17), 429, "17"),
         (RegistryUnavailable("down"), 503, "1"),
     ],
 )
@@ -51,6 +58,7 @@ def test_rest_error_response(exc, status, retry_after):
     [
         (AdapterNotFound("x"), grpc.StatusCode.NOT_FOUND, None),
         (CapacityExceeded("full", retry_after_s=2.6), grpc.StatusCode.RESOURCE_EXHAUSTED, "3"),
+        (TenantRateLimited("acme", 60, 17), grpc.StatusCode.RESOURCE_EXHAUSTED, "17"),
         (RegistryUnavailable("down"), grpc.StatusCode.UNAVAILABLE, "1"),
         (ValueError("secret"), grpc.StatusCode.INTERNAL, None),
     ],

@@ -1,0 +1,286 @@
+"""Per-tenant request rate limits (router.rate_limit) against a real registry on a real
+redis-server: the fixed one-minute window on an injected clock, the cached limits, and the
+429 / RESOURCE_EXHAUSTED answers through the real REST handler and gRPC method."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from cluster.client import RetryPolicy
+from cluster.registry import AsyncRegistry, Registry
+from lora_core.errors import RegistryUnavailable, TenantRateLimited
+from router import rest
+from router.auth import AdapterResolver
+from router.body_parse import parse_body
+from router.frontend import Frontend
+from router.grpc_proxy import retry_hint
+from router.grpc_service import GrpcInferenceMixin
+from router.openai_protocol import ChatCompletionRequest, CompletionRequest
+from router.proto import lorafleet_pb2 as pb
+from router.rate_limit import TenantRateLimiter, window_of
+from tests.unit.router.test_frontend_auth import BASE, Dispatcher, tokenizer
+
+__all__ = ["tokenizer"]  # the shared fixture
+NS = "t"
+MINUTE = 29_000_000  # a unix minute (in 2025); the clock starts 43.2 s into it
+START = MINUTE * 60 + 43.2
+
+
+class Clock:
+    def __init__(self, now: float = START):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting:
+    """A real AsyncRegistry, counting the limiter's round trips."""
+
+    def __init__(self, registry: AsyncRegistry):
+        self.registry = registry
+        self.reads = self.counts = 0
+
+    async def tenant_limit(self, tenant: str) -> int:
+        self.reads += 1
+        return await self.registry.tenant_limit(tenant)
+
+    async def count_request(self, tenant: str, minute: int) -> int:
+        self.counts += 1
+        return await self.registry.count_request(tenant, minute)
+
+
+@pytest.fixture
+def registry(redis_url):
+    """Tenants acme (own limit 3) and zeta (none)."""
+    reg = Registry(redis_url, NS)
+    for tenant in ("acme", "zeta"):
+        reg.create_tenant(tenant)
+    reg.set_tenant_limit("acme", 3)
+    yield reg
+    reg.close()
+
+
+@pytest.fixture
+def keys(registry) -> dict[str, str]:
+    """An API key of each tenant."""
+    return {tenant: registry.issue_api_key(tenant) for tenant in ("acme", "zeta")}
+
+
+def run_with(redis_url, body):
+    """asyncio.run(body(async registry)): the asyncio client is bound to its loop."""
+
+    async def go():
+        areg = AsyncRegistry(redis_url, NS)
+        try:
+            return await body(areg)
+        finally:
+            await areg.close()
+
+    return asyncio.run(go())
+
+
+async def outcomes(limiter: TenantRateLimiter, tenant: str, n: int) -> list[int | None]:
+    """admit n times: None for admitted, the retry-after of each refusal."""
+    out: list[int | None] = []
+    for _ in range(n):
+        try:
+            await limiter.admit(tenant)
+            out.append(None)
+        except TenantRateLimited as e:
+            out.append(e.retry_after_s)
+    return out
+
+
+@pytest.mark.parametrize(
+    "now, minute, left", [(120.0, 2, 60), (179.2, 2, 1), (150.5, 2, 30), (179.99, 2, 1)]
+)
+def test_window_of(now, minute, left):
+    assert window_of(now) == (minute, left)
+
+
+def test_past_the_limit_refused_until_the_next_minute(registry, redis_url):
+    clock = Clock()
+
+    async def body(areg):
+        limiter = TenantRateLimiter(areg, clock=clock)
+        first = await outcomes(limiter, "acme", 5)
+        with pytest.raises(TenantRateLimited) as e:
+            await limiter.admit("acme")
+        clock.now += 16.7  # 0.1 s left in the minute: still refused
+        late = await outcomes(limiter, "acme", 1)
+        clock.now += 0.1  # the next minute
+        after = await outcomes(limiter, "acme", 4)
+        return first, e.value, late, after
+
+    first, err, late, after = run_with(redis_url, body)
+    assert first == [None, None, None, 17, 17]  # 16.8 s left, rounded up
+    assert str(err) == (
+        "tenant 'acme' is limited to 3 requests per minute and sent them all in this minute; "
+        "allowed: retry after 17 s, when the next minute begins"
+    )
+    assert (err.tenant, err.limit, err.retry_after_s) == ("acme", 3, 17)
+    assert late == [1]
+    assert after == [None, None, None, 60]
+    # refused requests count too (a fixed window): 3 admitted + 4 refused
+    assert registry.client.get(registry.keys.rate("acme", MINUTE)) == "7"
+
+
+def test_the_default_binds_tenants_without_a_limit_of_their_own(registry, redis_url):
+    async def body(areg):
+        limiter = TenantRateLimiter(areg, 2, clock=Clock())
+        return await outcomes(limiter, "zeta", 3), await outcomes(limiter, "acme", 4)
+
+    zeta, acme = run_with(redis_url, body)
+    assert zeta == [None, None, 17]
+    assert acme == [None, None, None, 17]  # its own limit, not the default
+
+
+def test_no_limit_costs_no_round_trip_per_request(registry, redis_url):
+    clock = Clock()
+    mono = Clock(0.0)
+
+    async def body(areg):
+        spy = Counting(areg)
+        limiter = TenantRateLimiter(spy, clock=clock, monotonic=mono)
+        free = await outcomes(limiter, "zeta", 10)
+        unlimited = (spy.reads, spy.counts)
+        await outcomes(limiter, "acme", 2)
+        limited = (spy.reads, spy.counts)
+        mono.now += 4.9  # the cached limits are still fresh
+        await outcomes(limiter, "zeta", 1)
+        mono.now += 0.2  # now they are not
+        await outcomes(limiter, "zeta", 1)
+        return free, unlimited, limited, (spy.reads, spy.counts)
+
+    free, unlimited, limited, last = run_with(redis_url, body)
+    assert free == [None] * 10
+    assert unlimited == (1, 0)  # one read of zeta's limit, no counting
+    assert limited == (2, 2)  # one read of acme's, one INCR per request
+    assert last == (3, 2)
+    assert not list(registry.client.scan_iter(f"{NS}:rate:zeta:*"))
+
+
+def test_a_changed_limit_applies_once_the_cache_expires(registry, redis_url):
+    mono = Clock(0.0)
+
+    async def body(areg):
+        limiter = TenantRateLimiter(areg, clock=Clock(), monotonic=mono)
+        before = await outcomes(limiter, "zeta", 2)
+        registry.set_tenant_limit("zeta", 1)
+        cached = await outcomes(limiter, "zeta", 1)  # zeta had no limit: none counted yet
+        mono.now += 5.0
+        after = await outcomes(limiter, "zeta", 2)
+        return before, cached, after
+
+    assert run_with(redis_url, body) == ([None, None], [None], [None, 17])
+
+
+def test_an_unreachable_registry_refuses_with_registry_unavailable():
+    async def body():
+        areg = AsyncRegistry("redis://127.0.0.1:1/0", NS, retry=RetryPolicy(retries=0))
+        try:
+            await TenantRateLimiter(areg, 5).admit("acme")
+        finally:
+            await areg.close()
+
+    with pytest.raises(RegistryUnavailable, match="cannot reach Redis at redis://127.0.0.1:1/0"):
+        asyncio.run(body())
+
+
+def frontend(tokenizer, areg, auth: bool = True, default_rpm: int = 0) -> Frontend:
+    resolver = AdapterResolver(areg, BASE, auth=auth, admin_key="")
+    limiter = TenantRateLimiter(areg, default_rpm, clock=Clock())
+    return Frontend(tokenizer, resolver, Dispatcher(), 64, rate_limiter=limiter)
+
+
+def completion(n: int = 1) -> CompletionRequest:
+    return parse_body(CompletionRequest, {"model": BASE, "prompt": [1, 2], "max_tokens": 2, "n": n})
+
+
+def test_rest_answers_429_with_retry_after_and_the_openai_error(
+    tokenizer, registry, keys, redis_url
+):
+    chat = {"model": BASE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    async def body(areg):
+        front = frontend(tokenizer, areg)
+        first = [await rest.completions(front, keys["acme"], completion(n=3))]
+        first.append(
+            await rest.chat_completions(
+                front, keys["acme"], parse_body(ChatCompletionRequest, chat)
+            )
+        )
+        first.append(await rest.completions(front, keys["acme"], completion()))
+        refused = await rest.completions(front, keys["acme"], completion())
+        other = await rest.completions(front, keys["zeta"], completion())
+        return first, refused, other
+
+    first, refused, other = run_with(redis_url, body)
+    assert [r.status_code for r in first] == [200, 200, 200]  # n = 3 counted once
+    assert (refused.status_code, refused.headers["retry-after"]) == (429, "17")
+    assert json.loads(refused.body) == {
+        "error": {
+            "message": "tenant 'acme' is limited to 3 requests per minute and sent them all "
+            "in this minute; allowed: retry after 17 s, when the next minute begins",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "tenant_rate_limited",
+        }
+    }
+    assert other.status_code == 200  # one tenant's limit is its own
+    assert registry.client.get(registry.keys.rate("acme", MINUTE)) == "4"
+
+
+def test_with_auth_off_nothing_is_limited_or_counted(tokenizer, registry, redis_url):
+    async def body(areg):
+        front = frontend(tokenizer, areg, auth=False, default_rpm=1)
+        return [(await rest.completions(front, None, completion())).status_code for _ in range(3)]
+
+    assert run_with(redis_url, body) == [200, 200, 200]
+    assert not list(registry.client.scan_iter(f"{NS}:rate:*"))
+
+
+class GrpcContext:
+    """The part of Serve's gRPC context the Generate method uses."""
+
+    def __init__(self, key: str):
+        self.metadata = [("authorization", f"Bearer {key}")]
+        self.code = self.details = None
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+
+def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, redis_url):
+    ingress = GrpcInferenceMixin()
+    request = pb.GenerateRequest(model=BASE, prompt_token_ids=[1, 2], max_tokens=2)
+
+    async def body(areg):
+        ingress.frontend = frontend(tokenizer, areg)
+        contexts = []
+        for _ in range(4):
+            ctx = GrpcContext(keys["acme"])
+            try:
+                _ = [chunk async for chunk in ingress.Generate(request, ctx)]
+            except TenantRateLimited:
+                pass
+            contexts.append(ctx)
+        return contexts
+
+    contexts = run_with(redis_url, body)
+    assert [c.code for c in contexts[:3]] == [None, None, None]
+    refused = contexts[3]
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.details.endswith("when the next minute begins (retry after 17 s)")
+    assert retry_hint(refused.details) == "17"  # the proxy's retry-after trailer
