@@ -186,6 +186,9 @@ class LocalRedis:
     def data_dir_(self) -> str:
         return self.data_dir
 
+    def port_(self) -> int:
+        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
@@ -193,8 +196,9 @@ class LocalRedis:
 
 def ensure_local_redis(port: int | None = None, data_dir: str = "") -> str:
     """The URL (password included) of the cluster's local redis-server, starting it on
-    first use. InvalidRequest when it runs already with another data_dir: that one would
-    be used without a word, and what is registered kept where the config does not say."""
+    first use. InvalidRequest when it runs already with another data_dir, or on another
+    port than a port asked for: that one would be used without a word, and what is
+    registered kept where the config does not say."""
     if shutil.which("redis-server") is None:
         raise RedisNotInstalled(INSTALL_HINT)
     actor = LocalRedis.options(
@@ -206,6 +210,13 @@ def ensure_local_redis(port: int | None = None, data_dir: str = "") -> str:
             f"cluster args: redis_data_dir={data_dir!r}, but this Ray cluster's local "
             f"redis-server runs with {running!r} already ('' = in memory); allowed: the same "
             "redis_data_dir, or another one on a new Ray cluster (ray stop, then serve run)"
+        )
+    running_port = ray.get(actor.port_.remote())
+    if port is not None and running_port != port:
+        raise InvalidRequest(
+            f"cluster args: redis_port={port}, but this Ray cluster's local redis-server "
+            f"runs on port {running_port} already; allowed: redis_port {running_port} or "
+            "none, or another port on a new Ray cluster (ray stop, then serve run)"
         )
     return ray.get(actor.url_.remote())
 

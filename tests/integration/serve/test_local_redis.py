@@ -231,6 +231,10 @@ def test_the_actor_hands_out_one_url_and_the_builder_prints_it_masked(local_ray,
     assert ensure_local_redis(data_dir=data) == url  # a second `serve run`
     with pytest.raises(InvalidRequest, match="runs with .* already"):
         ensure_local_redis()  # in memory, while it keeps its data in data
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert ensure_local_redis(port, data) == url  # its own port, asked for: the same server
+    with pytest.raises(InvalidRequest, match=f"redis_port={port + 1}, but .* runs on port {port}"):
+        ensure_local_redis(port + 1, data)  # another port would be ignored without a word
     reg = Registry(url, "t")
     reg.create_tenant("acme")
     assert reg.list_tenants() == ["acme"]
