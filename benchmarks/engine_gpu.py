@@ -76,6 +76,7 @@ SAMPLING = SAMPLINGS["greedy"]
 STRUCTURED_SCHEMA = '{"type": "array", "items": {"type": "string"}}'
 GRAMMARS = None  # replica.structured.Grammars over a 128k synthetic vocabulary
 BREAKDOWN = False  # --breakdown: print the host time of each phase of a step
+STACKED = False  # --stacked: the slots' A under each base weight (EngineConfig.lora_stacked)
 
 
 def _tokens(logits, params, generators, history=None) -> list[int]:
@@ -138,7 +139,7 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
     ctx = LoraBatchContext(
         8192, DEVICE, buffers.slot_ranks, workspace_per_token(cfg.base_shape, rank), max_rank=rank
     )
-    apply_lora(model.model, buffers, ctx)
+    apply_lora(model.model, buffers, ctx, stacked=STACKED)
     return model, ctx, buffers
 
 
@@ -266,6 +267,8 @@ def main() -> None:
     ap.add_argument(
         "--fused", action="store_true", help="one fused shrink+expand launch per LoRA layer"
     )
+    ap.add_argument("--stacked", action="store_true",
+                    help="the stacked layout: slots' A under each base weight (lora_stacked)")  # fmt: skip
     ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
     ap.add_argument(
         "--repeat", type=int, default=1, help="rounds over all combos; figures are medians"
@@ -299,8 +302,9 @@ def main() -> None:
         from kernels.triton import lora_fused
 
         lora_fused.FUSED_MAX_TOKENS = 1 << 30
-    global DEVICE, PROFILE, GRAPHS, GRAMMARS, BREAKDOWN
+    global DEVICE, PROFILE, GRAPHS, GRAMMARS, BREAKDOWN, STACKED
     BREAKDOWN = args.breakdown
+    STACKED = args.stacked
     structured = [0] + [int(k) for k in args.structured.split(",") if k]
     PROFILE = args.profile
     GRAPHS = not args.eager and not args.smoke

@@ -17,6 +17,12 @@ Signatures:
                 token_slots: int [T] | SegmentMeta, *, add_inputs: bool = True) -> y
     lora_shrink_expand(y, x, lora_a, lora_b, token_slots, *, scale=1.0, add_inputs=True,
                        workspace=None) -> y
+    lora_expand_stacked(out: [T, N + S * L * R], n_base: N, lora_b, token_slots) -> y
+                the stacked layout's expand: out = x @ [W; A_0; ...; A_{S-1}]^T (each A_s
+                [L, R, H] stacked under the base weight W, slice-major), whose last
+                columns are every slot's shrink; y = out[:, :N] += B_s[slot_t] @
+                out[t, N + (s * L + slot_t) * R : + R] in place (the shrink in bf16 / the
+                GEMM's dtype, not fp32: the layout trades that for no shrink launch)
                 = lora_expand(y, lora_shrink(x, lora_a, token_slots, scale=scale), lora_b, ...)
                 what the engine's LoRA layers call; optionally one fused launch
                 (LORAFLEET_FUSED_MAX_TOKENS, kernels/triton/lora_fused.py)
@@ -51,9 +57,9 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import backend_for
-from kernels.checks import check_expand, check_shrink
+from kernels.checks import check_expand, check_expand_stacked, check_shrink
 from kernels.meta import SegmentMeta, build_meta
-from kernels.reference import lora_expand_ref, lora_shrink_ref
+from kernels.reference import lora_expand_ref, lora_expand_stacked_ref, lora_shrink_ref
 
 
 def _split(token_slots: torch.Tensor | SegmentMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -120,6 +126,23 @@ def lora_expand(
     return lora_expand_ref(y, buf, lora_b, slots, add_inputs=add_inputs, slot_ranks=ranks)
 
 
+def lora_expand_stacked(
+    out: torch.Tensor,
+    n_base: int,
+    lora_b: tuple[torch.Tensor, ...],
+    token_slots: torch.Tensor | SegmentMeta,
+) -> torch.Tensor:
+    """out: [T, N + S * L * R] = x @ [W; A]^T; returns y = out[:, :N] (a view of out)
+    with each row's LoRA delta added in place, read from its slot's columns of out."""
+    if backend_for(out.device) == "triton":
+        from kernels.triton.lora_expand import lora_expand_stacked_triton
+
+        return lora_expand_stacked_triton(out, n_base, lora_b, token_slots)
+    check_expand_stacked(out, n_base, lora_b, token_slots)
+    slots, ranks = _split(token_slots)
+    return lora_expand_stacked_ref(out, n_base, lora_b, slots, slot_ranks=ranks)
+
+
 def lora_shrink_expand(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -168,6 +191,7 @@ __all__ = [
     "backend_for",
     "build_meta",
     "lora_expand",
+    "lora_expand_stacked",
     "lora_shrink",
     "lora_shrink_expand",
 ]

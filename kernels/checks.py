@@ -104,3 +104,18 @@ def check_expand(y, buf, lora_b, token_slots) -> None:
             f"buf: shape {tuple(getattr(buf, 'shape', ()))}; allowed: {list(want)} on {y.device}"
         )
     _slots(token_slots, y.shape[0], b[0].shape[0], y.device)
+
+
+def check_expand_stacked(out, n_base, lora_b, token_slots) -> None:
+    """out: [T, n_base + S * L * R] float; lora_b: S x [L, N_s, R] with sum N_s = n_base."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or not out.is_floating_point():
+        raise ValueError(f"out: a 2-D float tensor; got {getattr(out, 'shape', out)!r}")
+    b = check_slices(lora_b, "lora_b")
+    num_slots, _, rank = b[0].shape
+    want = n_base + len(b) * num_slots * rank
+    if out.shape[1] != want or sum(t.shape[1] for t in b) != n_base:
+        raise ValueError(
+            f"out: [.., {out.shape[1]}] with n_base {n_base}; allowed: [T, {want}], n_base "
+            "the sum of the slices' N_s"
+        )
+    _slots(token_slots, out.shape[0], num_slots, out.device)

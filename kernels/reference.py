@@ -128,3 +128,25 @@ def lora_expand_ref(
             y[idx, offset : offset + n] = new.to(y.dtype)
             offset += n
     return y
+
+
+def lora_expand_stacked_ref(
+    out: torch.Tensor,
+    n_base: int,
+    lora_b: tuple[torch.Tensor, ...],
+    token_slots: torch.Tensor,
+    *,
+    slot_ranks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The stacked layout's expand (`kernels.lora_expand_stacked`): each row's slot
+    columns of out[:, n_base:] ([T, S, L, R], slice-major) gathered into the expand's
+    input, then `lora_expand_ref` into y = out[:, :n_base]. Returns y (a view of out)."""
+    tokens, slices = out.shape[0], len(lora_b)
+    num_slots, _, rank = lora_b[0].shape
+    token_slots = _in_range(token_slots, num_slots)
+    h = out[:, n_base:].reshape(tokens, slices, num_slots, rank)
+    rows = torch.arange(tokens, device=out.device)
+    buf = h[rows, :, token_slots.clamp(min=0).long()].permute(1, 0, 2).float()
+    y = out[:, :n_base]
+    lora_expand_ref(y, buf, lora_b, token_slots, slot_ranks=slot_ranks)
+    return y

@@ -4,6 +4,16 @@ The wrapper keeps vLLM's small *WithLoRA contract: its weights live in the share
 `SlotBuffers` (created once), `set_slot` writes one slot, `reset_slot` zeroes it;
 `forward` adds the segmented LoRA delta of each token's slot to the base output.
 
+Stacked layout (`stacked=True`, EngineConfig.lora_stacked): a group's A slots live
+under its base weight, rows of one [W; A_0; ...; A_{S-1}] tensor, so a step with LoRA
+runs one GEMM, x @ [W; A]^T, for the base output and every slot's shrink, then the
+expand reads each row's own slot columns out of it (`kernels.lora_expand_stacked`):
+no shrink launch and no metadata-driven gather, at the cost of reading every slot's A
+(`benchmarks/cublas_concat_probe.py`: 0.47-0.90x of the two-kernel layer where many
+adapters of a rank-16 pool are active; worse with few adapters or rank 64). The
+shrink's values are then the GEMM's dtype (bf16 on GPU), not fp32. Steps without LoRA
+run the base rows alone, as before.
+
 Tensor parallelism: the wrapper adds its delta between the base layer's local GEMM
 (`matmul`) and its communication (`reduce`), with slot buffers holding the rank's
 shard (SlotBuffers). Column-parallel groups (qkv, gate_up): x is whole, A whole, B
@@ -54,6 +64,7 @@ class LinearWithLoRA(nn.Module):
         group: str,
         buffers: SlotBuffers,
         ctx: LoraBatchContext,
+        stacked: bool = False,
     ):
         super().__init__()
         h, outs = buffers.group_sizes(group)
@@ -70,9 +81,18 @@ class LinearWithLoRA(nn.Module):
         self.ctx = ctx
         self.in_features = base_layer.in_features
         self.output_sizes = tuple(base_layer.output_sizes)
+        self.stacked: torch.Tensor | None = None
+        if stacked:
+            # the base weight becomes the first rows of [W; A slots]: one tensor, so the
+            # slots cost no memory beyond what they cost before
+            weight = base_layer.weight
+            self.stacked = buffers.stack_under(layer, group, weight.data)
+            base_layer.weight = nn.Parameter(self.stacked[: weight.shape[0]], requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, sum N_s] (this rank's shard sizes)."""
+        if self.ctx.any_lora and self.stacked is not None:
+            return self.base_layer.reduce(self._stacked(x))
         y = self.base_layer.matmul(x)
         if self.ctx.any_lora:
             a = self.buffers.a(self.layer, self.group)
@@ -86,6 +106,20 @@ class LinearWithLoRA(nn.Module):
             )
         return self.base_layer.reduce(y)
 
+    def _stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """The stacked layout: one GEMM for the base output and every slot's shrink, then
+        the expand reading each row's slot columns, in place; y is a view (row stride
+        N + S * L * R) of the GEMM's output."""
+        base = self.base_layer
+        out = torch.nn.functional.linear(x, self.stacked)
+        n = sum(self.output_sizes)
+        y = kernels.lora_expand_stacked(
+            out, n, self.buffers.b(self.layer, self.group), self.ctx.kernel_slots
+        )
+        if base.bias is not None and not getattr(base, "row_parallel", False):
+            y.add_(base.bias)  # matmul's bias; a row-parallel layer adds it after reduce
+        return y
+
     def set_slot(self, slot: int, slices: tuple[SliceWeights | None, ...]) -> None:
         """Write this layer-group's slices of one adapter into `slot`."""
         self.buffers.write_slices(slot, self.layer, self.group, slices)
@@ -94,8 +128,11 @@ class LinearWithLoRA(nn.Module):
         self.buffers.write_slices(slot, self.layer, self.group, (None,) * len(GROUPS[self.group]))
 
 
-def apply_lora(model: nn.Module, buffers: SlotBuffers, ctx: LoraBatchContext) -> None:
-    """Replace qkv_proj, o_proj, gate_up_proj and down_proj of every `model.layers[i]`."""
+def apply_lora(
+    model: nn.Module, buffers: SlotBuffers, ctx: LoraBatchContext, stacked: bool = False
+) -> None:
+    """Replace qkv_proj, o_proj, gate_up_proj and down_proj of every `model.layers[i]`.
+    stacked: the slots' A live under each base weight (`LinearWithLoRA` stacked)."""
     layers = model.layers
     if len(layers) != buffers.base.num_layers:
         raise ValueError(
@@ -108,7 +145,7 @@ def apply_lora(model: nn.Module, buffers: SlotBuffers, ctx: LoraBatchContext) ->
             current = getattr(parent, attr)
             if isinstance(current, LinearWithLoRA):
                 raise ValueError(f"layers[{i}].{path} is already wrapped; apply_lora runs once")
-            setattr(parent, attr, LinearWithLoRA(current, i, group, buffers, ctx))
+            setattr(parent, attr, LinearWithLoRA(current, i, group, buffers, ctx, stacked))
 
 
 __all__ = ["LORA_TARGETS", "LinearWithLoRA", "apply_lora"]

@@ -100,6 +100,34 @@ class SlotBuffers:
             for n in outs
         )
 
+    def stack_under(self, layer: int, group: str, weight: torch.Tensor) -> torch.Tensor:
+        """The stacked layout of one layer's group: a new [N + S * L * R, H] tensor whose
+        first N rows are `weight` (the base layer's [N, H]) and whose rest are this
+        group's A slots, slice by slice ([L, R, H] each); from now on the group's A
+        slots are views of those rows, so writing a slot writes the stacked weight and one
+        GEMM, x @ stacked^T, computes the base output and every slot's shrink
+        (`kernels.lora_expand_stacked` reads them). Example: qkv of a 4-slot rank-8 pool
+        over W [48, 32] -> [48 + 3 * 4 * 8, 32]."""
+        a = self._a[layer][group]
+        h, device = a[0].shape[2], a[0].device  # the slots' own device ("cuda" is cuda:0)
+        if weight.shape[1] != h or weight.dtype != self.dtype or weight.device != device:
+            raise ValueError(
+                f"weight: {tuple(weight.shape)} {weight.dtype} on {weight.device}; allowed: "
+                f"[N, {h}] {self.dtype} on {device}"
+            )
+        rows = self.max_loras * self.max_rank
+        stacked = torch.empty((weight.shape[0] + len(a) * rows, h), dtype=self.dtype, device=device)
+        stacked[: weight.shape[0]].copy_(weight)
+        tail = stacked[weight.shape[0] :]
+        views = tuple(
+            tail[i * rows : (i + 1) * rows].view(self.max_loras, self.max_rank, h)
+            for i in range(len(a))
+        )
+        for view, old in zip(views, a, strict=True):
+            view.copy_(old)
+        self._a[layer][group] = views
+        return stacked
+
     def a(self, layer: int, group: str) -> tuple[torch.Tensor, ...]:
         """S tensors [L, R, H] of one layer's group."""
         return self._a[layer][group]

@@ -42,6 +42,10 @@ class EngineConfig:
         does not answer in time (hung, stopped) fails that step's requests and the
         replica's health check from then on, so Serve replaces the replica instead of
         it hanging. Workers wait for the driver without a limit (an idle replica).
+    lora_stacked: keep the adapter slots' A under each base weight and run a LoRA
+        step's shrink inside the base GEMM (`lora_core.layers`, stacked layout): faster
+        where many adapters of a small-rank pool are active, slower with few adapters or
+        a wide rank (`benchmarks/cublas_concat_probe.py`). tensor_parallel_size 1 only.
     """
 
     model: str
@@ -61,6 +65,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     tensor_parallel_size: int = 1
     tp_step_timeout_s: float = 300.0
+    lora_stacked: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -75,6 +80,11 @@ class EngineConfig:
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("max_model_len", self.max_model_len, 0)
         _at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.lora_stacked and self.tensor_parallel_size > 1:
+            raise InvalidRequest(
+                f"lora_stacked with tensor_parallel_size={self.tensor_parallel_size}; "
+                "allowed: lora_stacked only with tensor_parallel_size 1"
+            )
         timeout = self.tp_step_timeout_s
         if (
             isinstance(timeout, bool)

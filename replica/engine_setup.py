@@ -118,7 +118,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
         workspace_per_token(cfg.base_shape, config.max_lora_rank),
         max_rank=config.max_lora_rank,
     )
-    apply_lora(model.model, buffers, ctx)
+    apply_lora(model.model, buffers, ctx, stacked=config.lora_stacked)
     # CUDA graphs would capture the row-parallel all-reduces; not validated under TP.
     graphs = _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else None
     runner = ModelRunner(model, kv, config.block_size, ctx, graphs)

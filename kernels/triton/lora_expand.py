@@ -39,7 +39,7 @@ from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 def _expand_tile(
     y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
     s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
-    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, stride_bslot, R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, WAIT: tl.constexpr,
     PRECISION: tl.constexpr, LATE_ADD: tl.constexpr,
@@ -68,6 +68,7 @@ def _expand_tile(
         buf_ptrs = (
             buf_ptr
             + s.to(tl.int64) * stride_bs
+            + slot.to(tl.int64) * stride_bslot
             + tok[:, None] * stride_bt
             + offs_r[None, :] * stride_bk
         )
@@ -89,7 +90,7 @@ def _expand_kernel(
     b_off1, b_off2, stride_bl0, stride_bl1, stride_bl2, stride_bn0, stride_bn1, stride_bn2,
     stride_br0, stride_br1, stride_br2,
     n0, n1, n2, nt1, nt2,
-    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk,
+    stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, stride_bslot,
     R,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     N_ITERS: tl.constexpr, ADD_INPUTS: tl.constexpr, TILE_COPIES: tl.constexpr,
@@ -99,6 +100,9 @@ def _expand_kernel(
     blocks of BLOCK_N columns of one slice, groups of slices 1 and 2 start at nt1, nt2):
     for t in tile tokens, n in group j: y[t, off_s + n] = (y[t, off_s + n] if ADD_INPUTS else 0)
                                           + sum_{r < rank[slot]} B_s[slot, n, r] * buf[s, t, r]
+    (buf[s, t, r] at buf_ptr + s * stride_bs + slot * stride_bslot + t * stride_bt + r *
+    stride_bk: stride_bslot 0 reads the shrink's workspace, R the stacked layout's GEMM
+    columns, `lora_expand_stacked_triton`)
     """
     pid_n = tl.program_id(0)
     s = (pid_n >= nt1).to(tl.int32) + (pid_n >= nt2).to(tl.int32)
@@ -125,7 +129,7 @@ def _expand_kernel(
             _expand_tile(
                 y_ptr, buf_ptr, b_slice, tile, tile_slot_ptr, tile_rank_ptr, tile_tok_ptr,
                 s, col0, offs_n, n_s, stride_bl, stride_bn, stride_br,
-                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, R,
+                stride_yt, stride_yn, stride_bs, stride_bt, stride_bk, stride_bslot, R,
                 BLOCK_M, BLOCK_N, BLOCK_R, N_ITERS, ADD_INPUTS, WAIT, PRECISION, LATE_ADD,
             )  # fmt: skip
     if WAIT:  # also programs without work: this kernel ends only after the shrink has
@@ -240,10 +244,41 @@ def lora_expand_triton(
     dependent launch, loading its tile, B and old y before waiting for the shrink.
     """
     sl = _check(y, buf, lora_b)
+    strides = (buf.stride(0), buf.stride(1), buf.stride(2), 0)
+    _launch(y, buf, sl, strides, token_slots_or_meta, add_inputs, after_shrink)
+    return y
+
+
+def lora_expand_stacked_triton(
+    out: torch.Tensor,
+    n_base: int,
+    lora_b: tuple[torch.Tensor, ...],
+    token_slots_or_meta: torch.Tensor | SegmentMeta,
+) -> torch.Tensor:
+    """The stacked layout's expand: out [T, N + S * L * R] is x @ [W; A]^T, whose last
+    S * L * R columns are every slot's shrink (slice-major, then slot, then rank); adds
+    B_s[slot_t] @ out[t, N + (s * L + slot_t) * R : ... + R] into y = out[:, :N] in place
+    and returns y (a view of out). lora_b: S x [L, N_s, R]."""
+    y = out[:, :n_base]
+    sl = check_y_b(y, lora_b)
+    num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
+    if out.shape[1] != n_base + sl.count * num_slots * rank or out.stride(1) != 1:
+        raise ValueError(
+            f"out: [.., {out.shape[1]}] (column stride {out.stride(1)}); allowed: "
+            f"[T, {n_base} + {sl.count} x {num_slots} x {rank}] with unit column stride"
+        )
+    h = out[:, n_base:]
+    strides = (num_slots * rank, out.stride(0), 1, rank)
+    _launch(y, h, sl, strides, token_slots_or_meta, True, False)
+    return y
+
+
+def _launch(y, buf, sl: Slices, buf_strides, token_slots_or_meta, add_inputs, after_shrink):
+    """One launch of the expand kernel; buf_strides: (slice, token, rank, slot) of its input."""
     num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
     sizes = [sh[1] for sh in sl.shapes]
     if y.shape[0] == 0:
-        return y
+        return
     meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device, rank)
     br = block_r(rank)
     cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br, max(sizes))
@@ -262,7 +297,7 @@ def lora_expand_triton(
         meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
         off1, off2, *stride_l, *stride_n, *stride_r,
         ns[0], ns[1], ns[2], nt1, nt2,
-        y.stride(0), y.stride(1), buf.stride(0), buf.stride(1), buf.stride(2),
+        y.stride(0), y.stride(1), *buf_strides,
         rank,
         BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
         ADD_INPUTS=bool(add_inputs),
@@ -270,4 +305,3 @@ def lora_expand_triton(
         WAIT=pdl, PRECISION=dot_precision(y.dtype), LATE_ADD=cfg.late_add,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl),
     )  # fmt: skip
-    return y

@@ -20,7 +20,9 @@ PROMPTS = [
 ]
 
 
-def _run(model_dir, refs, device: str, dtype: str, graphs: bool = True) -> list[list[int]]:
+def _run(
+    model_dir, refs, device: str, dtype: str, graphs: bool = True, stacked: bool = False
+) -> list[list[int]]:
     engine = LLMEngine(
         EngineConfig(
             model=str(model_dir),
@@ -30,6 +32,7 @@ def _run(model_dir, refs, device: str, dtype: str, graphs: bool = True) -> list[
             max_cpu_loras=3,
             max_lora_rank=16,
             cuda_graphs=graphs,
+            lora_stacked=stacked,
         )
     )
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -51,11 +54,12 @@ def refs(llama_adapters):
     return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["two-kernels", "stacked"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
-def test_cuda_float32_equals_cpu(llama_dir, refs, graphs):
+def test_cuda_float32_equals_cpu(llama_dir, refs, graphs, stacked):
     assert torch.cuda.is_available()
     cpu = _run(llama_dir, refs, "cpu", "float32")
-    cuda = _run(llama_dir, refs, "cuda", "float32", graphs)
+    cuda = _run(llama_dir, refs, "cuda", "float32", graphs, stacked)
     assert cuda == cpu
 
 

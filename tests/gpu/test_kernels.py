@@ -455,3 +455,27 @@ def test_expected_slots_size_the_grid_and_keep_every_tile(
         want = _oracle(x, lora_a, lora_b, y0, new, 0.5, ranks)[1]
         assert rel_err(y, want) < TOLERANCE[dtype]
         assert torch.equal(y[new < 0], y0[new < 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sizes", [(4096, 1024, 1024), (14336, 14336), (4096,)])
+def test_expand_stacked_on_cuda_equals_float64(dtype, sizes):
+    """The stacked layout's expand at real widths: each row's slot columns of the GEMM's
+    output, against float64 (the reference's gather then expand)."""
+    import kernels
+    from kernels.reference import lora_expand_stacked_ref
+
+    tokens, slots_n, rank = 64, 8, 16
+    slots = torch.randint(-1, slots_n, (tokens,), device="cuda")
+    b = tuple(
+        (torch.randn(slots_n, rank, n, device="cuda") * rank**-0.5).to(dtype).transpose(1, 2)
+        for n in sizes
+    )
+    n_base = sum(sizes)
+    out = torch.randn(tokens, n_base + len(sizes) * slots_n * rank, device="cuda").to(dtype)
+    want = out.double()
+    lora_expand_stacked_ref(want, n_base, tuple(t.double() for t in b), slots)
+    kernels.lora_expand_stacked(out, n_base, b, build_meta(slots, slots_n))
+    got, want = out[:, :n_base].double(), want[:, :n_base]
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert float((got - want).abs().max() / want.abs().max()) < tol

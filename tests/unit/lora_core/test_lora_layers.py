@@ -81,8 +81,8 @@ ADAPTERS = {
 }
 
 
-@pytest.fixture
-def setup(tmp_path: Path, build_peft, base):
+@pytest.fixture(params=[False, True], ids=["two-kernels", "stacked"])
+def setup(tmp_path: Path, build_peft, base, request):
     peft_models, weights = {}, {}
     for name, kw in ADAPTERS.items():
         peft_models[name] = build_peft(**kw)
@@ -92,7 +92,7 @@ def setup(tmp_path: Path, build_peft, base):
     model = EngineLikeModel(base, peft_models["a"].base_model.model.model.layers)
     buffers = SlotBuffers(base, max_loras=3, max_rank=8, dtype=torch.float32, device="cpu")
     ctx = LoraBatchContext(max_num_tokens=16, device="cpu")
-    apply_lora(model, buffers, ctx)
+    apply_lora(model, buffers, ctx, stacked=request.param)
     return model, buffers, ctx, peft_models, weights
 
 
