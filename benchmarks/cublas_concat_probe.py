@@ -22,8 +22,9 @@ past L2) against the library's shrink, which it would replace:
                  (one torch indexing kernel), then kernels.lora_expand
   direct         the same layer with the expand reading its rows' columns out of the
                  GEMM's output itself and adding into y = its first N columns, in place
-                 (`stacked_expand.py`: the library's expand kernel, one offset term
-                 added): the design with no launch but the GEMM's and the expand's
+                 (`kernels.lora_expand_stacked`; the recorded run used a copy of it in
+                 benchmarks/ before it joined the library): no launch but the GEMM's
+                 and the expand's
 
 The stacked columns come out in bf16 (the contract's shrink output is fp32): the probe
 times the design, it does not make it correct.
@@ -43,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+import kernels
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grouped_mm_probe import SHAPES  # noqa: E402
@@ -61,7 +64,6 @@ from lora_bench import (  # noqa: E402
     time_graph,
     workspaces,
 )
-from stacked_expand import stacked_expand  # noqa: E402
 
 WEIGHT_COPIES = 3
 """Base weights rotated between calls (each layer's W is 8-235 MB: three copies pass L2)."""
@@ -88,7 +90,7 @@ def stacked_layer(st: dict, cat: torch.Tensor, n_base: int, buf: torch.Tensor, r
 def direct_layer(st: dict, cat: torch.Tensor, n_base: int) -> torch.Tensor:
     """The +pool layer with the expand reading the GEMM's columns: out[:, :N] is y."""
     out = torch.mm(st["x"], cat.t())
-    stacked_expand(out, n_base, st["pool"].b, st["meta"])
+    kernels.lora_expand_stacked(out, n_base, st["pool"].b, st["meta"])
     return out
 
 
