@@ -23,6 +23,7 @@ from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
 from router.rate_limit import TenantRateLimiter, window_of
 from tests.unit.router.test_frontend_auth import BASE, Dispatcher, tokenizer
+from tests.unit.router.test_status_mapping import FakeContext
 
 __all__ = ["tokenizer"]  # the shared fixture
 NS = "t"
@@ -245,23 +246,6 @@ def test_with_auth_off_nothing_is_limited_or_counted(tokenizer, registry, redis_
     assert not list(registry.client.scan_iter(f"{NS}:rate:*"))
 
 
-class GrpcContext:
-    """The part of Serve's gRPC context the Generate method uses."""
-
-    def __init__(self, key: str):
-        self.metadata = [("authorization", f"Bearer {key}")]
-        self.code = self.details = None
-
-    def invocation_metadata(self):
-        return self.metadata
-
-    def set_code(self, code):
-        self.code = code
-
-    def set_details(self, details):
-        self.details = details
-
-
 def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, redis_url):
     ingress = GrpcInferenceMixin()
     request = pb.GenerateRequest(model=BASE, prompt_token_ids=[1, 2], max_tokens=2)
@@ -270,7 +254,7 @@ def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, re
         ingress.frontend = frontend(tokenizer, areg)
         contexts = []
         for _ in range(4):
-            ctx = GrpcContext(keys["acme"])
+            ctx = FakeContext([("authorization", "Bearer " + keys["acme"])])
             try:
                 _ = [chunk async for chunk in ingress.Generate(request, ctx)]
             except TenantRateLimited:
