@@ -46,7 +46,7 @@ class ThinkReader:
         if self.state == "thinking":
             close = self.held.find(CLOSE)
             if close < 0:
-                keep = _tag_tail(self.held, CLOSE)
+                keep = tag_tail(self.held, CLOSE)
                 out += _delta("reasoning_content", self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep :]
                 return out
@@ -65,8 +65,9 @@ class ThinkReader:
         return _delta("reasoning_content" if self.state == "thinking" else "content", held)
 
 
-def _tag_tail(text: str, tag: str) -> int:
-    """Length of the longest tail of text that begins tag (0: none)."""
+def tag_tail(text: str, tag: str) -> int:
+    """Length of the longest tail of text that begins tag (0: none): what a streamed
+    reader holds back until the next piece tells (also `router.tool_calls`)."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-k:]):
             return k

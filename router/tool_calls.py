@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.reasoning import tag_tail
+
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
@@ -148,7 +150,7 @@ class HermesCalls(ToolStream):
                 continue
             opened = self.held.find(OPEN)
             if opened < 0:
-                keep = _partial_tag(self.held)
+                keep = tag_tail(self.held, OPEN)
                 out += _content(self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep :]
                 return out
@@ -168,14 +170,6 @@ class HermesCalls(ToolStream):
             self.inside = False
             return self._block(held, OPEN + held)
         return _content(held)
-
-
-def _partial_tag(text: str) -> int:
-    """Length of the longest tail of text that begins OPEN (0: none)."""
-    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-k:]):
-            return k
-    return 0
 
 
 def _content(text: str) -> list[dict[str, Any]]:
