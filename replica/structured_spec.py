@@ -107,10 +107,12 @@ class StructuredOutput:
                 # json_object is OpenAI's JSON mode: an object, not any value
                 schema = self.value if self.kind == "json" else '{"type": "object"}'
                 if self.whitespace:
-                    return xgr.Grammar.from_json_schema(
+                    grammar = xgr.Grammar.from_json_schema(
                         schema, any_whitespace=True, max_whitespace_cnt=self.whitespace
                     )
-                return xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+                else:
+                    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+                return json_strings_escaped(grammar)
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.value)
             if self.kind == "choice":
@@ -118,6 +120,30 @@ class StructuredOutput:
             return xgr.Grammar.from_ebnf(self.value)
         except RuntimeError as e:
             raise ValueError(_reason(e)) from None
+
+
+_BOUNDED_CHARACTER = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+"""The rule xgrammar 0.2.9 writes for one character of a JSON string with minLength or
+maxLength (`root_prop_0_characters ::= (([^\"\\\r\n]))`): it lets raw control
+characters through (a tab, U+0001), which JSON forbids (json.loads refuses the output),
+and no escapes, so a bounded string could hold no quote. Its unbounded strings are right."""
+_JSON_CHARACTER = r'(([^\0-\x1f\"\\]) | ("\\" ([\"\\/bfnrt] | "u" [A-Fa-f0-9]{4})))'
+"""One character of a JSON string, as JSON defines it: any but the control characters, the
+quote and the backslash, or an escape (counted as one character, as its decoded length;
+an escaped surrogate pair, a character past U+FFFF written as two escapes, counts two)."""
+
+
+def json_strings_escaped(grammar: Any) -> Any:
+    """grammar (from a JSON schema) with each bounded string's character rule replaced by
+    _JSON_CHARACTER, so its output is always JSON; grammar itself when it has none.
+    Example: {"type": "string", "maxLength": 4} then takes "a\\tb" (an escaped tab) and
+    refuses a raw tab."""
+    import xgrammar as xgr
+
+    ebnf, count = _BOUNDED_CHARACTER.subn(
+        lambda m: f"{m.group(1)} ::= {_JSON_CHARACTER}", str(grammar)
+    )
+    return xgr.Grammar.from_ebnf(ebnf) if count else grammar
 
 
 def choice_ebnf(choices: Iterable[str]) -> str:
