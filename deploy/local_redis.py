@@ -56,10 +56,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child_setup() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the actor
-    os.umask(0o077)  # its AOF and snapshots hold the registry: readable by us only
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+"""Looked up here, not in the child: between fork and exec of a process with other threads
+(Ray's, gRPC's) the child should do as little as it can. The one flaky start seen
+(redis-server "exited with -6" at start, CI 2026-12-06; not reproduced since) had the
+child load libc and set its umask in Python there: the likeliest suspect, now gone."""
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)  # die with the actor
 
 
 def _private(path: str, flags: int) -> int:
@@ -137,7 +143,8 @@ def start_redis_server(
                 args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_child_setup,
+                preexec_fn=_die_with_parent,
+                umask=0o077,  # its AOF and snapshots hold the registry: readable by us only
                 pass_fds=(lock,),
             )
     finally:
