@@ -46,16 +46,7 @@ async def parse_request(model: type[M], body: bytes) -> M:
 def parse_body(model: type[M], body: bytes | str | dict) -> M:
     """Parse and validate a JSON body into `model`; any problem -> InvalidRequest."""
     if isinstance(body, bytes | str):
-        try:
-            body = json.loads(body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidRequest(
-                f"body is not valid JSON ({e.msg if hasattr(e, 'msg') else e})"
-            ) from None
-        except RecursionError:  # the parser's own limit, far deeper than MAX_DEPTH
-            raise InvalidRequest(f"body: nested too deeply; {DEPTH_ALLOWED}") from None
-        except ValueError:  # an integer longer than int() converts (JSONDecodeError is above)
-            raise InvalidRequest(f"body: {NUMBER_TOO_LONG}") from None
+        body = load_json(body or b"null", None)
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
     if too_deep(body):
@@ -68,6 +59,32 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
         return model.model_validate(body)
     except ValidationError as e:
         raise InvalidRequest(*_describe(e)) from None
+
+
+def load_json(text: bytes | str, field: str | None, allowed: str = "") -> object:
+    """json.loads; InvalidRequest naming `field` (None: the body; a field: a JSON value
+    the request sends as text, gRPC's *_json fields) for text that is not JSON, nests
+    too deeply, or holds an integer too long to convert. allowed: what the field takes,
+    for the message. A field's value sits one level inside its request, as REST's do in
+    their body, so it may nest one level less than a body."""
+    where = field or "body"
+    allowed = f"; allowed: {allowed}" if allowed else ""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        why = e.msg if hasattr(e, "msg") else e
+        raise InvalidRequest(f"{where} is not valid JSON ({why}){allowed}", field) from None
+    except RecursionError:  # the parser's own limit, far deeper than MAX_DEPTH
+        raise InvalidRequest(f"{where}: nested too deeply; {DEPTH_ALLOWED}", field) from None
+    except ValueError:  # an integer longer than int() converts (JSONDecodeError is above)
+        raise InvalidRequest(f"{where}: {NUMBER_TOO_LONG}", field) from None
+    if field is not None and too_deep(value, MAX_DEPTH - 1):
+        raise InvalidRequest(
+            f"{field}: nested more than {MAX_DEPTH - 1} levels; allowed: at most "
+            f"{MAX_DEPTH - 1} levels of nested arrays and objects",
+            field,
+        )
+    return value
 
 
 # pydantic's strict type errors -> what the field takes (its range, if any, is checked

@@ -4,8 +4,9 @@ The Serve gRPC proxy calls `Generate` / `ListModels` on the ingress by name; the
 methods share `Frontend` with REST, so resolution, auth, routing and the error table
 are the same. `n` choices are n engine requests, as on REST (`router.choices`), their
 chunks interleaved, each naming its choice; the first error of any choice ends the call
-and aborts the others. A request's `messages` are rendered by the chat template, as
-REST's chat renders them. Errors set the status from `router.errors` on the Serve gRPC
+and aborts the others. A request's `messages` are rendered by the chat template and its
+output read for tool calls and reasoning, as REST's chat renders and reads them
+(`router.grpc_chat`). Errors set the status from `router.errors` on the Serve gRPC
 context and raise (a retry hint becomes the retry-after trailer in the proxy:
 `router.grpc_proxy`); a client cancel cancels this generator, which cancels the replica
 calls and aborts the requests in the engine.
@@ -14,12 +15,10 @@ calls and aborts the requests in the engine.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import numpy as np
-from pydantic import Field
 from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
@@ -27,13 +26,12 @@ from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
 from router.body_checks import check_cache_salt, check_max_tokens, check_top_count
-from router.body_parse import parse_body
-from router.chat_options import ChatTemplateFields
+from router.chat_reader import ChatReader
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
-from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
+from router.grpc_chat import GrpcChat, chat_of, chat_readers, prompt_ids_of, read_chunks
 from router.proto import lorafleet_pb2 as pb
 from router.structured_request import grpc_asks_grammar, grpc_structured
 
@@ -51,8 +49,9 @@ def shortest(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
-    """Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k,
+def sampling_of(req: pb.GenerateRequest, chat: GrpcChat | None = None) -> SamplingParams:
+    """chat: the request's chat (`chat_of`), whose forced tool call sets the grammar.
+    Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k,
     min_p and the presence / frequency penalties, an empty allowed_token_ids is off (proto3
     has no null list); max_tokens and repetition_penalty are
     optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
@@ -84,16 +83,18 @@ def sampling_of(req: pb.GenerateRequest) -> SamplingParams:
         truncate_prompt_tokens=(
             req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
         ),
-        structured_outputs=_structured(req),
+        structured_outputs=_structured(req, chat),
     )
 
 
-def _structured(req: pb.GenerateRequest):
-    """The structured output of the structured_* fields, checked as REST's are."""
+def _structured(req: pb.GenerateRequest, chat: GrpcChat | None):
+    """The structured output of the structured_* fields, checked as REST's are, or the
+    grammar forcing the chat's tool call (both: refused, as REST refuses them)."""
     try:
-        return grpc_structured(req)
+        own = grpc_structured(req)
     except ValueError as e:
         raise InvalidRequest(str(e), str(e).split(":", 1)[0]) from None
+    return own if chat is None else chat.structured(own)
 
 
 def cache_salt_of_request(req: pb.GenerateRequest) -> str | None:
@@ -189,40 +190,26 @@ async def shared_prompt_scores(
         yield index, out, (scores if first else None)
 
 
-class GrpcChat(ChatTemplateFields):
-    """A GenerateRequest's messages, checked as REST's chat checks them."""
-
-    model_config = BODY_CONFIG
-
-    messages: list[ChatMessage] = Field(min_length=1)
-
-
-async def prompt_ids_of(front: Frontend, req: pb.GenerateRequest) -> tuple[int, ...]:
-    """The prompt's token ids: prompt (else prompt_token_ids) encoded, or messages
-    rendered by the chat template (with chat_template_kwargs_json's variables)."""
-    if not req.messages:
-        if req.chat_template_kwargs_json:
-            raise InvalidRequest(
-                "chat_template_kwargs_json: allowed only with messages", "chat_template_kwargs_json"
-            )
-        return await front.encode_prompt(req.prompt or list(req.prompt_token_ids))
-    if req.prompt or req.prompt_token_ids:
-        given = "prompt" if req.prompt else "prompt_token_ids"
-        raise InvalidRequest(
-            f"messages: given with {given}; allowed: one of prompt, prompt_token_ids and messages",
-            "messages",
-        )
-    body: dict = {"messages": [{"role": t.role, "content": t.content} for t in req.messages]}
-    if req.chat_template_kwargs_json:
-        try:
-            body["chat_template_kwargs"] = json.loads(req.chat_template_kwargs_json)
-        except ValueError:
-            raise InvalidRequest(
-                "chat_template_kwargs_json: not JSON; allowed: a JSON object",
-                "chat_template_kwargs_json",
-            ) from None
-    chat = parse_body(GrpcChat, body)
-    return await front.encode_chat(chat_dicts(chat.messages), None, chat.template_options())
+async def chunks_of(
+    merged: AsyncIterator[tuple[int, RequestOutput]],
+    ids: tuple[int, ...],
+    readers: list[ChatReader] | None,
+    shared_scores: bool,
+) -> AsyncIterator[pb.GenerateChunk]:
+    """The chunks of the choices' outputs (index, output), each output's text read by
+    its choice's reader (`router.grpc_chat.read_chunks`) when there are readers.
+    shared_scores: n choices asking for prompt logprobs (`shared_prompt_scores`)."""
+    if shared_scores:
+        outputs = shared_prompt_scores(merged)
+    else:
+        outputs = ((index, out, None) async for index, out in merged)
+    async for index, out, scores in outputs:
+        chunk = chunk_of(index, out, ids, scores)
+        if readers is None:
+            yield chunk
+        else:
+            for piece in read_chunks(chunk, readers[index]):
+                yield piece
 
 
 def choices_of(req: pb.GenerateRequest) -> int:
@@ -262,11 +249,12 @@ class GrpcInferenceMixin:
                     "model: required (an adapter name or the base model name)", "model"
                 )
             n = choices_of(request)
-            ids = await prompt_ids_of(front, request)
+            chat = await chat_of(request)
+            ids = await prompt_ids_of(front, request, chat)
             if grpc_asks_grammar(request):  # its grammar is built off the event loop, as REST's
-                params = await asyncio.to_thread(sampling_of, request)
+                params = await asyncio.to_thread(sampling_of, request, chat)
             else:
-                params = sampling_of(request)
+                params = sampling_of(request, chat)
             ids = params.kept_prompt(ids, front.max_model_len)
             prepared = await front.prepare(
                 api_key,
@@ -277,14 +265,15 @@ class GrpcInferenceMixin:
                 max_tokens_sent=request.HasField("max_tokens"),
                 cache_salt=cache_salt_of_request(request),
             )
+            readers = chat_readers(front, chat, params, n)
+            shared_scores = n > 1 and params.prompt_logprobs is not None
             streams = [front.generate(api_key, p) for p in prepared.choices(n)]
-            async with aclosing(merge_streams(streams)) as merged:
-                if n > 1 and params.prompt_logprobs is not None:
-                    async for index, out, scores in shared_prompt_scores(merged):
-                        yield chunk_of(index, out, ids, scores)
-                else:
-                    async for index, out in merged:
-                        yield chunk_of(index, out, ids)
+            async with (
+                aclosing(merge_streams(streams)) as merged,
+                aclosing(chunks_of(merged, ids, readers, shared_scores)) as chunks,
+            ):
+                async for chunk in chunks:
+                    yield chunk
         except Exception as e:
             raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
 

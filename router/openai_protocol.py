@@ -52,8 +52,8 @@ from router.body_checks import (
 )
 from router.chat_options import ChatTemplateFields
 from router.choices import batch_of, check_fan_out, check_n, check_prompt
-from router.structured_request import StructuredBody
-from router.tools import ToolPlan, plan_of
+from router.structured_request import STRUCTURED_FIELDS, StructuredBody
+from router.tools import ToolPlan, forcing_grammar, plan_of
 
 # A JSON integer still fits a float field; nothing else is coerced.
 BODY_CONFIG = ConfigDict(extra="ignore", strict=True)
@@ -375,13 +375,7 @@ class ChatCompletionRequest(ChatTemplateFields, _Sampling):
     @model_validator(mode="after")
     def _read_tools(self) -> Self:
         plan = plan_of(self.tools, self.tool_choice, self.parallel_tool_calls)
-        grammar = plan.grammar()
-        if grammar is not None and self.structured is not None:
-            raise ValueError(
-                f"tool_choice: {json.dumps(self.tool_choice)[:80]} forces a call, given with a "
-                "structured output (response_format, structured_outputs or guided_*); "
-                'allowed: one of them, or tool_choice "none" / "auto"'
-            )
+        grammar = forcing_grammar(plan, self.tool_choice, super().structured, STRUCTURED_FIELDS)
         self._tool_plan, self._tool_grammar = plan, grammar
         return self
 

@@ -48,6 +48,8 @@ LEGACY = {
 }
 FIELDS = ("response_format", "structured_outputs", *LEGACY)
 """The body fields that ask for a structured output."""
+STRUCTURED_FIELDS = "response_format, structured_outputs or guided_*"
+"""FIELDS, in words (a forced tool call given with one: `router.tools.forcing_grammar`)."""
 GRPC_FIELDS = {
     "structured_json_schema": "json",
     "structured_json_object": "json_object",
@@ -56,6 +58,8 @@ GRPC_FIELDS = {
     "structured_grammar": "grammar",
 }
 """GenerateRequest's structured-output fields -> the kind each asks for."""
+GRPC_STRUCTURED_FIELDS = "structured_*"
+"""GRPC_FIELDS, in words."""
 GRPC_WHITESPACE = "structured_any_whitespace"
 """GenerateRequest's flag for free whitespace in a JSON schema's or object's output."""
 

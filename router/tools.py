@@ -1,5 +1,5 @@
-"""Tool calling on /v1/chat/completions: OpenAI's `tools`, `tool_choice` and
-`parallel_tool_calls`, read into a `ToolPlan`.
+"""Tool calling on /v1/chat/completions (and gRPC's chat: `router.grpc_chat`): OpenAI's
+`tools`, `tool_choice` and `parallel_tool_calls`, read into a `ToolPlan`.
 
     tool_choice "none"      the model answers in text (the tools still reach the template)
     tool_choice {"type": "function", "function": {"name": N}}
@@ -62,17 +62,18 @@ class Tool:
         return {"type": "function", "function": function}
 
 
-def tools_of(value: object) -> tuple[Tool, ...]:
-    """OpenAI's `tools` list -> Tools; ValueError naming the field at fault. Example:
+def tools_of(value: object, field: str = "tools") -> tuple[Tool, ...]:
+    """OpenAI's `tools` list -> Tools; ValueError naming the field at fault (`field`:
+    the request's name of the list, gRPC's "tools_json"). Example:
     [{"type": "function", "function": {"name": "f"}}] -> (Tool("f", NO_PARAMETERS),)."""
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         size = f"{len(value)} tools" if isinstance(value, list) else type(value).__name__
-        raise ValueError(f"tools: got {size}; allowed: a list of at most {MAX_TOOLS} tools")
-    tools = tuple(_tool(item, f"tools[{i}]") for i, item in enumerate(value))
+        raise ValueError(f"{field}: got {size}; allowed: a list of at most {MAX_TOOLS} tools")
+    tools = tuple(_tool(item, f"{field}[{i}]") for i, item in enumerate(value))
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if tool.name in seen:
-            raise ValueError(f"tools[{i}].function.name: {tool.name!r} is named twice")
+            raise ValueError(f"{field}[{i}].function.name: {tool.name!r} is named twice")
         seen.add(tool.name)
     return tools
 
@@ -162,11 +163,14 @@ class ToolPlan:
             )
 
 
-def plan_of(tools: object, choice: object, parallel: object) -> ToolPlan:
+def plan_of(
+    tools: object, choice: object, parallel: object, tools_field: str = "tools"
+) -> ToolPlan:
     """The ToolPlan of a body's tools / tool_choice / parallel_tool_calls (None = not
-    sent); ValueError naming the field. The forcing grammar is checked here, on the
-    ingress, so a schema xgrammar does not support is a 400 naming its tool."""
-    parsed = tools_of(tools) if tools is not None else ()
+    sent); ValueError naming the field (tools_field: the request's name of the tools,
+    gRPC's "tools_json"). The forcing grammar is checked here, on the ingress, so a
+    schema xgrammar does not support is a 400 naming its tool."""
+    parsed = tools_of(tools, tools_field) if tools is not None else ()
     if parallel is not None and not isinstance(parallel, bool):
         raise ValueError("parallel_tool_calls: allowed: true or false")
     if choice is None:
@@ -195,22 +199,40 @@ def plan_of(tools: object, choice: object, parallel: object) -> ToolPlan:
     plan = ToolPlan(parsed, choice, name, parallel is not False)
     if plan.choice == "function":
         at = next(i for i, t in enumerate(parsed) if t.name == name)
-        checked(f"tools[{at}].function.parameters", _grammar_or_raise(plan, at))
+        where = f"{tools_field}[{at}].function.parameters"
+        checked(where, _grammar_or_raise(plan, where))
     elif plan.choice == "required":
         for i, tool in enumerate(parsed):
             one = ToolPlan((tool,), "function", tool.name)
-            checked(f"tools[{i}].function.parameters", _grammar_or_raise(one, i))
-        checked("tools", _grammar_or_raise(plan, None))
+            where = f"{tools_field}[{i}].function.parameters"
+            checked(where, _grammar_or_raise(one, where))
+        checked(tools_field, _grammar_or_raise(plan, tools_field))
     return plan
 
 
-def _grammar_or_raise(plan: ToolPlan, at: int | None) -> StructuredOutput:
+def _grammar_or_raise(plan: ToolPlan, where: str) -> StructuredOutput:
     try:
         grammar = plan.grammar()
     except ValueError as e:
-        where = "tools" if at is None else f"tools[{at}].function.parameters"
         raise ValueError(f"{where}: {e}") from None
     assert grammar is not None
+    return grammar
+
+
+def forcing_grammar(
+    plan: ToolPlan, choice: object, structured: StructuredOutput | None, structured_fields: str
+) -> StructuredOutput | None:
+    """The grammar that forces plan's call (None: not forced); ValueError when the
+    request also asks for a structured output of its own (structured: it, None when it
+    asks none; structured_fields: the fields that ask one, for the message), as one
+    output cannot follow two grammars. choice: tool_choice as sent."""
+    grammar = plan.grammar()
+    if grammar is not None and structured is not None:
+        raise ValueError(
+            f"tool_choice: {json.dumps(choice)[:80]} forces a call, given with a structured "
+            f"output ({structured_fields}); allowed: one of them, or tool_choice "
+            '"none" / "auto"'
+        )
     return grammar
 
 

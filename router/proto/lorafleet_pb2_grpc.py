@@ -5,7 +5,7 @@ import warnings
 
 from router.proto import lorafleet_pb2 as router_dot_proto_dot_lorafleet__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
