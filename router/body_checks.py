@@ -27,7 +27,6 @@ CONTENT_ALLOWED = (
     "(only text: image, audio and file parts are not supported)"
 )
 STOP_ALLOWED = "allowed: a string or a list of strings"
-TOOL_CHOICE_ALLOWED = 'allowed: "none", null or "auto" without tools (not supported)'
 
 
 class RefusedAt(ValueError):
@@ -126,13 +125,6 @@ def check_cache_salt(salt: str | None) -> str | None:
     if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
         raise ValueError(f"got a string of {len(salt)} characters; {CACHE_SALT_ALLOWED}")
     return salt
-
-
-def check_tool_choice(choice: object) -> object:
-    """tool_choice: a string or an object (which values we honour is checked after)."""
-    if isinstance(choice, str | dict):
-        return choice
-    raise RefusedAt(f"got {json_kind(choice)}; {TOOL_CHOICE_ALLOWED}")
 
 
 MAX_DEPTH = 64
