@@ -257,6 +257,8 @@ class GrpcInferenceMixin:
     ) -> AsyncIterator[pb.GenerateChunk]:
         front, api_key = self.frontend, grpc_api_key(grpc_context)
         try:
+            # key, tenant limit and adapter before any work on the body, as on REST
+            admitted = await front.admit(api_key, request.model)
             if not request.model:
                 raise InvalidRequest(
                     "model: required (an adapter name or the base model name)", "model"
@@ -268,9 +270,8 @@ class GrpcInferenceMixin:
             else:
                 params = sampling_of(request)
             ids = params.kept_prompt(ids, front.max_model_len)
-            prepared = await front.prepare(
-                api_key,
-                request.model,
+            prepared = front.prepare(
+                admitted,
                 ids,
                 params,
                 prompt_field="messages" if request.messages else "prompt",
@@ -286,7 +287,7 @@ class GrpcInferenceMixin:
                     async for index, out in merged:
                         yield chunk_of(index, out, ids)
         except Exception as e:
-            raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
+            raise _fail(grpc_context, e) from None
 
     async def ListModels(  # noqa: N802 (gRPC method name)
         self, request: pb.ListModelsRequest, grpc_context: RayServegRPCContext
