@@ -33,6 +33,7 @@ from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
+from router.grpc_proxy import retry_hint
 from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
 from router.proto import lorafleet_pb2 as pb
 from router.structured_request import grpc_asks_grammar, grpc_structured
@@ -238,10 +239,11 @@ def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
     status = status_for(exc)
     context.set_code(status.grpc_code)
     details = public_message(exc)
-    if status.retry_after_s is not None:
+    if status.retry_after_s is not None and retry_hint(details) is None:
         # Serve's gRPC proxy drops a deployment's trailing metadata when the call ends in
         # an error: the hint rides in the details, which the proxy's handlers copy into
-        # the retry-after trailer (router.grpc_proxy).
+        # the retry-after trailer (router.grpc_proxy). A message ending in it already
+        # (TenantRateLimited's) is not given a second.
         details = f"{details} (retry after {max(1, round(status.retry_after_s))} s)"
     context.set_details(details)
     return exc
