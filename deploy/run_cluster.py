@@ -77,10 +77,10 @@ def taken_ports(config: dict) -> list[str]:
 
 
 def bad_args(config: dict) -> list[str]:
-    """What `deploy.builder.parse_args` refuses in the args of the config's lorafleet apps:
-    build_app would refuse the same, but Serve retries a failing build and `serve run`
-    stays up, printing the refusal among tracebacks."""
-    from deploy.builder import parse_args  # Ray Serve and the engine config: slow imports
+    """What `deploy.cluster_args.parse_args` refuses in the args of the config's lorafleet
+    apps: build_app would refuse the same, but Serve retries a failing build and `serve
+    run` stays up, printing the refusal among tracebacks."""
+    from deploy.cluster_args import parse_args  # the registry client: imported when needed
     from lora_core.errors import InvalidRequest
 
     problems = []

@@ -116,15 +116,17 @@ class CapacityExceeded(LoraFleetError):
 class TenantRateLimited(LoraFleetError):
     """A tenant sent more requests in this minute than its limit allows (its own, set by
     `lorafleet tenants limit`, else the cluster's tenant_requests_per_minute). Retry
-    after retry_after_s: seconds until the next minute's window opens."""
+    after retry_after_s: seconds until the next minute's window opens. The message ends
+    in the retry hint gRPC's details carry ("(retry after N s)", `router.grpc_proxy`),
+    so gRPC sends it as it is, naming the time once."""
 
     retryable = True
 
     def __init__(self, tenant: str, limit: int, retry_after_s: int):
         super().__init__(
             f"tenant {tenant!r} is limited to {limit} requests per minute and sent them all "
-            f"in this minute; allowed: retry after {retry_after_s} s, when the next "
-            "minute begins"
+            "in this minute; allowed: more requests when the next minute begins "
+            f"(retry after {retry_after_s} s)"
         )
         self.tenant = tenant
         self.limit = limit

@@ -1,8 +1,9 @@
 """The protocol-independent core of the ingress (no Ray, no FastAPI, no gRPC).
 
-REST and gRPC both turn their request into a `GenerateCall` here (resolve the adapter,
-check the tenant, tokenize, validate lengths) and read `RequestOutput`s back through
-`dispatch`, which the Serve shell binds to the replica deployment handle.
+REST and gRPC both turn their request into a `GenerateCall` here (`admit`: the key, the
+tenant's rate limit and the adapter's resolution, before any work on the body; then
+tokenize, validate lengths, `prepare`) and read `RequestOutput`s back through `dispatch`,
+which the Serve shell binds to the replica deployment handle.
 
 Errors raised before the first output surface as the request's status; a replica
 refusing an adapter version it does not hold (retryable) is retried once after
@@ -38,6 +39,8 @@ from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
 from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall, check_prompt_ids
+from router import admission
+from router.admission import Admitted
 from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
@@ -157,7 +160,7 @@ class Frontend:
     reasoning_parser: how chat answers split a reasoning model's thinking into
     `reasoning_content` (`router.reasoning.PARSERS`; None: not split).
     rate_limiter: holds each tenant to its requests per minute (None: no limits); a
-    request is counted once its tenant is known (auth on), whatever its n.
+    request is counted once, by `admit`, whatever its prompts and n.
     """
 
     def __init__(
@@ -282,9 +285,10 @@ class Frontend:
         return max(1, self.max_model_len - len(prompt_ids))
 
     async def key_checked_first(self, api_key: str | None, exc: BaseException) -> BaseException:
-        """The error to answer for `exc`, raised before resolution: a user error (400)
-        waits for the key check, so a caller with a bad key learns only that (401), as on
-        the admin endpoints. Costs a registry round trip on this error path only."""
+        """The error to answer for `exc`, raised before `admit` (a body that does not
+        parse): a user error (400) waits for the key check, so a caller with a bad key
+        learns only that (401), as on the admin endpoints. Costs a registry round trip
+        on this error path only."""
         if not isinstance(unwrap(exc), InvalidRequest):
             return exc
         try:
@@ -293,10 +297,14 @@ class Frontend:
             return e
         return exc
 
-    async def prepare(
+    async def admit(self, api_key: str | None, model: str) -> Admitted:
+        """The key, the tenant's rate limit and `model`'s resolution, before any work on
+        the request's body (`router.admission`). Raises Unauthorized, TenantRateLimited."""
+        return await admission.admit(self.resolver, self.rate_limiter, api_key, model)
+
+    def prepare(
         self,
-        api_key: str | None,
-        model: str,
+        admitted: Admitted,
         prompt_ids: tuple[int, ...],
         params: SamplingParams,
         *,
@@ -304,7 +312,9 @@ class Frontend:
         max_tokens_sent: bool = True,
         cache_salt: str | None = None,
     ) -> Prepared:
-        """prompt_field: the body field the prompt came from (named by a length refusal);
+        """The call of one prompt of an admitted request: the length check (400) first,
+        then its model's 404, if resolution refused it (`Admitted.resolution`).
+        prompt_field: the body field the prompt came from (named by a length refusal);
         max_tokens_sent: False when params.max_tokens is a default the client never sent;
         cache_salt: the request's own prefix-cache salt (vLLM's field), if any."""
         too_long = length_refusal(
@@ -312,18 +322,16 @@ class Frontend:
         )
         if too_long is not None:
             raise too_long
-        resolved = await self.resolver.resolve(api_key, model)
-        if resolved.tenant is not None and self.rate_limiter is not None:
-            await self.rate_limiter.admit(resolved.tenant)
+        resolved = admitted.resolution()
         call = GenerateCall(
             request_id=f"req-{uuid.uuid4().hex}",
             prompt_token_ids=prompt_ids,
             params=params,
             adapter=resolved.adapter,
             residency=resolved.residency,
-            cache_salt=cache_salt_of(resolved.tenant, cache_salt, self.prefix_cache_scope),
+            cache_salt=cache_salt_of(admitted.tenant, cache_salt, self.prefix_cache_scope),
         )
-        return Prepared(call=call, model=model, adapter=resolved.adapter)
+        return Prepared(call=call, model=admitted.model, adapter=resolved.adapter)
 
     async def generate(
         self, api_key: str | None, prepared: Prepared

@@ -32,6 +32,7 @@ from router.errors import public_message, status_for, unwrap
 from router.fanout import merge_streams
 from router.frontend import Frontend
 from router.grpc_chat import GrpcChat, chat_of, chat_readers, prompt_ids_of, read_chunks
+from router.grpc_proxy import retry_hint
 from router.proto import lorafleet_pb2 as pb
 from router.structured_request import grpc_asks_grammar, grpc_structured
 
@@ -225,10 +226,11 @@ def _fail(context: RayServegRPCContext, exc: BaseException) -> BaseException:
     status = status_for(exc)
     context.set_code(status.grpc_code)
     details = public_message(exc)
-    if status.retry_after_s is not None:
+    if status.retry_after_s is not None and retry_hint(details) is None:
         # Serve's gRPC proxy drops a deployment's trailing metadata when the call ends in
         # an error: the hint rides in the details, which the proxy's handlers copy into
-        # the retry-after trailer (router.grpc_proxy).
+        # the retry-after trailer (router.grpc_proxy). A message ending in it already
+        # (TenantRateLimited's) is not given a second.
         details = f"{details} (retry after {max(1, round(status.retry_after_s))} s)"
     context.set_details(details)
     return exc
@@ -244,6 +246,8 @@ class GrpcInferenceMixin:
     ) -> AsyncIterator[pb.GenerateChunk]:
         front, api_key = self.frontend, grpc_api_key(grpc_context)
         try:
+            # key, tenant limit and adapter before any work on the body, as on REST
+            admitted = await front.admit(api_key, request.model)
             if not request.model:
                 raise InvalidRequest(
                     "model: required (an adapter name or the base model name)", "model"
@@ -256,9 +260,8 @@ class GrpcInferenceMixin:
             else:
                 params = sampling_of(request, chat)
             ids = params.kept_prompt(ids, front.max_model_len)
-            prepared = await front.prepare(
-                api_key,
-                request.model,
+            prepared = front.prepare(
+                admitted,
                 ids,
                 params,
                 prompt_field="messages" if request.messages else "prompt",
@@ -275,7 +278,7 @@ class GrpcInferenceMixin:
                 async for chunk in chunks:
                     yield chunk
         except Exception as e:
-            raise _fail(grpc_context, await front.key_checked_first(api_key, e)) from None
+            raise _fail(grpc_context, e) from None
 
     async def ListModels(  # noqa: N802 (gRPC method name)
         self, request: pb.ListModelsRequest, grpc_context: RayServegRPCContext

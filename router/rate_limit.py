@@ -3,7 +3,8 @@
 Each inference request of a tenant under a limit is counted in the registry under the
 current unix minute (`count_request`: one INCR with the counter's expiry, one round
 trip); a count past the limit is refused with `TenantRateLimited` (429 / gRPC
-RESOURCE_EXHAUSTED, retry after the seconds left in the minute). Refused requests count
+RESOURCE_EXHAUSTED, retry after the seconds left in the minute), before any work on its
+body (`router.admission`), once whatever its prompts and n. Refused requests count
 too, as in any fixed-window limiter: a client that keeps sending past its limit stays
 refused until the minute ends, and a tenant may send up to twice its limit across a
 minute's boundary.

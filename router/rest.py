@@ -2,7 +2,9 @@
 
 Each handler returns a Starlette response. Errors before the first token become an
 OpenAI error JSON with the table's status; an error after streaming began is sent as
-one last SSE `data: {"error": ...}` event (the status line is already out).
+one last SSE `data: {"error": ...}` event (the status line is already out). A request
+is admitted (`Frontend.admit`: key, tenant rate limit, adapter) before its body is
+rendered or tokenized, so a bad key or a tenant past its limit costs no tokenizing.
 
 `n` choices are n engine requests of one resolved, tokenized prompt (`Prepared.choices`),
 started together: the status is sent once every choice has its first output, and the
@@ -95,7 +97,8 @@ def route_error_response(
 
 
 async def refusal(front: Frontend, api_key: str | None, exc: BaseException) -> JSONResponse:
-    """`error_response` for an error before the stream, the key checked first."""
+    """`error_response` for an error before `Frontend.admit` (a body that does not
+    parse), the key checked first. Errors after it need no such check: admit checked."""
     return error_response(await front.key_checked_first(api_key, exc))
 
 
@@ -243,13 +246,13 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
     """One prompt or a batch: prompt i's choice j is the response's choice i * n + j."""
     prompts = batch_of(req.prompt)
     try:
+        admitted = await front.admit(api_key, req.model)  # one request, however many prompts
         params = req.to_sampling_params()
         whole = [await front.encode_prompt(p) for p in prompts]
         ids = [params.kept_prompt(one, front.max_model_len) for one in whole]
         prepared = [
-            await front.prepare(
-                api_key,
-                req.model,
+            front.prepare(
+                admitted,
                 one,
                 params,
                 max_tokens_sent=req.max_tokens_sent,
@@ -260,7 +263,7 @@ async def completions(front: Frontend, api_key: str | None, req: CompletionReque
         choices = [c for p in prepared for c in p.choices(req.n)]
         started = await _start_all(front, api_key, choices)
     except Exception as e:
-        return await refusal(front, api_key, e)
+        return error_response(e)
     head = Head.now(prepared[0].call.request_id.replace("req-", "cmpl-"), req.model)
     want_lp, skip = req.logprobs is not None, params.skip_special_tokens
     scores = [_scored(started[i * req.n : (i + 1) * req.n]) for i in range(len(prompts))]
@@ -344,15 +347,15 @@ async def chat_completions(
 ) -> Response:
     plan = req.tool_plan
     try:
+        admitted = await front.admit(api_key, req.model)
         plan.check_parser(front.tool_call_parser)
         ids = await front.encode_chat(
             req.chat_dicts(), plan.template_tools(), req.template_options()
         )
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
         params = req.to_sampling_params(front.room_after(ids))
-        prepared = await front.prepare(
-            api_key,
-            req.model,
+        prepared = front.prepare(
+            admitted,
             ids,
             params,
             prompt_field="messages",
@@ -362,7 +365,7 @@ async def chat_completions(
         choices = prepared.choices(req.n)
         started = await _start_all(front, api_key, choices)
     except Exception as e:
-        return await refusal(front, api_key, e)
+        return error_response(e)
     head = Head.now(prepared.call.request_id.replace("req-", "chatcmpl-"), req.model)
     if not req.stream:
         try:

@@ -8,7 +8,10 @@ chat takes them), and `return_token_strs`; it answers
 {"count", "max_model_len", "tokens", "token_strs"}. /detokenize takes `tokens` and
 answers {"prompt"}. `model` is optional (the base model); when given it is resolved as on
 the inference routes, so an unknown or forbidden adapter is the same 404. With auth on a
-valid key is needed either way. Every adapter shares the base model's tokenizer.
+valid key is needed either way, and each call counts as one request against the tenant's
+rate limit: both are checked (`Frontend.admit`) before the tokenizer runs, so a bad key
+or a tenant past its limit costs no tokenizing. Every adapter shares the base model's
+tokenizer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from router.body_parse import parse_request
 from router.chat_options import ChatTemplateFields
 from router.frontend import Frontend
 from router.openai_protocol import BODY_CONFIG, ChatMessage, chat_dicts
-from router.rest import refusal
+from router.rest import error_response, refusal
 from router.tools import Tool, tools_of
 
 
@@ -77,7 +80,10 @@ async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Respons
     answers 401 first when the key is bad too, as the inference routes do)."""
     try:
         req = await parse_request(TokenizeRequest, body)
-        await _authorize(front, api_key, req.model)
+    except Exception as e:
+        return await refusal(front, api_key, e)
+    try:
+        await _admit(front, api_key, req.model)
         if req.messages is not None:
             ids = await front.encode_chat(
                 chat_dicts(req.messages), req.template_tools(), req.template_options()
@@ -85,7 +91,7 @@ async def tokenize(front: Frontend, api_key: str | None, body: bytes) -> Respons
         else:
             ids = await front.encode_text(req.prompt, req.add_special_tokens is not False)
     except Exception as e:
-        return await refusal(front, api_key, e)
+        return error_response(e)
     tokens = list(ids)
     strs = front.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
     return JSONResponse(
@@ -102,17 +108,19 @@ async def detokenize(front: Frontend, api_key: str | None, body: bytes) -> Respo
     """The /detokenize answer for a raw body: the text of the tokens, or the error JSON."""
     try:
         req = await parse_request(DetokenizeRequest, body)
-        await _authorize(front, api_key, req.model)
+    except Exception as e:
+        return await refusal(front, api_key, e)
+    try:
+        await _admit(front, api_key, req.model)
         check_prompt_ids(req.tokens, front.vocab_size, "tokens")
         text = await front.decode(req.tokens)
     except Exception as e:
-        return await refusal(front, api_key, e)
+        return error_response(e)
     return JSONResponse({"prompt": text})
 
 
-async def _authorize(front: Frontend, api_key: str | None, model: str | None) -> None:
-    """The key (with auth on), and `model` when given, checked as inference checks them."""
-    if model is None:
-        await front.resolver.tenant(api_key)
-    else:
-        await front.resolver.resolve(api_key, model)
+async def _admit(front: Frontend, api_key: str | None, model: str | None) -> None:
+    """The key, the tenant's limit and `model` (the base model when absent), checked as
+    inference checks them; `model`'s 404 too, at once (no length check comes after)."""
+    admitted = await front.admit(api_key, front.resolver.base_name if model is None else model)
+    admitted.resolution()

@@ -122,7 +122,7 @@ def test_past_the_limit_refused_until_the_next_minute(registry, redis_url):
     assert first == [None, None, None, 17, 17]  # 16.8 s left, rounded up
     assert str(err) == (
         "tenant 'acme' is limited to 3 requests per minute and sent them all in this minute; "
-        "allowed: retry after 17 s, when the next minute begins"
+        "allowed: more requests when the next minute begins (retry after 17 s)"
     )
     assert (err.tenant, err.limit, err.retry_after_s) == ("acme", 3, 17)
     assert late == [1]
@@ -227,7 +227,8 @@ def test_rest_answers_429_with_retry_after_and_the_openai_error(
     assert json.loads(refused.body) == {
         "error": {
             "message": "tenant 'acme' is limited to 3 requests per minute and sent them all "
-            "in this minute; allowed: retry after 17 s, when the next minute begins",
+            "in this minute; allowed: more requests when the next minute begins "
+            "(retry after 17 s)",
             "type": "rate_limit_error",
             "param": None,
             "code": "tenant_rate_limited",
@@ -266,5 +267,8 @@ def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, re
     assert [c.code for c in contexts[:3]] == [None, None, None]
     refused = contexts[3]
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert refused.details.endswith("when the next minute begins (retry after 17 s)")
+    assert refused.details == (  # the retry time named once
+        "tenant 'acme' is limited to 3 requests per minute and sent them all in this minute; "
+        "allowed: more requests when the next minute begins (retry after 17 s)"
+    )
     assert retry_hint(refused.details) == "17"  # the proxy's retry-after trailer

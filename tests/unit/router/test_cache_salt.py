@@ -12,7 +12,13 @@ from router.frontend import Frontend, cache_salt_of
 from router.grpc_service import cache_salt_of_request
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
-from tests.unit.router.test_frontend_auth import BASE, Dispatcher, FakeRegistry, run, tokenizer
+from tests.unit.router.test_frontend_auth import (
+    BASE,
+    Dispatcher,
+    FakeRegistry,
+    prepare,
+    tokenizer,
+)
 
 __all__ = ["tokenizer"]  # the module fixture, shared
 
@@ -44,14 +50,13 @@ def test_tenants_get_their_own_salt_unless_shared(tokenizer, scope, model):
     front = Frontend(tokenizer, resolver, Dispatcher(), 64, scope)
     params = SamplingParams(max_tokens=2)
     salts = {
-        key: run(front.prepare(key, model, (1, 2, 3), params)).call.cache_salt
-        for key in ("k1", "k2")
+        key: prepare(front, model, (1, 2, 3), params, key).call.cache_salt for key in ("k1", "k2")
     }
     if scope == "tenant":
         assert salts == {"k1": "t1\x00", "k2": "t2\x00"}
     else:
         assert salts == {"k1": "", "k2": ""}
-    salted = run(front.prepare("k1", model, (1, 2, 3), params, cache_salt="s")).call
+    salted = prepare(front, model, (1, 2, 3), params, "k1", cache_salt="s").call
     assert salted.cache_salt == ("t1\x00s" if scope == "tenant" else "\x00s")
 
 

@@ -314,6 +314,11 @@ def collect(front, key, prepared):
     return run(go())
 
 
+def prepare(front, model, ids, params, key=None, **fields):
+    """front.prepare of one prompt of a request `front` admitted."""
+    return front.prepare(run(front.admit(key, model)), ids, params, **fields)
+
+
 def make_front(tokenizer, dispatch, registry=None, max_len=64):
     resolver = AdapterResolver(registry or FakeRegistry(), BASE, auth=False, admin_key="")
     return Frontend(tokenizer, resolver, dispatch, max_len)
@@ -338,8 +343,8 @@ def test_encode_chat_uses_the_template(tokenizer):
 def test_prepare_checks_length_and_resolves(tokenizer):
     front = make_front(tokenizer, Dispatcher(), max_len=10)
     with pytest.raises(InvalidRequest, match="at most 10"):
-        run(front.prepare(None, "a1", (1, 2, 3), SamplingParams(max_tokens=8)))
-    p = run(front.prepare(None, "a1", (1, 2, 3), SamplingParams(max_tokens=7)))
+        prepare(front, "a1", (1, 2, 3), SamplingParams(max_tokens=8))
+    p = prepare(front, "a1", (1, 2, 3), SamplingParams(max_tokens=7))
     assert p.call.adapter == ref("a1") and p.call.prompt_token_ids == (1, 2, 3)
     assert p.call.residency == (("r1", "gpu"), ("r2", "cpu"))
 
@@ -348,7 +353,7 @@ def test_version_refusal_is_retried_once_with_a_fresh_resolution(tokenizer):
     registry = FakeRegistry()
     dispatch = Dispatcher(fail={1: AdapterVersionUnavailable("stale")})
     front = make_front(tokenizer, dispatch, registry)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     registry.versions["a1"] = 2
     outs = collect(front, None, p)
     assert [o.new_text for o in outs] == ["x", "y"]
@@ -359,7 +364,7 @@ def test_version_refusal_is_retried_once_with_a_fresh_resolution(tokenizer):
 def test_second_version_refusal_surfaces(tokenizer):
     err = AdapterVersionUnavailable("stale")
     front = make_front(tokenizer, Dispatcher(fail={1: err, 2: err}))
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     with pytest.raises(AdapterVersionUnavailable):
         collect(front, None, p)
 
@@ -367,7 +372,7 @@ def test_second_version_refusal_surfaces(tokenizer):
 def test_errors_after_the_first_output_are_not_retried(tokenizer):
     dispatch = Dispatcher(fail={1: AdapterVersionUnavailable("x")}, fail_after_first=True)
     front = make_front(tokenizer, dispatch)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     with pytest.raises(AdapterVersionUnavailable):
         collect(front, None, p)
     assert len(dispatch.calls) == 1
@@ -376,7 +381,7 @@ def test_errors_after_the_first_output_are_not_retried(tokenizer):
 def test_a_replica_refusing_a_draining_adapter_answers_not_found(tokenizer):
     dispatch = Dispatcher(fail={1: AdapterDraining("a1")})
     front = make_front(tokenizer, dispatch)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     with pytest.raises(AdapterNotFound) as e:
         collect(front, None, p)
     assert str(e.value) == str(AdapterNotFound("a1"))
@@ -386,7 +391,7 @@ def test_a_replica_refusing_a_draining_adapter_answers_not_found(tokenizer):
 def test_draining_after_the_first_output_is_not_rewritten(tokenizer):
     dispatch = Dispatcher(fail={1: AdapterDraining("a1")}, fail_after_first=True)
     front = make_front(tokenizer, dispatch)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     with pytest.raises(AdapterDraining):
         collect(front, None, p)
 
@@ -394,7 +399,7 @@ def test_draining_after_the_first_output_is_not_rewritten(tokenizer):
 def test_other_errors_pass_through_unretried(tokenizer):
     dispatch = Dispatcher(fail={1: CapacityExceeded("full")})
     front = make_front(tokenizer, dispatch)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
     with pytest.raises(CapacityExceeded):
         collect(front, None, p)
     assert len(dispatch.calls) == 1
@@ -413,7 +418,7 @@ def test_closing_the_outputs_closes_the_dispatch_at_once(tokenizer):
             ended.append(call.request_id)
 
     front = make_front(tokenizer, dispatch)
-    p = run(front.prepare(None, "a1", (1, 2), SamplingParams(max_tokens=2)))
+    p = prepare(front, "a1", (1, 2), SamplingParams(max_tokens=2))
 
     async def go():
         outputs = front.generate(None, p)
