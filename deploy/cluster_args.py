@@ -130,12 +130,13 @@ class ClusterArgs(BaseModel):
     tenant_requests_per_minute: int = Field(0, ge=0)
     """With auth: requests per minute of a tenant without a limit of its own (`lorafleet
     tenants limit`); past it, 429 until the minute ends (0 = no limit)."""
-    tool_call_parser: Literal["hermes", "llama3_json"] | None = None
-    """How chat's tool_choice "auto" reads the calls a model writes: "hermes"
-    (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen 2.5 / 3
-    and the demo's template write them) or "llama3_json" (an answer of {"name": ...,
-    "parameters": {...}} objects, as Llama 3.1 / 3.2 write them); None refuses "auto"
-    with tools (named and "required" calls need no parser: a grammar forces them)."""
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] | None = None
+    """How chat's tool_choice "auto" reads the calls a model writes (`router.tools.PARSERS`):
+    "hermes" (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen
+    2.5 / 3 and the demo's template write them), "llama3_json" (an answer of {"name": ...,
+    "parameters": {...}} objects: Llama 3.1 / 3.2), "mistral" ([TOOL_CALLS] then a JSON
+    array of calls) or "pythonic" (an answer [f(a=1), g()]: Llama 3.2 / 4); None refuses
+    "auto" with tools (named and "required" calls need no parser: a grammar forces them)."""
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
     """How chat splits a reasoning model's thinking (<think>...</think>) from its answer
     into `reasoning_content` (`router.reasoning`); None leaves it in `content`."""

@@ -15,6 +15,7 @@ calls and aborts the requests in the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -259,6 +260,8 @@ class GrpcInferenceMixin:
                 params = await asyncio.to_thread(sampling_of, request, chat)
             else:
                 params = sampling_of(request, chat)
+            if chat is not None and chat.tool_plan.keeps_special_tokens(front.tool_call_parser):
+                params = dataclasses.replace(params, skip_special_tokens=False)  # as REST's
             ids = params.kept_prompt(ids, front.max_model_len)
             prepared = front.prepare(
                 admitted,

@@ -67,7 +67,7 @@ class ThinkReader:
 
 def tag_tail(text: str, tag: str) -> int:
     """Length of the longest tail of text that begins tag (0: none): what a streamed
-    reader holds back until the next piece tells (also `router.tool_calls`)."""
+    reader holds back until the next piece tells (also `router.tool_parsers`)."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-k:]):
             return k

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -354,6 +354,8 @@ async def chat_completions(
         )
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
         params = req.to_sampling_params(front.room_after(ids))
+        if plan.keeps_special_tokens(front.tool_call_parser):  # the calls' marker is one
+            params = replace(params, skip_special_tokens=False)
         prepared = front.prepare(
             admitted,
             ids,
@@ -390,12 +392,14 @@ async def chat_completions(
                 ids, _scored(started), req.prompt_logprobs, front.token_table
             )
         return JSONResponse(body)
-    body = _chat_events(front, started, req, head)
+    body = _chat_events(front, started, req, head, params.skip_special_tokens)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
-async def _chat_events(front: Frontend, started, req: ChatCompletionRequest, head: Head):
-    readers = [_reader(front, req.logprobs, req.skip_special_tokens) for _ in started]
+async def _chat_events(
+    front: Frontend, started, req: ChatCompletionRequest, head: Head, skip_special: bool
+):
+    readers = [_reader(front, req.logprobs, skip_special) for _ in started]
     chats = [_chat_reader(front, req) for _ in started]
     usages = [Usage() for _ in started]
     try:

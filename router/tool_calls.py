@@ -1,8 +1,10 @@
 """Readers of a chat choice's generated text for tool calls (`router.tools.ToolPlan.stream`):
 `feed` each piece of text, `end` once the choice finished; each returns chat deltas,
 {"content": ...} or {"tool_calls": [...]}, for a stream and (joined) for a whole response
-alike. A call is sent once whole ("required", "auto"); a named call's arguments stream as
-they are generated. Text a reader cannot read as a call stays content: nothing is dropped.
+alike. The forced readers are here: a named call's arguments stream as they are
+generated, "required" sends each call of its array once whole. tool_choice "auto" reads
+the model's own format (`router.tool_parsers`), on the `AutoCalls` base here. Text a
+reader cannot read as a call stays content: nothing is dropped.
 """
 
 from __future__ import annotations
@@ -12,17 +14,24 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.reasoning import tag_tail
-
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def call_delta(index: int, name: str, arguments: str) -> dict[str, Any]:
+def call_delta(index: int, name: str, arguments: str, call_id: str) -> dict[str, Any]:
     """A whole call (its first delta in a stream): id, type, name, arguments."""
     function = {"name": name, "arguments": arguments}
-    return {"index": index, "id": new_call_id(), "type": "function", "function": function}
+    return {"index": index, "id": call_id, "type": "function", "function": function}
+
+
+def arguments_delta(index: int, text: str) -> dict[str, Any]:
+    """More of call `index`'s arguments (a stream's later deltas of a call)."""
+    return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
+
+
+def content(text: str) -> list[dict[str, Any]]:
+    return [{"content": text}] if text else []
 
 
 @dataclass
@@ -43,9 +52,13 @@ class ToolStream:
         """A choice that stopped having called tools finishes with "tool_calls" (OpenAI's)."""
         return "tool_calls" if engine == "stop" and self.calls else engine
 
+    def new_id(self) -> str:
+        """A fresh call id (readers of formats whose templates check ids override it)."""
+        return new_call_id()
+
     def _call(self, name: str, arguments: str) -> dict[str, Any]:
         self.calls += 1
-        return {"tool_calls": [call_delta(self.calls - 1, name, arguments)]}
+        return {"tool_calls": [call_delta(self.calls - 1, name, arguments, self.new_id())]}
 
 
 @dataclass
@@ -61,7 +74,7 @@ class NamedCall(ToolStream):
             return [first]
         if not text:
             return []
-        return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+        return [arguments_delta(0, text)]
 
     def end(self) -> list[dict[str, Any]]:
         return self.feed("") if self.calls == 0 else []
@@ -71,14 +84,41 @@ class NamedCall(ToolStream):
 
 
 @dataclass
+class JsonScan:
+    """Where a JSON text stands, read a character at a time: `depth` of the open [ and {
+    outside strings, whether inside a string (and just after a backslash in it)."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def step(self, ch: str) -> bool:
+        """Reads ch; True when it is structure (outside any string, not a quote)."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+            return False
+        if ch == '"':
+            self.in_string = True
+            return False
+        if ch in "[{":
+            self.depth += 1
+        elif ch in "]}":
+            self.depth -= 1
+        return True
+
+
+@dataclass
 class CallArray(ToolStream):
     """tool_choice "required": the JSON array of {"name", "parameters"}; each element is
     sent as a call once it closes. What never closes (a length cut) ends as content."""
 
     buffer: str = ""
-    depth: int = 0
-    in_string: bool = False
-    escaped: bool = False
+    scan: JsonScan = field(default_factory=JsonScan)
     start: int = -1
     """Where the open element begins in `buffer` (-1: none open)."""
 
@@ -87,25 +127,13 @@ class CallArray(ToolStream):
         base = len(self.buffer)
         self.buffer += text
         for i, ch in enumerate(text, base):
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
+            if not self.scan.step(ch):
                 continue
-            if ch == '"':
-                self.in_string = True
-            elif ch in "[{":
-                self.depth += 1
-                if self.depth == 2:
-                    self.start = i
-            elif ch in "]}":
-                self.depth -= 1
-                if self.depth == 1 and self.start >= 0:
-                    out.append(self._element(self.buffer[self.start : i + 1]))
-                    self.start = -1
+            if ch in "[{" and self.scan.depth == 2:
+                self.start = i
+            elif ch in "]}" and self.scan.depth == 1 and self.start >= 0:
+                out.append(self._element(self.buffer[self.start : i + 1]))
+                self.start = -1
         return out
 
     def _element(self, text: str) -> dict[str, Any]:
@@ -121,71 +149,62 @@ class CallArray(ToolStream):
         return []
 
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
 @dataclass
-class HermesCalls(ToolStream):
-    """tool_choice "auto" read as Hermes writes calls: text, then any number of
-    <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks. Text outside them is
-    content (a tail that may begin a tag is held until it is known); a block that is not
-    a call of one of `names` (or a second one when `parallel` is off) stays content."""
+class AutoCalls(ToolStream):
+    """tool_choice "auto": the text the model chose to write, read for calls of `names`
+    (the request's tools); with `parallel` off (parallel_tool_calls false) only the first
+    call is one, a second stays content."""
 
     names: set[str] = field(default_factory=set)
     parallel: bool = True
+
+    def may_call(self, name: object) -> bool:
+        """Whether a call of name, next, is sent as a call (else its text is content)."""
+        return name in self.names and (self.parallel or not self.calls)
+
+
+@dataclass
+class AnswerCalls(AutoCalls):
+    """An answer that is either text or all calls, told apart by how it begins (after
+    whitespace): one that begins with one of `starts` is held to the end and read whole
+    (`read`); one that does not read as calls of `names` (or holds two without
+    `parallel`) is content, as it came. Any other answer streams as text."""
+
+    starts: tuple[str, ...] = ()
     held: str = ""
-    inside: bool = False
+    calls_answer: bool | None = None
+    """None: undecided (only whitespace, or a prefix of one of `starts`, so far)."""
+
+    def read(self, answer: str) -> list[tuple[str, str]] | None:
+        """(name, arguments JSON) of each call of a whole answer, else None."""
+        raise NotImplementedError
 
     def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.calls_answer is False:
+            return content(text)
         self.held += text
-        out: list[dict[str, Any]] = []
-        while True:
-            if self.inside:
-                close = self.held.find(CLOSE)
-                if close < 0:
-                    return out
-                out += self._block(self.held[:close], OPEN + self.held[: close + len(CLOSE)])
-                self.held = self.held[close + len(CLOSE) :]
-                self.inside = False
-                continue
-            opened = self.held.find(OPEN)
-            if opened < 0:
-                keep = tag_tail(self.held, OPEN)
-                out += _content(self.held[: len(self.held) - keep])
-                self.held = self.held[len(self.held) - keep :]
-                return out
-            out += _content(self.held[:opened])
-            self.held = self.held[opened + len(OPEN) :]
-            self.inside = True
-
-    def _block(self, body: str, raw: str) -> list[dict[str, Any]]:
-        call = _hermes_call(body)
-        if call is None or call[0] not in self.names or (self.calls and not self.parallel):
-            return _content(raw)
-        return [self._call(*call)]
+        start = self.held.lstrip()
+        if not start or any(s.startswith(start) and len(start) < len(s) for s in self.starts):
+            return []
+        self.calls_answer = start.startswith(self.starts)
+        if self.calls_answer:
+            return []
+        held, self.held = self.held, ""
+        return content(held)
 
     def end(self) -> list[dict[str, Any]]:
         held, self.held = self.held, ""
-        if self.inside:  # a block the end cut (EOS right after the JSON is common)
-            self.inside = False
-            return self._block(held, OPEN + held)
-        return _content(held)
+        if not self.calls_answer:
+            return content(held)
+        calls = self.read(held)
+        if calls is None or any(name not in self.names for name, _ in calls):
+            return content(held)
+        if len(calls) > 1 and not self.parallel:
+            return content(held)
+        return [self._call(name, arguments) for name, arguments in calls]
 
 
-def _content(text: str) -> list[dict[str, Any]]:
-    return [{"content": text}] if text else []
-
-
-def _hermes_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a block's {"name", "arguments"} object, else None."""
-    try:
-        item = json.loads(body)
-    except ValueError:
-        return None
-    return _call_of(item)
-
-
-def _call_of(item: object) -> tuple[str, str] | None:
+def call_of(item: object) -> tuple[str, str] | None:
     """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
@@ -195,63 +214,3 @@ def _call_of(item: object) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return item["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-PYTHON_TAG = "<|python_tag|>"
-
-
-@dataclass
-class Llama3Calls(ToolStream):
-    """tool_choice "auto" read as Llama 3.1 / 3.2 write JSON calls: an answer that begins
-    with `{` (or <|python_tag|>) is one or more {"name": ..., "parameters": {...}}
-    objects, separated by ";"; any other answer is text. A call answer is held to the end
-    and read whole; one that does not read as calls of `names` (or holds a second call
-    when `parallel` is off) is content, as it came."""
-
-    names: set[str] = field(default_factory=set)
-    parallel: bool = True
-    held: str = ""
-    calls_answer: bool | None = None
-    """None: undecided (only whitespace, or a prefix of PYTHON_TAG, so far)."""
-
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        if self.calls_answer is False:
-            return _content(text)
-        self.held += text
-        start = self.held.lstrip()
-        if not start or (PYTHON_TAG.startswith(start) and len(start) < len(PYTHON_TAG)):
-            return []
-        self.calls_answer = start.startswith(("{", PYTHON_TAG))
-        if self.calls_answer:
-            return []
-        held, self.held = self.held, ""
-        return _content(held)
-
-    def end(self) -> list[dict[str, Any]]:
-        held, self.held = self.held, ""
-        if not self.calls_answer:
-            return _content(held)
-        calls = _llama3_calls(held.lstrip().removeprefix(PYTHON_TAG))
-        if calls is None or any(name not in self.names for name, _ in calls):
-            return _content(held)
-        if len(calls) > 1 and not self.parallel:
-            return _content(held)
-        return [self._call(name, arguments) for name, arguments in calls]
-
-
-def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
-    """(name, arguments JSON) of each ";"-separated {"name", "parameters"} object, else None."""
-    decoder, calls, i = json.JSONDecoder(), [], 0
-    while True:
-        while i < len(text) and text[i] in " \t\r\n;":
-            i += 1
-        if i == len(text):
-            return calls or None
-        try:
-            item, i = decoder.raw_decode(text, i)
-        except ValueError:
-            return None
-        call = _call_of(item)
-        if call is None:
-            return None
-        calls.append(call)

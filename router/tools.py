@@ -9,11 +9,8 @@
                             array [{"name": ..., "parameters": {...}}, ...] (one element
                             when parallel_tool_calls is false), as vLLM's "required" asks
     tool_choice "auto"      the model decides; its text is read by the cluster's
-                            `tool_call_parser` ("hermes": <tool_call>{"name": ...,
-                            "arguments": {...}}</tool_call> blocks, as Hermes, Qwen 2.5 /
-                            3 and the demo's template write them; "llama3_json": an answer
-                            that is {"name": ..., "parameters": {...}} objects, as Llama 3.1
-                            / 3.2 write them). OpenAI's default when
+                            `tool_call_parser` (`router.tool_parsers`: "hermes",
+                            "llama3_json", "mistral", "pythonic"). OpenAI's default when
                             tools are given; refused when the cluster has no parser
 
 A grammar-forced output always parses (a length cut aside), so a "required" or named
@@ -31,7 +28,8 @@ from typing import Any
 
 from lora_core.errors import InvalidRequest
 from replica.structured_spec import StructuredOutput, checked, parse_json_schema
-from router.tool_calls import CallArray, HermesCalls, Llama3Calls, NamedCall, ToolStream
+from router.tool_calls import CallArray, NamedCall, ToolStream
+from router.tool_parsers import READERS, SPECIAL_MARKERS
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NAME_ALLOWED = "allowed: 1 to 64 letters, digits, '_' or '-'"
@@ -40,7 +38,7 @@ CHOICES_ALLOWED = (
     'allowed: "none", "auto", "required" or {"type": "function", "function": {"name": ...}} '
     "naming one of tools"
 )
-PARSERS = ("hermes", "llama3_json")
+PARSERS = tuple(READERS)
 """The tool-call parsers a cluster may name (`tool_call_parser`) for tool_choice "auto"."""
 NO_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -145,10 +143,15 @@ class ToolPlan:
             return NamedCall(name=self.name or "")
         if self.choice == "required":
             return CallArray()
-        if self.choice == "auto" and self.tools and parser in PARSERS:
-            reader = HermesCalls if parser == "hermes" else Llama3Calls
-            return reader(names={t.name for t in self.tools}, parallel=self.parallel)
+        if self.choice == "auto" and self.tools and parser in READERS:
+            return READERS[parser](names={t.name for t in self.tools}, parallel=self.parallel)
         return None
+
+    def keeps_special_tokens(self, parser: str | None) -> bool:
+        """Whether the request's text must keep special tokens (skip_special_tokens
+        off) for parser to see the calls: Mistral's [TOOL_CALLS] is one, and vLLM turns
+        skip_special_tokens off for it too."""
+        return self.choice == "auto" and bool(self.tools) and parser in SPECIAL_MARKERS
 
     def check_parser(self, parser: str | None) -> None:
         """InvalidRequest when tool_choice "auto" (with tools) meets a cluster without a

@@ -225,3 +225,27 @@ def test_bad_tool_fields_are_invalid_argument(served, fields, details):
         generate(served, req)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details().startswith(details)
+
+
+def test_mistral_requests_keep_special_tokens_as_rests_do(llama_dir):
+    # the [TOOL_CALLS] marker is a special token in Mistral's vocabularies: a gRPC "auto"
+    # chat on a mistral cluster keeps special tokens in its text, as REST's does (here
+    # EOS, spelled with include_stop_str_in_output, ends the content after the call)
+    from tests.unit.router.test_rest_tool_parsers import REGEXES
+
+    engine = small_engine(llama_dir)
+    regex = REGEXES["mistral"][0]
+    fields = {"tools": TOOLS, "tool_choice": "auto", "temperature": 0, "max_tokens": 160}
+    body = {**fields, "messages": MESSAGES, "structured_outputs": {"regex": regex},
+            "include_stop_str_in_output": True}  # fmt: skip
+    with served_frontend(engine, tool_call_parser="mistral") as front:
+        status, rest = post(front, "chat", body)
+        req = _grpc_request({**fields, "structured_outputs": {"regex": regex}})
+        req.include_stop_str_in_output = True
+        deltas = [d for d, _ in grpc_deltas(generate(front, req))]
+    assert status == 200
+    message = rest["choices"][0]["message"]
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content == message["content"] == "Sure. " + engine.tokenizer.eos_token
+    calls = [c["function"] for d in deltas for c in d.get("tool_calls", ())]
+    assert calls == [c["function"] for c in message["tool_calls"]] and len(calls) == 1

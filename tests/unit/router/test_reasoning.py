@@ -12,13 +12,13 @@ import pytest
 from replica.structured_spec import StructuredOutput
 from router.chat_reader import ChatReader, joined, reader_of
 from router.reasoning import ThinkReader
-from router.tool_calls import HermesCalls
+from router.tool_parsers import HermesCalls
 from router.tools import plan_of
 from tests.unit.replica.engines import small_engine
 from tests.unit.router.served_engine import served_frontend
 from tests.unit.router.test_rest_text_options import post
 from tests.unit.router.test_rest_tools import MESSAGES, message_of
-from tests.unit.router.test_tools import WEATHER, _pieces
+from tests.unit.router.test_tools import WEATHER, pieces
 
 CASES = [
     ("deepseek_r1", "abc</think>answer", "abc", "answer"),
@@ -37,8 +37,8 @@ CASES = [
 
 def _split(parser: str, text: str, seed: int) -> dict:
     reader = ChatReader(reasoning=ThinkReader(parser))
-    pieces = _pieces(text, random.Random(seed)) if len(text) > 1 else [text]
-    deltas = [d for piece in pieces for d in reader.feed(piece)]
+    parts = pieces(text, random.Random(seed)) if len(text) > 1 else [text]
+    deltas = [d for piece in parts for d in reader.feed(piece)]
     return joined(deltas + reader.end())
 
 
@@ -56,7 +56,7 @@ def test_thinking_splits_the_same_in_any_pieces(parser, text, reasoning, content
 def test_tool_calls_are_read_after_the_thinking(seed):
     text = '<think>the user wants weather</think>\n<tool_call>{"name": "get_weather", "arguments": {"city": "oslo"}}</tool_call>'
     reader = ChatReader(ThinkReader("qwen3"), HermesCalls(names={"get_weather"}))
-    deltas = [d for piece in _pieces(text, random.Random(seed)) for d in reader.feed(piece)]
+    deltas = [d for piece in pieces(text, random.Random(seed)) for d in reader.feed(piece)]
     message = joined(deltas + reader.end())
     assert message["reasoning_content"] == "the user wants weather"
     assert message["content"] is None  # only whitespace besides the call

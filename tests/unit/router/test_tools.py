@@ -1,6 +1,7 @@
-"""router.tools, router.tool_calls and router.chat_reader, pure logic: tools and tool_choice read into a plan, its forcing grammar,
-and the readers that turn generated text into chat deltas, fed in random pieces (a
-stream) or whole (a response) with the same result."""
+"""router.tools, router.tool_calls and router.chat_reader, pure logic: tools and tool_choice
+read into a plan, its forcing grammar, the forced calls' readers (fed in random pieces, a
+stream, or whole, a response, with the same result) and the choice of a parser's reader.
+The "auto" readers are test_tool_hermes.py's and test_tool_parsers.py's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
 from router.chat_reader import ChatReader, joined
-from router.tool_calls import CallArray, HermesCalls, Llama3Calls, NamedCall
+from router.frontend import Frontend
+from router.tool_calls import CallArray, NamedCall
+from router.tool_parsers import READERS, HermesCalls
 from router.tools import (
     NO_PARAMETERS,
     Tool,
@@ -144,23 +147,35 @@ def test_required_grammar_admits_calls_of_the_tools_only():
     assert _matches(single, one) and not _matches(single, two)
 
 
-def _pieces(text: str, rng: random.Random) -> list[str]:
+def pieces(text: str, rng: random.Random) -> list[str]:
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12))))
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
 
-def _read(make, text: str, seed: int) -> tuple[str | None, list[dict]]:
-    stream = make()
-    deltas = [d for piece in _pieces(text, random.Random(seed)) for d in stream.feed(piece)]
-    message = joined(deltas + stream.end())
+def stream_pieces(stream, text: str, seed: int) -> tuple[list[dict], dict]:
+    """The deltas of text fed to stream in random pieces (then its end), and the message
+    they join into."""
+    deltas = [d for piece in pieces(text, random.Random(seed)) for d in stream.feed(piece)]
+    deltas += stream.end()
+    return deltas, joined(deltas)
+
+
+def read_pieces(make, text: str, seed: int) -> tuple[str | None, list[dict]]:
+    message = stream_pieces(make(), text, seed)[1]
     return message["content"], message.get("tool_calls", [])
+
+
+def without_ids(message: dict) -> dict:
+    """message with its calls' ids left out (fresh random ones in every reading)."""
+    calls = [{k: v for k, v in c.items() if k != "id"} for c in message.get("tool_calls", ())]
+    return {**message, "tool_calls": calls} if calls else message
 
 
 def whole_message(stream, text: str, finish: str | None):
     return ChatReader(tools=stream).whole(text, finish)
 
 
-def _calls(calls: list[dict]) -> list[tuple[str, dict]]:
+def named_calls(calls: list[dict]) -> list[tuple[str, dict]]:
     for c in calls:
         assert c["type"] == "function" and c["id"].startswith("call_")
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
@@ -171,16 +186,16 @@ ARRAY = '[{"name": "f", "parameters": {"a": "x]}\\"{", "b": [1, {"c": []}]}}, {"
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_call_array_reads_the_same_in_any_pieces(seed):
-    content, calls = _read(CallArray, ARRAY, seed)
+    content, calls = read_pieces(CallArray, ARRAY, seed)
     assert content is None
-    assert _calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]}), ("g", {})]
+    assert named_calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]}), ("g", {})]
     assert len({c["id"] for c in calls}) == 2
 
 
 def test_a_cut_call_array_keeps_what_did_not_close_as_content():
     cut = ARRAY.removesuffix('ameters": {}}]')
-    content, calls = _read(CallArray, cut, 0)
-    assert _calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]})]
+    content, calls = read_pieces(CallArray, cut, 0)
+    assert named_calls(calls) == [("f", {"a": 'x]}"{', "b": [1, {"c": []}]})]
     assert content == '{"name": "g", "par'
     message, finish = whole_message(CallArray(), cut, "length")
     assert finish == "length" and message["content"] == content
@@ -189,8 +204,8 @@ def test_a_cut_call_array_keeps_what_did_not_close_as_content():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_a_named_call_is_its_arguments(seed):
-    content, calls = _read(lambda: NamedCall(name="f"), '{"a": [1, 2]}', seed)
-    assert content is None and _calls(calls) == [("f", {"a": [1, 2]})]
+    content, calls = read_pieces(lambda: NamedCall(name="f"), '{"a": [1, 2]}', seed)
+    assert content is None and named_calls(calls) == [("f", {"a": [1, 2]})]
     message, finish = whole_message(NamedCall(name="f"), '{"a": 1}', "stop")
     assert finish == "stop"  # as OpenAI's forced call
     assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
@@ -198,54 +213,6 @@ def test_a_named_call_is_its_arguments(seed):
         "name": "f",
         "arguments": "",
     }
-
-
-HERMES = (
-    "Let me check. <tool_call>\n"
-    '{"name": "get_weather", "arguments": {"city": "Oslo <tool_call>"}}\n</tool_call>'
-    '<tool_call>{"name": "now", "arguments": {}}</tool_call> and <tool_'
-)
-
-
-def _hermes(parallel: bool = True):
-    return lambda: HermesCalls(names={"get_weather", "now"}, parallel=parallel)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_hermes_calls_read_the_same_in_any_pieces(seed):
-    content, calls = _read(_hermes(), HERMES, seed)
-    assert content == "Let me check.  and <tool_"
-    assert _calls(calls) == [("get_weather", {"city": "Oslo <tool_call>"}), ("now", {})]
-
-
-@pytest.mark.parametrize(
-    "text, content, calls",
-    [
-        ("no calls at all", "no calls at all", []),
-        ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
-        (
-            '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',  # not one of the tools
-            '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
-            [],
-        ),
-        ('<tool_call>{"name": "now", "arguments": {}}', None, [("now", {})]),  # cut by EOS
-        (
-            '<tool_call>{"name": "now", "arguments": {',
-            '<tool_call>{"name": "now", "arguments": {',
-            [],
-        ),
-        ('<tool_call>{"name": "now", "arguments": "{}"}</tool_call>', None, [("now", {})]),
-    ],
-)
-def test_hermes_blocks_that_are_no_call_stay_content(text, content, calls):
-    got_content, got_calls = _read(_hermes(), text, 1)
-    assert got_content == content and _calls(got_calls) == calls
-
-
-def test_hermes_without_parallel_calls_keeps_the_second_as_content():
-    content, calls = _read(_hermes(parallel=False), HERMES, 3)
-    assert _calls(calls) == [("get_weather", {"city": "Oslo <tool_call>"})]
-    assert '<tool_call>{"name": "now", "arguments": {}}</tool_call>' in content
 
 
 def test_finish_reason_says_tool_calls_only_after_a_call():
@@ -269,40 +236,16 @@ def test_a_template_that_never_reads_tools_is_told_apart():
     assert not template_renders_tools(None)
 
 
-def _llama3(parallel: bool = True):
-    return lambda: Llama3Calls(names={"get_weather", "now"}, parallel=parallel)
-
-
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize(
-    "text, content, calls",
-    [
-        ('{"name": "now", "parameters": {}}', None, [("now", {})]),
-        (
-            '\n<|python_tag|>{"name": "get_weather", "parameters": {"city": "a;b"}}; '
-            '{"name": "now", "arguments": {}}',
-            None,
-            [("get_weather", {"city": "a;b"}), ("now", {})],
-        ),
-        ("It is sunny {today}.", "It is sunny {today}.", []),  # text: not a call answer
-        ('{"name": "rm", "parameters": {}}', '{"name": "rm", "parameters": {}}', []),
-        (
-            '{"name": "now", "parameters": {}} and more',
-            '{"name": "now", "parameters": {}} and more',
-            [],
-        ),
-        ('{"name": "now", "param', '{"name": "now", "param', []),  # cut by max_tokens
-        ("  <|python", "  <|python", []),
-    ],
-)
-def test_llama3_json_answers_read_the_same_in_any_pieces(text, content, calls, seed):
-    got_content, got_calls = _read(_llama3(), text, seed)
-    assert got_content == content and _calls(got_calls) == calls
-
-
-def test_llama3_json_without_parallel_calls_keeps_two_as_content():
-    text = '{"name": "now", "parameters": {}}; {"name": "now", "parameters": {}}'
-    assert _read(_llama3(parallel=False), text, 0) == (text, [])
-    plan = plan_of([WEATHER, CLOCK], "auto", None)
-    assert isinstance(plan.stream("llama3_json"), Llama3Calls)
-    assert isinstance(plan.stream("hermes"), HermesCalls)
+def test_each_parser_reads_auto_plans_with_its_reader():
+    plan = plan_of([WEATHER, CLOCK], "auto", False)
+    for parser, reader in READERS.items():
+        stream = plan.stream(parser)
+        assert type(stream) is reader and stream.names == {"get_weather", "now"}
+        assert not stream.parallel
+        assert plan.keeps_special_tokens(parser) == (parser == "mistral")  # [TOOL_CALLS]
+    assert not plan_of([WEATHER], "required", None).keeps_special_tokens("mistral")
+    with pytest.raises(ValueError) as e:
+        Frontend(None, None, None, 64, tool_call_parser="qwen")
+    assert str(e.value) == (
+        "tool_call_parser='qwen'; allowed: None or ('hermes', 'llama3_json', 'mistral', 'pythonic')"
+    )

@@ -1,9 +1,9 @@
-"""Tool calling and reasoning end to end, through the OpenAI client: a named call and a "required" one
-(streamed, joined as the client joins deltas, equal to the whole response), and "auto"
-read by the cluster's tool_call_parser (hermes). That each forced call is HF's greedy
-output under its grammar is tests/unit/router/test_rest_tools.py's. A reasoning model's
-thinking (reasoning_parser qwen3) comes apart from its answer. gRPC's messages answer as
-REST's chat does.
+"""Tool calling and reasoning end to end, through the OpenAI client: a named call and a
+"required" one (streamed, joined as the client joins deltas, equal to the whole
+response), and "auto" read by the cluster's tool_call_parser (hermes; streamed, a call's
+arguments come in pieces). That each forced call is HF's greedy output under its grammar
+is tests/unit/router/test_rest_tools.py's. A reasoning model's thinking (reasoning_parser
+qwen3) comes apart from its answer. gRPC's messages answer as REST's chat does.
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """
@@ -59,12 +59,21 @@ def test_a_required_call_streams_as_it_answers(cluster):
 
 def test_auto_reads_the_calls_the_model_writes(cluster):
     # a random model writes no call unless a regex makes it ("auto" only reads the text)
-    r = create(cluster, "chat", max_tokens=160, temperature=0, tools=TOOLS,
-               extra_body={"structured_outputs": {"regex": HERMES_REGEX}})  # fmt: skip
-    choice = r.choices[0]
+    fields = dict(max_tokens=160, temperature=0, tools=TOOLS,
+                  extra_body={"structured_outputs": {"regex": HERMES_REGEX}})  # fmt: skip
+    choice = create(cluster, "chat", **fields).choices[0]
     assert choice.message.content == "Sure. " and choice.finish_reason == "tool_calls"
     [(name, arguments)] = _calls(choice.message)
     assert name == "get_weather" and set(arguments) == {"city"}
+    # streamed: the name first, then the arguments in pieces as they are generated
+    pieces = [
+        call.function
+        for chunk in create(cluster, "chat", stream=True, **fields)
+        for c in chunk.choices
+        for call in c.delta.tool_calls or ()
+    ]
+    assert pieces[0].name == "get_weather" and pieces[0].arguments == "" and len(pieces) > 2
+    assert "".join(p.arguments for p in pieces) == choice.message.tool_calls[0].function.arguments
 
 
 def test_thinking_is_split_from_the_answer(cluster):
