@@ -121,6 +121,8 @@ class CallArray(ToolStream):
     scan: JsonScan = field(default_factory=JsonScan)
     start: int = -1
     """Where the open element begins in `buffer` (-1: none open)."""
+    told: bool = False
+    """An element was sent as content (it did not read as a call)."""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         out = []
@@ -137,14 +139,22 @@ class CallArray(ToolStream):
         return out
 
     def _element(self, text: str) -> dict[str, Any]:
-        item = json.loads(text)
-        arguments = json.dumps(item["parameters"], ensure_ascii=False)
-        return self._call(item["name"], arguments)
+        """The element's call; its text as content where it does not read as one. The
+        grammar forces the shape, so that is a guard, not a path: a grammar library's
+        flaw (xgrammar's bounded strings let raw control characters through, which
+        json.loads refuses) once made it a 500."""
+        try:
+            item = json.loads(text)
+            name, arguments = item["name"], json.dumps(item["parameters"], ensure_ascii=False)
+        except (ValueError, KeyError, TypeError):
+            self.told = True
+            return {"content": text}
+        return self._call(name, arguments)
 
     def end(self) -> list[dict[str, Any]]:
         if self.start >= 0:
             return [{"content": self.buffer[self.start :]}]
-        if not self.calls and self.buffer:
+        if not self.calls and not self.told and self.buffer:
             return [{"content": self.buffer}]
         return []
 

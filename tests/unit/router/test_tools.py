@@ -202,6 +202,18 @@ def test_a_cut_call_array_keeps_what_did_not_close_as_content():
     assert whole_message(CallArray(), "[", "length")[0] == {"role": "assistant", "content": "["}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_an_element_that_is_not_json_is_content_not_an_error(seed):
+    # a raw tab in a string: what xgrammar's bounded strings once let through
+    bad = '{"name": "f", "parameters": {"a": "x\ty"}}'
+    text = "[" + ARRAY[1:-1] + ", " + bad + "]"
+    content, calls = read_pieces(CallArray, text, seed)
+    assert [name for name, _ in named_calls(calls)] == ["f", "g"]
+    assert content == bad
+    message, finish = whole_message(CallArray(), "[" + bad + "]", "stop")
+    assert message == {"role": "assistant", "content": bad} and finish == "stop"
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_a_named_call_is_its_arguments(seed):
     content, calls = read_pieces(lambda: NamedCall(name="f"), '{"a": [1, 2]}', seed)
