@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from replica.structured import Grammars
 from replica.structured_spec import (
@@ -103,14 +102,9 @@ def test_disable_any_whitespace_refusals_name_the_field(value, message):
     assert str(e.value) == message
 
 
-@pytest.fixture(scope="module")
-def grammars(llama_dir):
-    tok = AutoTokenizer.from_pretrained(llama_dir)
-    return Grammars(tok, len(tok), [tok.eos_token_id])
-
-
-def _accepts(grammars: Grammars, spec: StructuredOutput, text: str) -> bool:
-    """Whether spec's grammar takes text, whole (then EOS)."""
+def accepts(grammars: Grammars, spec: StructuredOutput, text: str) -> bool:
+    """Whether spec's grammar takes text, whole (then EOS); grammars: the `grammars`
+    fixture (conftest.py)."""
     m = grammars.matcher(spec)
     return m.accept_string(text) and m.accept_token(grammars.stop_ids[0])
 
@@ -119,20 +113,20 @@ def test_free_whitespace_is_bounded_in_each_gap(grammars):
     value = {"a": 1, "b": ["x", "y"]}
     compact, free = SPECS["json"], _with(SPECS["json"], FREE_WHITESPACE)
     pretty = json.dumps(value, indent=2)
-    assert _accepts(grammars, compact, json.dumps(value))  # one space after ':' and ','
-    assert not _accepts(grammars, compact, pretty)
-    assert _accepts(grammars, free, pretty)
-    assert _accepts(grammars, free, json.dumps(value, separators=(",", ":")))
+    assert accepts(grammars, compact, json.dumps(value))  # one space after ':' and ','
+    assert not accepts(grammars, compact, pretty)
+    assert accepts(grammars, free, pretty)
+    assert accepts(grammars, free, json.dumps(value, separators=(",", ":")))
     n = FREE_WHITESPACE
     tabs = "{" + "\t" * n + '"a"' + " " * n + ":" + "\n" * n + '1,"b":[]' + "\r\n" * (n // 2) + "}"
-    assert _accepts(grammars, free, tabs)  # each gap holds up to n, of any whitespace
-    assert not _accepts(grammars, free, "{" + " " * (n + 1) + '"a":1,"b":[]}')
-    assert not _accepts(grammars, free, '{"a":1,"b":[' + "\n" * (n + 1) + "]}")
-    assert not _accepts(grammars, free, ' {"a":1,"b":[]}')  # none before the value
-    assert not _accepts(grammars, free, '{"a":1,"b":[]}\n')  # nor after it
+    assert accepts(grammars, free, tabs)  # each gap holds up to n, of any whitespace
+    assert not accepts(grammars, free, "{" + " " * (n + 1) + '"a":1,"b":[]}')
+    assert not accepts(grammars, free, '{"a":1,"b":[' + "\n" * (n + 1) + "]}")
+    assert not accepts(grammars, free, ' {"a":1,"b":[]}')  # none before the value
+    assert not accepts(grammars, free, '{"a":1,"b":[]}\n')  # nor after it
     obj = _with(SPECS["json_object"], FREE_WHITESPACE)
-    assert _accepts(grammars, obj, json.dumps({"k": [{"x": None}]}, indent=4))
-    assert not _accepts(grammars, SPECS["json_object"], json.dumps({"k": 1}, indent=4))
+    assert accepts(grammars, obj, json.dumps({"k": [{"x": None}]}, indent=4))
+    assert not accepts(grammars, SPECS["json_object"], json.dumps({"k": 1}, indent=4))
 
 
 def test_the_grammar_cache_keys_on_whitespace(grammars):
@@ -141,7 +135,7 @@ def test_the_grammar_cache_keys_on_whitespace(grammars):
     assert a is not b
     assert grammars.compile(_with(SPECS["json_object"], FREE_WHITESPACE)) is b
     assert grammars.compile(StructuredOutput("json_object")) is a
-    assert not _accepts(grammars, compact, '{\n"k": 1}') and _accepts(grammars, free, '{\n"k": 1}')
+    assert not accepts(grammars, compact, '{\n"k": 1}') and accepts(grammars, free, '{\n"k": 1}')
 
 
 def test_properties_keep_the_order_the_client_gave():

@@ -11,24 +11,11 @@ import random
 
 import pytest
 import xgrammar as xgr
-from transformers import AutoTokenizer
 
-from replica.structured import Grammars
 from replica.structured_spec import StructuredOutput
+from tests.unit.replica.test_structured_spec import accepts
 
 ALPHABET = 'ab é\t\n\x01\x1f"\\/€𝄞'
-
-
-@pytest.fixture(scope="module")
-def grammars(llama_dir):
-    tok = AutoTokenizer.from_pretrained(llama_dir)
-    return Grammars(tok, len(tok), [tok.eos_token_id])
-
-
-def _accepts(grammars: Grammars, spec: StructuredOutput, text: str) -> bool:
-    """Whether spec's grammar takes text, whole (then EOS)."""
-    m = grammars.matcher(spec)
-    return m.accept_string(text) and m.accept_token(grammars.stop_ids[0])
 
 
 def bmp(value: str) -> bool:
@@ -63,11 +50,11 @@ def test_bounded_strings_take_json_escapes_and_refuse_raw_control_characters(
             {"s": value, "t": [value]}, ensure_ascii=bmp(value) and rng.random() < 0.5
         )
         fits = lo <= len(value) and (hi is None or len(value) <= hi)
-        assert _accepts(grammars, spec, text) == fits, (value, text)
+        assert accepts(grammars, spec, text) == fits, (value, text)
         raw = [c for c in value if c < " "]  # the same value with its control characters raw
         if fits and raw:
             unescaped = text.replace(json.dumps(raw[0])[1:-1], raw[0])
-            assert not _accepts(grammars, spec, unescaped), unescaped
+            assert not accepts(grammars, spec, unescaped), unescaped
             with pytest.raises(json.JSONDecodeError):
                 json.loads(unescaped)
 
