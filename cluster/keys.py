@@ -22,10 +22,10 @@ Tenants and API keys
                                          before this field existed have no entry)
     {ns}:apikey:{sha256}          string tenant owning the key (the key itself is never stored)
 
-    {ns}:rate:{tenant}:{minute}   string requests the tenant sent in unix minute `minute`
-                                         (INCR by the ingress, only while a limit applies);
-                                         expires `registry.RATE_WINDOW_TTL_S` after the
-                                         minute's first request
+    {ns}:rate:{tenant}            string the tenant's theoretical arrival time (GCRA; unix
+                                         microseconds, Redis's clock), written by the
+                                         ingress only while a limit applies; expires when
+                                         that time passes (an idle tenant has none)
 
     A key's id (what `tenants keys` shows and `tenants revoke-key` takes) is the first
     12 hex characters of its sha256: not secret, and derivable for every stored key.
@@ -145,8 +145,8 @@ class Keys:
     def tenant_key_created(self, tenant: str) -> str:
         return f"{self.ns}:tenant:{tenant}:key_created"
 
-    def rate(self, tenant: str, minute: int) -> str:
-        return f"{self.ns}:rate:{tenant}:{minute}"
+    def rate(self, tenant: str) -> str:
+        return f"{self.ns}:rate:{tenant}"
 
     def apikey(self, key_hash: str) -> str:
         return f"{self.ns}:apikey:{key_hash}"

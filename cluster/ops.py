@@ -339,9 +339,19 @@ def tenant_limits() -> Plan[list[TenantInfo]]:
     return script("tenant_limits", (), _parse, "")
 
 
-def count_request(tenant: str, minute: int, ttl_s: int) -> Plan[int]:
-    """Count one request of tenant in unix minute `minute`: the minute's count with it."""
-    return script("count_request", (tenant, minute, ttl_s), lambda rest: int(rest[0]), "")
+def admit_request(tenant: str, limit: int, period_us: int) -> Plan[int]:
+    """One request of tenant under `limit` requests per period_us (GCRA, the
+    `admit_request` script): 0 when admitted, else the microseconds until a request would
+    be (nothing is written then). The emission interval is period_us / limit rounded up to
+    a whole microsecond, so a burst is exactly `limit` requests and the sustained rate at
+    most limit per period."""
+    interval_us = -(-period_us // limit)
+
+    def _parse(raw: str) -> int:
+        reply = json.loads(raw)
+        return 0 if reply[0] == "ok" else int(reply[1])
+
+    return Plan("admit_request", (tenant, interval_us, limit), _parse)
 
 
 def list_api_keys(tenant: str) -> Plan[list[ApiKeyInfo]]:

@@ -45,9 +45,7 @@ from lora_core.identity import AdapterRef
 API_KEY_PREFIX = "lf-"
 MAX_LORA_RANK = 1024  # the largest rank limit a registry takes
 LIST_PAGE = 256
-# A minute's request counter outlives its minute by one more: an ingress whose clock is a
-# little behind may still count into it.
-RATE_WINDOW_TTL_S = 120
+RATE_PERIOD_MS = 60_000  # a tenant's limit is requests per minute
 
 
 def hash_key(api_key: str) -> str:
@@ -236,10 +234,11 @@ class _Api(FleetApi):
         return self._run(ops.create_tenant(check_name("tenant", name), time.time()))
 
     def delete_tenant(self, name: str) -> Reply[tuple[int, int]]:
-        """Delete tenant name, its API keys (they stop resolving at once) and its grants;
-        returns (keys revoked, grants removed). InvalidRequest: no such tenant, or it owns
-        active adapters (nothing is deleted then: a tenant created later under the same
-        name would own them)."""
+        """Delete tenant name, its API keys (they stop resolving at once), its grants and
+        its rate-limit state (a namesake created later starts afresh); returns (keys
+        revoked, grants removed). InvalidRequest: no such tenant, or it owns active
+        adapters (nothing is deleted then: a tenant created later under the same name
+        would own them)."""
         return self._run(ops.delete_tenant(check_name("tenant", name)))
 
     def list_tenants(self) -> Reply[list[str]]:
@@ -261,12 +260,17 @@ class _Api(FleetApi):
         """tenant's own request rate limit; 0 for none, and for an unknown tenant."""
         return self._run(ops.tenant_limit(self.keys, check_name("tenant", tenant)))
 
-    def count_request(self, tenant: str, minute: int) -> Reply[int]:
-        """Count one request of tenant in the fixed window of unix minute `minute` (unix
-        seconds // 60); returns the window's count, this request included. One round trip
-        (INCR, and the counter's expiry of RATE_WINDOW_TTL_S with the window's first)."""
-        args = (check_name("tenant", tenant), minute, RATE_WINDOW_TTL_S)
-        return self._run(ops.count_request(*args))
+    def admit_request(self, tenant: str, limit: int, period_ms: int = RATE_PERIOD_MS) -> Reply[int]:
+        """Admit one request of tenant under a limit of `limit` requests per period_ms, by
+        GCRA on Redis's clock (one round trip, `cluster.scripts.limits`): 0 when admitted,
+        else the microseconds until a request would be (a refusal changes nothing). The
+        emission interval T is period_ms / limit (rounded up to a whole microsecond): a
+        tenant idle for a period may send `limit` requests at once, and at most one per T
+        after that. Every caller with the same tenant shares one budget. ValueError: limit
+        or period_ms < 1."""
+        if limit < 1 or period_ms < 1:
+            raise ValueError(f"limit={limit}, period_ms={period_ms}; allowed: both >= 1")
+        return self._run(ops.admit_request(check_name("tenant", tenant), limit, period_ms * 1000))
 
     def issue_api_key(self, tenant: str) -> Reply[str]:
         """A new key "lf-<43 urlsafe chars>" for tenant; only its sha256 (and the time

@@ -129,7 +129,8 @@ class ClusterArgs(BaseModel):
     """Key of the admin endpoints ("" disables them)."""
     tenant_requests_per_minute: int = Field(0, ge=0)
     """With auth: requests per minute of a tenant without a limit of its own (`lorafleet
-    tenants limit`); past it, 429 until the minute ends (0 = no limit)."""
+    tenants limit`): a burst of up to that many, then one every 60 s / it; past it, 429
+    until the next request would be admitted (GCRA, `router.rate_limit`; 0 = no limit)."""
     tool_call_parser: Literal["hermes", "llama3_json", "mistral", "pythonic"] | None = None
     """How chat's tool_choice "auto" reads the calls a model writes (`router.tools.PARSERS`):
     "hermes" (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen

@@ -114,18 +114,19 @@ class CapacityExceeded(LoraFleetError):
 
 
 class TenantRateLimited(LoraFleetError):
-    """A tenant sent more requests in this minute than its limit allows (its own, set by
-    `lorafleet tenants limit`, else the cluster's tenant_requests_per_minute). Retry
-    after retry_after_s: seconds until the next minute's window opens. The message ends
-    in the retry hint gRPC's details carry ("(retry after N s)", `router.grpc_proxy`),
-    so gRPC sends it as it is, naming the time once."""
+    """A tenant sent requests faster than its limit allows (its own, set by `lorafleet
+    tenants limit`, else the cluster's tenant_requests_per_minute: a burst of up to that
+    many, then that many per minute; `router.rate_limit`). Retry after retry_after_s: the
+    whole seconds until its next request would be admitted. The message ends in the retry
+    hint gRPC's details carry ("(retry after N s)", `router.grpc_proxy`), so gRPC sends it
+    as it is, naming the time once."""
 
     retryable = True
 
     def __init__(self, tenant: str, limit: int, retry_after_s: int):
         super().__init__(
-            f"tenant {tenant!r} is limited to {limit} requests per minute and sent them all "
-            "in this minute; allowed: more requests when the next minute begins "
+            f"tenant {tenant!r} sent requests faster than its limit of {limit} per minute; "
+            f"allowed: a burst of up to {limit} requests, then {limit} per minute "
             f"(retry after {retry_after_s} s)"
         )
         self.tenant = tenant

@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_requests_per_minute,
         required=True,
         metavar="N",
-        help="inference requests the tenant may send per minute (0 removes its own limit: "
-        "the cluster's tenant_requests_per_minute applies)",
+        help="inference requests the tenant may send per minute: a burst of up to N, then "
+        "one every 60 s / N (0 removes its own limit: the cluster's "
+        "tenant_requests_per_minute applies)",
     )
     add_verb(verbs, "key", _key, "issue a new API key (printed once, stored hashed)",
              listing=True, named=TENANT)  # fmt: skip

@@ -165,7 +165,7 @@ for _, name in ipairs(names) do
   grants = grants + redis.call('SREM', k('grants', name), tenant)
 end
 redis.call('DEL', k('tenant', tenant), k('tenant', tenant, 'keys'),
-  k('tenant', tenant, 'key_created'))
+  k('tenant', tenant, 'key_created'), k('rate', tenant))
 redis.call('SREM', k('tenants'), tenant)
 return ret('ok', #keys, grants)
 """,

@@ -25,13 +25,22 @@ for _, tenant in ipairs(redis.call('SMEMBERS', k('tenants'))) do
 end
 return ret('ok', out)
 """,
-    # ARGV: ns, tenant, window (unix minute), expiry s. One request of tenant in that
-    # window: the window's count with it. The counter's expiry is set with its first
-    # request, in the same script, so no counter outlives its window by more than that.
-    "count_request": r"""
-local key = k('rate', ARGV[2], ARGV[3])
-local n = redis.call('INCR', key)
-if n == 1 then redis.call('EXPIRE', key, ARGV[4]) end
-return ret('ok', n)
+    # ARGV: ns, tenant, emission interval T (whole microseconds), burst B (requests). GCRA
+    # on Redis's own clock (so ingress clocks never matter): with the tenant's theoretical
+    # arrival time TAT (no key: now), a request at `now` is admitted iff
+    # TAT <= now + (B - 1) * T, and moves TAT to max(TAT, now) + T; the key expires when
+    # TAT passes (an absent key means exactly what a past TAT does). A refusal writes
+    # nothing and answers the microseconds until a request would be admitted.
+    "admit_request": r"""
+local key = k('rate', ARGV[2])
+local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local tat = math.max(tonumber(redis.call('GET', key) or '0'), now)
+local wait = tat - (burst - 1) * interval - now
+if wait > 0 then return ret('limited', wait) end
+tat = tat + interval
+redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
+return ret('ok')
 """,
 }

@@ -1,6 +1,7 @@
 """Per-tenant request rate limits (router.rate_limit) against a real registry on a real
-redis-server: the fixed one-minute window on an injected clock, the cached limits, and the
-429 / RESOURCE_EXHAUSTED answers through the real REST handler and gRPC method."""
+redis-server: GCRA's burst and Retry-After, one budget across ingresses, the cached
+limits, and the 429 / RESOURCE_EXHAUSTED answers through the real REST handler and gRPC
+method. (The rate in real time: tests/integration/cluster/test_registry_rate.py.)"""
 
 from __future__ import annotations
 
@@ -21,18 +22,20 @@ from router.grpc_proxy import retry_hint
 from router.grpc_service import GrpcInferenceMixin
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
-from router.rate_limit import TenantRateLimiter, window_of
+from router.rate_limit import TenantRateLimiter
 from tests.unit.router.test_frontend_auth import BASE, Dispatcher, tokenizer
 from tests.unit.router.test_status_mapping import FakeContext
 
 __all__ = ["tokenizer"]  # the shared fixture
 NS = "t"
-MINUTE = 29_000_000  # a unix minute (in 2025); the clock starts 43.2 s into it
-START = MINUTE * 60 + 43.2
+ACME_MESSAGE = (
+    "tenant 'acme' sent requests faster than its limit of 3 per minute; allowed: a burst of "
+    "up to 3 requests, then 3 per minute (retry after 20 s)"
+)
 
 
 class Clock:
-    def __init__(self, now: float = START):
+    def __init__(self, now: float = 0.0):
         self.now = now
 
     def __call__(self) -> float:
@@ -44,15 +47,15 @@ class Counting:
 
     def __init__(self, registry: AsyncRegistry):
         self.registry = registry
-        self.reads = self.counts = 0
+        self.reads = self.admits = 0
 
     async def tenant_limit(self, tenant: str) -> int:
         self.reads += 1
         return await self.registry.tenant_limit(tenant)
 
-    async def count_request(self, tenant: str, minute: int) -> int:
-        self.counts += 1
-        return await self.registry.count_request(tenant, minute)
+    async def admit_request(self, tenant: str, limit: int) -> int:
+        self.admits += 1
+        return await self.registry.admit_request(tenant, limit)
 
 
 @pytest.fixture
@@ -97,80 +100,76 @@ async def outcomes(limiter: TenantRateLimiter, tenant: str, n: int) -> list[int 
     return out
 
 
-@pytest.mark.parametrize(
-    "now, minute, left", [(120.0, 2, 60), (179.2, 2, 1), (150.5, 2, 30), (179.99, 2, 1)]
-)
-def test_window_of(now, minute, left):
-    assert window_of(now) == (minute, left)
-
-
-def test_past_the_limit_refused_until_the_next_minute(registry, redis_url):
-    clock = Clock()
-
+def test_a_burst_of_the_limit_then_refused_without_counting_refusals(registry, redis_url):
     async def body(areg):
-        limiter = TenantRateLimiter(areg, clock=clock)
-        first = await outcomes(limiter, "acme", 5)
+        limiter = TenantRateLimiter(areg)
+        first = await outcomes(limiter, "acme", 3)
+        tat = registry.client.get(registry.keys.rate("acme"))
         with pytest.raises(TenantRateLimited) as e:
             await limiter.admit("acme")
-        clock.now += 16.7  # 0.1 s left in the minute: still refused
-        late = await outcomes(limiter, "acme", 1)
-        clock.now += 0.1  # the next minute
-        after = await outcomes(limiter, "acme", 4)
-        return first, e.value, late, after
+        more = await outcomes(limiter, "acme", 20)
+        return first, tat, e.value, more
 
-    first, err, late, after = run_with(redis_url, body)
-    assert first == [None, None, None, 17, 17]  # 16.8 s left, rounded up
-    assert str(err) == (
-        "tenant 'acme' is limited to 3 requests per minute and sent them all in this minute; "
-        "allowed: more requests when the next minute begins (retry after 17 s)"
-    )
-    assert (err.tenant, err.limit, err.retry_after_s) == ("acme", 3, 17)
-    assert late == [1]
-    assert after == [None, None, None, 60]
-    # refused requests count too (a fixed window): 3 admitted + 4 refused
-    assert registry.client.get(registry.keys.rate("acme", MINUTE)) == "7"
+    first, tat, err, more = run_with(redis_url, body)
+    assert first == [None, None, None]
+    # one is admitted once 60 s / 3 passed: 19.9.. s, rounded up
+    assert (str(err), err.tenant, err.limit, err.retry_after_s) == (ACME_MESSAGE, "acme", 3, 20)
+    assert more == [20] * 20
+    assert registry.client.get(registry.keys.rate("acme")) == tat  # refusals moved nothing
+
+
+def test_two_ingresses_share_one_budget(registry, redis_url):
+    async def body(areg):
+        other = AsyncRegistry(redis_url, NS)  # a second ingress: its own client and cache
+        try:
+            one, two = TenantRateLimiter(areg), TenantRateLimiter(other)
+            got = [await outcomes(one, "acme", 2), await outcomes(two, "acme", 1)]
+            return got + [await outcomes(one, "acme", 1), await outcomes(two, "acme", 1)]
+        finally:
+            await other.close()
+
+    assert run_with(redis_url, body) == [[None, None], [None], [20], [20]]
 
 
 def test_the_default_binds_tenants_without_a_limit_of_their_own(registry, redis_url):
     async def body(areg):
-        limiter = TenantRateLimiter(areg, 2, clock=Clock())
+        limiter = TenantRateLimiter(areg, 2)
         return await outcomes(limiter, "zeta", 3), await outcomes(limiter, "acme", 4)
 
     zeta, acme = run_with(redis_url, body)
-    assert zeta == [None, None, 17]
-    assert acme == [None, None, None, 17]  # its own limit, not the default
+    assert zeta == [None, None, 30]
+    assert acme == [None, None, None, 20]  # its own limit, not the default
 
 
 def test_no_limit_costs_no_round_trip_per_request(registry, redis_url):
-    clock = Clock()
-    mono = Clock(0.0)
+    mono = Clock()
 
     async def body(areg):
         spy = Counting(areg)
-        limiter = TenantRateLimiter(spy, clock=clock, monotonic=mono)
+        limiter = TenantRateLimiter(spy, monotonic=mono)
         free = await outcomes(limiter, "zeta", 10)
-        unlimited = (spy.reads, spy.counts)
+        unlimited = (spy.reads, spy.admits)
         await outcomes(limiter, "acme", 2)
-        limited = (spy.reads, spy.counts)
+        limited = (spy.reads, spy.admits)
         mono.now += 4.9  # the cached limits are still fresh
         await outcomes(limiter, "zeta", 1)
         mono.now += 0.2  # now they are not
         await outcomes(limiter, "zeta", 1)
-        return free, unlimited, limited, (spy.reads, spy.counts)
+        return free, unlimited, limited, (spy.reads, spy.admits)
 
     free, unlimited, limited, last = run_with(redis_url, body)
     assert free == [None] * 10
-    assert unlimited == (1, 0)  # one read of zeta's limit, no counting
-    assert limited == (2, 2)  # one read of acme's, one INCR per request
+    assert unlimited == (1, 0)  # one read of zeta's limit, no admission's round trip
+    assert limited == (2, 2)  # one read of acme's, one round trip per request
     assert last == (3, 2)
-    assert not list(registry.client.scan_iter(f"{NS}:rate:zeta:*"))
+    assert not registry.client.exists(registry.keys.rate("zeta"))
 
 
 def test_a_changed_limit_applies_once_the_cache_expires(registry, redis_url):
-    mono = Clock(0.0)
+    mono = Clock()
 
     async def body(areg):
-        limiter = TenantRateLimiter(areg, clock=Clock(), monotonic=mono)
+        limiter = TenantRateLimiter(areg, monotonic=mono)
         before = await outcomes(limiter, "zeta", 2)
         registry.set_tenant_limit("zeta", 1)
         cached = await outcomes(limiter, "zeta", 1)  # zeta had no limit: none counted yet
@@ -178,7 +177,7 @@ def test_a_changed_limit_applies_once_the_cache_expires(registry, redis_url):
         after = await outcomes(limiter, "zeta", 2)
         return before, cached, after
 
-    assert run_with(redis_url, body) == ([None, None], [None], [None, 17])
+    assert run_with(redis_url, body) == ([None, None], [None], [None, 60])
 
 
 def test_an_unreachable_registry_refuses_with_registry_unavailable():
@@ -195,7 +194,7 @@ def test_an_unreachable_registry_refuses_with_registry_unavailable():
 
 def frontend(tokenizer, areg, auth: bool = True, default_rpm: int = 0) -> Frontend:
     resolver = AdapterResolver(areg, BASE, auth=auth, admin_key="")
-    limiter = TenantRateLimiter(areg, default_rpm, clock=Clock())
+    limiter = TenantRateLimiter(areg, default_rpm)
     return Frontend(tokenizer, resolver, Dispatcher(), 64, rate_limiter=limiter)
 
 
@@ -223,19 +222,16 @@ def test_rest_answers_429_with_retry_after_and_the_openai_error(
 
     first, refused, other = run_with(redis_url, body)
     assert [r.status_code for r in first] == [200, 200, 200]  # n = 3 counted once
-    assert (refused.status_code, refused.headers["retry-after"]) == (429, "17")
+    assert (refused.status_code, refused.headers["retry-after"]) == (429, "20")
     assert json.loads(refused.body) == {
         "error": {
-            "message": "tenant 'acme' is limited to 3 requests per minute and sent them all "
-            "in this minute; allowed: more requests when the next minute begins "
-            "(retry after 17 s)",
+            "message": ACME_MESSAGE,
             "type": "rate_limit_error",
             "param": None,
             "code": "tenant_rate_limited",
         }
     }
     assert other.status_code == 200  # one tenant's limit is its own
-    assert registry.client.get(registry.keys.rate("acme", MINUTE)) == "4"
 
 
 def test_with_auth_off_nothing_is_limited_or_counted(tokenizer, registry, redis_url):
@@ -244,7 +240,7 @@ def test_with_auth_off_nothing_is_limited_or_counted(tokenizer, registry, redis_
         return [(await rest.completions(front, None, completion())).status_code for _ in range(3)]
 
     assert run_with(redis_url, body) == [200, 200, 200]
-    assert not list(registry.client.scan_iter(f"{NS}:rate:*"))
+    assert not list(registry.client.scan_iter(f"{NS}:rate:*"))  # no tenant: no rate state
 
 
 def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, redis_url):
@@ -267,8 +263,5 @@ def test_grpc_answers_resource_exhausted_with_the_retry_hint(tokenizer, keys, re
     assert [c.code for c in contexts[:3]] == [None, None, None]
     refused = contexts[3]
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert refused.details == (  # the retry time named once
-        "tenant 'acme' is limited to 3 requests per minute and sent them all in this minute; "
-        "allowed: more requests when the next minute begins (retry after 17 s)"
-    )
-    assert retry_hint(refused.details) == "17"  # the proxy's retry-after trailer
+    assert refused.details == ACME_MESSAGE  # the retry time named once
+    assert retry_hint(refused.details) == "20"  # the proxy's retry-after trailer

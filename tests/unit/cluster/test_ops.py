@@ -159,3 +159,19 @@ def test_deregister_replica_statuses():
     assert (plan.script, plan.args) == ("deregister_replica", ("r1", 4))
     assert plan.parse(reply("ok")) is True
     assert plan.parse(reply("stale", "5")) is False
+
+
+@pytest.mark.parametrize(
+    "limit, period_us, interval_us",
+    [(600, 60_000_000, 100_000), (7, 60_000_000, 8_571_429), (1, 60_000_000, 60_000_000),
+     (120_000_000, 60_000_000, 1)],
+)  # fmt: skip
+def test_admit_request_interval_rounds_up_to_a_microsecond(limit, period_us, interval_us):
+    assert ops.admit_request("acme", limit, period_us).args == ("acme", interval_us, limit)
+
+
+def test_admit_request_replies():
+    plan = ops.admit_request("acme", 3, 60_000_000)
+    assert plan.script == "admit_request"
+    assert plan.parse(reply("ok")) == 0
+    assert plan.parse(reply("limited", 19_999_123)) == 19_999_123

@@ -72,9 +72,8 @@ def test_a_tenant_over_its_limit_is_a_rate_limit_error_of_its_own_code():
     cluster."""
     assert openai_error_body(TenantRateLimited("acme", 600, 17)) == {
         "error": {
-            "message": "tenant 'acme' is limited to 600 requests per minute and sent them all "
-            "in this minute; allowed: more requests when the next minute begins "
-            "(retry after 17 s)",
+            "message": "tenant 'acme' sent requests faster than its limit of 600 per minute; "
+            "allowed: a burst of up to 600 requests, then 600 per minute (retry after 17 s)",
             "type": "rate_limit_error",
             "param": None,
             "code": "tenant_rate_limited",

@@ -67,8 +67,8 @@ def test_rest_error_response(exc, status, retry_after):
             TenantRateLimited("acme", 60, 17),
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             # its message ends in the hint already: the time is named once
-            "tenant 'acme' is limited to 60 requests per minute and sent them all in this "
-            "minute; allowed: more requests when the next minute begins (retry after 17 s)",
+            "tenant 'acme' sent requests faster than its limit of 60 per minute; allowed: a "
+            "burst of up to 60 requests, then 60 per minute (retry after 17 s)",
             "17",
         ),
         (RegistryUnavailable("down"), grpc.StatusCode.UNAVAILABLE, "down (retry after 1 s)", "1"),
