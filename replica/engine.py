@@ -119,6 +119,7 @@ class LLMEngine:
             rng=SeedStream(params.seed) if params.seed is not None else None,
             cache_salt=cache_salt,
             matcher=matcher,
+            grammar_on=matcher is not None and not params.structured_after,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq, want_held)
@@ -131,6 +132,7 @@ class LLMEngine:
         self._check_in_vocab("logit_bias", [t for t, _ in params.logit_bias])
         self._check_in_vocab("stop_token_ids", params.stop_token_ids)
         self._check_in_vocab("allowed_token_ids", params.allowed_token_ids or ())
+        self._check_in_vocab("structured_after", params.structured_after)
         self._check_allowed_can_start(params)
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
@@ -233,7 +235,7 @@ class LLMEngine:
             return outputs
         params, streams = [s.params for s in seqs], [s.rng for s in seqs]
         banned = [self._banned(s) for s in seqs]
-        logits, guided = result.logits, [i for i, s in enumerate(seqs) if s.matcher is not None]
+        logits, guided = result.logits, [i for i, s in enumerate(seqs) if s.grammar_on]
         if guided:  # the host fills the masks while the device runs the forward
             allowed = self.grammars.allowed([seqs[i].matcher for i in guided], logits.device)
             logits = restrict(logits, guided, allowed)
@@ -267,9 +269,9 @@ class LLMEngine:
         return {i for i, accepted in zip(rows, ok, strict=True) if not accepted}
 
     def _non_finite(self, seq: Sequence) -> LoraFleetError:
-        """The error of a row left with no finite logit: with structured outputs, when
-        the grammar's tokens were all masked by the request's other fields, its own."""
-        if seq.matcher is None:
+        """The error of a row left with no finite logit: with its grammar on, when the
+        grammar's tokens were all masked by the request's other fields, its own."""
+        if not seq.grammar_on:
             return NonFiniteLogits(seq.request_id, seq.num_output)
         return InvalidRequest(
             f"request {seq.request_id}: at output token {seq.num_output} the structured "
@@ -315,6 +317,8 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.tokens.append(token)
+        if seq.matcher is not None and not seq.grammar_on:
+            seq.mark_grammar()  # this token was free; the next is the grammar's if it ended the ids
         p = seq.params
         reason = None
         stops = seq.num_output >= p.min_tokens  # vLLM's rule (the ban kept them out before)

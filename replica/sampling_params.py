@@ -60,6 +60,8 @@ advice of about 1.0-1.3 sit far below 2, which already halves every positive rep
 logit, so a larger value is almost surely a typo (20 for 1.2) and is refused."""
 MAX_LOGIT_BIAS_ENTRIES = 300
 """Tokens one request may bias (OpenAI's limit)."""
+MAX_STRUCTURED_AFTER = 16
+"""structured_after's token ids at most (a reasoning model's "</think>" is one)."""
 MAX_BIAS = 100.0
 """|bias| at most (OpenAI's range): -100 forbids a token, +100 all but forces it."""
 LOGIT_BIAS_ALLOWED = (
@@ -130,6 +132,12 @@ class SamplingParams:
     structured_outputs: None, or what the output must match (a JSON schema, a regular
         expression, ...: `replica.structured`); its mask applies after all of the above.
         Not with min_tokens or ignore_eos (the grammar ends the output).
+    structured_after: () (the grammar applies from the first generated token), or token
+        ids (at most MAX_STRUCTURED_AFTER; needs structured_outputs) after which it starts:
+        the output is free until the generated ids first end with them (a reasoning
+        model's "</think>", `router.frontend.Frontend.thinking_first`), and the grammar
+        holds every token after them. An output that never writes them is never held to
+        the grammar (vLLM's rule for reasoning models).
     include_stop_str_in_output: vLLM's: the text keeps what ended it, up to the end of
         the first stop string to complete (not only up to the start of the first stop
         string), and the text of a last stop token (a stop_token_id, or EOS, whose text
@@ -164,6 +172,7 @@ class SamplingParams:
     min_p: float = 0.0
     allowed_token_ids: tuple[int, ...] | None = None
     structured_outputs: StructuredOutput | None = None
+    structured_after: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
@@ -228,6 +237,7 @@ class SamplingParams:
         return kept_prompt(ids, self.truncate_prompt_tokens, max_model_len)
 
     def _check_structured(self) -> None:
+        self._check_structured_after()
         spec = self.structured_outputs
         if spec is None:
             return
@@ -249,6 +259,27 @@ class SamplingParams:
                 "ends the output with EOS)",
                 "ignore_eos",
             )
+
+    def _check_structured_after(self) -> None:
+        ids = self.structured_after
+        ids = tuple(ids) if isinstance(ids, list | tuple) else None
+        if (
+            ids is None
+            or len(ids) > MAX_STRUCTURED_AFTER
+            or not all(is_int(t) and t >= 0 for t in ids)
+        ):
+            raise InvalidRequest(
+                f"structured_after: got {SHORT.repr(self.structured_after)}; allowed: a list "
+                f"of at most {MAX_STRUCTURED_AFTER} token ids (integers >= 0)",
+                "structured_after",
+            )
+        if ids and self.structured_outputs is None:
+            raise InvalidRequest(
+                "structured_after: given without structured_outputs; allowed: empty (it "
+                "says where a structured output starts)",
+                "structured_after",
+            )
+        object.__setattr__(self, "structured_after", ids)
 
     def _check_stop_token_ids(self) -> None:
         ids = self.stop_token_ids

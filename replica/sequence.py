@@ -59,7 +59,11 @@ class Sequence:
     lora_slot: int = -1
     holds_slot: bool = False
     matcher: Any = None
-    """With params.structured_outputs: the xgrammar GrammarMatcher of the tokens so far."""
+    """With params.structured_outputs: the xgrammar GrammarMatcher of the tokens so far
+    (those after params.structured_after's ids, if any)."""
+    grammar_on: bool = False
+    """The grammar holds this sequence's next token: it has a matcher and, with
+    params.structured_after, its output has ended with those ids (`mark_grammar`)."""
     finish_reason: str | None = None
     text: str = ""
     emitted_text_len: int = 0
@@ -124,6 +128,14 @@ class Sequence:
             return None
         scored = len(self.prompt_logprobs)
         return scored if scored < self.prompt_len - 1 else None
+
+    def mark_grammar(self) -> None:
+        """Called after each token appended while the grammar is off: turn it on when the
+        output now ends with params.structured_after (the tokens after them are the
+        grammar's). Example: after (7, 8), output [5, 7, 8] turns it on."""
+        after = self.params.structured_after
+        if self.num_output >= len(after):
+            self.grammar_on = self.tokens[len(self.tokens) - len(after) :] == list(after)
 
     @property
     def output_ids(self) -> list[int]:

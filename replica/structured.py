@@ -13,6 +13,10 @@ As in vLLM, a constrained request's logprobs are those of this masked distributi
 token the grammar forbids has logprob -inf and is never among the top logprobs (every
 other logits change leaves logprobs raw). A batch with no constrained row pays nothing.
 
+A request with `structured_after` ids (a reasoning model's "</think>", set by the ingress)
+is free until its output ends with them: until then its row is no constrained row, its
+matcher sees nothing, and those ids and everything before them are not the grammar's.
+
 JSON grammars are compiled without free whitespace between tokens by default (xgrammar's
 `any_whitespace=False`): one space after ':' and ',', none elsewhere, so a model cannot
 run to max_tokens emitting newlines inside a JSON value (a known failure of free-whitespace

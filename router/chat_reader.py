@@ -61,11 +61,16 @@ def reader_of(
     structured: StructuredOutput | None,
     tool_parser: str | None,
     reasoning_parser: str | None,
+    after_thinking: bool = False,
 ) -> ChatReader | None:
     """The reader of a chat request's choices (None: plain text, sent as it comes).
-    structured: the request's structured output, forced tool calls' included: JSON from
-    the first token leaves no room for thinking, so such output is not read for it."""
-    json_first = structured is not None and structured.kind in WHITESPACE_KINDS
+    structured: the request's structured output, forced tool calls' included;
+    after_thinking: its grammar starts after the thinking (`SamplingParams.structured_after`).
+    JSON from the first token leaves no room for thinking, so such output is not read
+    for it; JSON after the thinking is the answer, read after it."""
+    json_first = (
+        structured is not None and structured.kind in WHITESPACE_KINDS and not after_thinking
+    )
     reasoning = ThinkReader(reasoning_parser) if reasoning_parser and not json_first else None
     tools = plan.stream(tool_parser)
     if reasoning is None and tools is None:

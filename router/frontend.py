@@ -37,7 +37,7 @@ from lora_core.errors import (
 )
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
-from replica.sampling_params import SamplingParams
+from replica.sampling_params import MAX_STRUCTURED_AFTER, SamplingParams
 from replica.serve_protocol import GenerateCall, check_prompt_ids
 from router import admission
 from router.admission import Admitted
@@ -46,6 +46,7 @@ from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
 from router.rate_limit import TenantRateLimiter
+from router.reasoning import CLOSE, thinking_closed
 from router.reasoning import PARSERS as REASONING_PARSERS
 from router.tools import PARSERS, template_renders_tools
 
@@ -101,6 +102,27 @@ def length_refusal(
         f"(at most {max_len} tokens in total)",
         "max_tokens",
     )
+
+
+def think_end_ids(tokenizer) -> tuple[int, ...]:
+    """The ids of </think> as the tokenizer encodes it: those after which a reasoning model's
+    structured output starts (`Frontend.thinking_first`). One added token in reasoning
+    models' tokenizers (DeepSeek-R1's, Qwen 3's); where it is several, a model that spells
+    it in other pieces is not seen to end its thinking (a warning says so)."""
+    ids = tuple(tokenizer.encode(CLOSE, add_special_tokens=False))
+    if not 1 <= len(ids) <= MAX_STRUCTURED_AFTER:
+        raise ValueError(
+            f"reasoning_parser: the tokenizer encodes {CLOSE} as {len(ids)} tokens; allowed: "
+            f"1 to {MAX_STRUCTURED_AFTER}"
+        )
+    if len(ids) > 1:
+        log.warning(
+            "reasoning_parser: the tokenizer encodes %s as %d tokens, not one; a structured "
+            "output starts only after the model writes exactly these",
+            CLOSE,
+            len(ids),
+        )
+    return ids
 
 
 def longest_token_chars(tokenizer) -> int:
@@ -183,6 +205,7 @@ class Frontend:
                 f"reasoning_parser={reasoning_parser!r}; allowed: None or {REASONING_PARSERS}"
             )
         self.reasoning_parser = reasoning_parser
+        self.think_end_ids = think_end_ids(tokenizer) if reasoning_parser else ()
         if tool_call_parser and not template_renders_tools(tokenizer.chat_template):
             log.warning(
                 "tool_call_parser=%s, but the model's chat template never reads `tools`: "
@@ -278,6 +301,21 @@ class Frontend:
                 f"messages: the chat template refused them ({why})", "messages"
             ) from None
         return tuple(int(t) for t in ids)
+
+    async def thinking_first(
+        self, prompt_ids: tuple[int, ...], params: SamplingParams
+    ) -> SamplingParams:
+        """A chat's params, with structured_after set to "</think>"'s token ids when the
+        model thinks before its structured output (vLLM's rule): the cluster has a
+        reasoning_parser, params have a structured output (the request's own or a forced
+        tool call's) and the rendered prompt did not close the thinking
+        (`router.reasoning.thinking_closed`, read off the event loop). Otherwise params
+        as given: the grammar holds the output from its first token."""
+        if self.reasoning_parser is None or params.structured_outputs is None:
+            return params
+        if thinking_closed(await self.decode(list(prompt_ids))):
+            return params
+        return dataclasses.replace(params, structured_after=self.think_end_ids)
 
     def room_after(self, prompt_ids: tuple[int, ...]) -> int:
         """Output tokens the prompt leaves in the context (at least 1, so a prompt that

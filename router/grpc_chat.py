@@ -159,7 +159,10 @@ def chat_readers(
     if chat is None:
         return None
     parsers = front.tool_call_parser, front.reasoning_parser
-    readers = [reader_of(chat.tool_plan, params.structured_outputs, *parsers) for _ in range(n)]
+    after = bool(params.structured_after)
+    readers = [
+        reader_of(chat.tool_plan, params.structured_outputs, *parsers, after) for _ in range(n)
+    ]
     return None if readers[0] is None else readers
 
 

@@ -263,6 +263,8 @@ class GrpcInferenceMixin:
             if chat is not None and chat.tool_plan.keeps_special_tokens(front.tool_call_parser):
                 params = dataclasses.replace(params, skip_special_tokens=False)  # as REST's
             ids = params.kept_prompt(ids, front.max_model_len)
+            if chat is not None:  # a structured output starts after the thinking, as REST's
+                params = await front.thinking_first(ids, params)
             prepared = front.prepare(
                 admitted,
                 ids,

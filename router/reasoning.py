@@ -9,9 +9,14 @@ reads a chat choice's text into `reasoning_content` (vLLM's field) and `content`
                   </think>; otherwise all content
 
 The reader works on text pieces as they stream: a tail that may begin a tag is held
-until the next piece tells. Output held to JSON from its first token (a forced tool call,
-a JSON schema or object) is not read: the grammar leaves no room for thinking
-(`router.chat_reader.reader_of`).
+until the next piece tells.
+
+A chat with a structured output (its own, or a forced tool call's grammar) thinks first,
+as in vLLM: the grammar starts after the output's </think> (`SamplingParams.structured_after`,
+set by `router.frontend.Frontend.thinking_first`), so the thinking is free and the answer
+is held to the grammar. A prompt that closed the thinking itself (`thinking_closed`) leaves
+none to do: the grammar holds the output from its first token, and JSON held so is not
+read for thinking (`router.chat_reader.reader_of`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,15 @@ class ThinkReader:
             kind = "reasoning_content" if self.parser == "deepseek_r1" else "content"
             return _delta(kind, held)
         return _delta("reasoning_content" if self.state == "thinking" else "content", held)
+
+
+def thinking_closed(prompt: str) -> bool:
+    """Whether a rendered prompt closed the thinking itself: its text after its last
+    <think> holds </think>. Example: Qwen 3's template with chat_template_kwargs
+    {"enable_thinking": false} ends the prompt "<think>\n\n</think>\n\n" -> True; a
+    prompt that opens <think> (DeepSeek-R1's) or has none -> False."""
+    start = prompt.rfind(OPEN)
+    return start >= 0 and CLOSE in prompt[start + len(OPEN) :]
 
 
 def tag_tail(text: str, tag: str) -> int:

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
-from replica.sampling_params import kept_prompt
+from replica.sampling_params import SamplingParams, kept_prompt
 from router.chat_reader import ChatReader, reader_of
 from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
@@ -353,7 +353,7 @@ async def chat_completions(
             req.chat_dicts(), plan.template_tools(), req.template_options()
         )
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
-        params = req.to_sampling_params(front.room_after(ids))
+        params = await front.thinking_first(ids, req.to_sampling_params(front.room_after(ids)))
         if plan.keeps_special_tokens(front.tool_call_parser):  # the calls' marker is one
             params = replace(params, skip_special_tokens=False)
         prepared = front.prepare(
@@ -381,10 +381,11 @@ async def chat_completions(
         except Exception as e:
             return error_response(e)
         messages = None
-        if _chat_reader(front, req) is not None:
+        if _chat_reader(front, req, params) is not None:
             messages = []
             for w in wholes:
-                message, w.finish_reason = _chat_reader(front, req).whole(w.text, w.finish_reason)
+                reader = _chat_reader(front, req, params)
+                message, w.finish_reason = reader.whole(w.text, w.finish_reason)
                 messages.append(message)
         body = chat_body(head, wholes, total_usage(usages), req.logprobs, messages)
         if req.returns_prompt_logprobs:  # on the response, as vLLM's chat has it
@@ -392,15 +393,15 @@ async def chat_completions(
                 ids, _scored(started), req.prompt_logprobs, front.token_table
             )
         return JSONResponse(body)
-    body = _chat_events(front, started, req, head, params.skip_special_tokens)
+    body = _chat_events(front, started, req, head, params)
     return StreamingResponse(body, media_type="text/event-stream")
 
 
 async def _chat_events(
-    front: Frontend, started, req: ChatCompletionRequest, head: Head, skip_special: bool
+    front: Frontend, started, req: ChatCompletionRequest, head: Head, params: SamplingParams
 ):
-    readers = [_reader(front, req.logprobs, skip_special) for _ in started]
-    chats = [_chat_reader(front, req) for _ in started]
+    readers = [_reader(front, req.logprobs, params.skip_special_tokens) for _ in started]
+    chats = [_chat_reader(front, req, params) for _ in started]
     usages = [Usage() for _ in started]
     try:
         for i in range(len(started)):  # each choice's first chunk names the role (as vLLM)
@@ -425,9 +426,14 @@ async def _chat_events(
     yield sse("[DONE]")
 
 
-def _chat_reader(front: Frontend, req: ChatCompletionRequest) -> ChatReader | None:
+def _chat_reader(
+    front: Frontend, req: ChatCompletionRequest, params: SamplingParams
+) -> ChatReader | None:
     """A fresh reader of one choice's text (None: the text is sent as it comes)."""
-    return reader_of(req.tool_plan, req.structured, front.tool_call_parser, front.reasoning_parser)
+    parsers = front.tool_call_parser, front.reasoning_parser
+    return reader_of(
+        req.tool_plan, params.structured_outputs, *parsers, bool(params.structured_after)
+    )
 
 
 def _read_chunks(

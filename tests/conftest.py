@@ -52,7 +52,12 @@ def pytest_sessionstart(session) -> None:
     warm_vector_math()
 
 
-from tests.tiny import ADAPTER_SPECS, make_peft_adapter, make_tiny_model  # noqa: E402 - after the atexit hook
+from tests.tiny import (  # noqa: E402 - after the atexit hook
+    ADAPTER_SPECS,
+    make_peft_adapter,
+    make_think_model,
+    make_tiny_model,
+)
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +82,12 @@ def odd_vocab_dir(tiny_dir) -> Path:
     return make_tiny_model(
         tiny_dir / "llama-odd-vocab", "llama", seed=3, vocab_size=383, tie_word_embeddings=True
     )
+
+
+@pytest.fixture(scope="session")
+def think_dir(tiny_dir) -> Path:
+    """A tiny reasoning model: "<think>" and "</think>" are one token each (`make_think_model`)."""
+    return make_think_model(tiny_dir / "think")
 
 
 def _adapters(model_dir: Path, root: Path) -> dict[str, Path]:

@@ -28,6 +28,31 @@ def make_tiny_model(
     return out_dir
 
 
+THINK_TEMPLATE_END = (
+    # Qwen 3's: enable_thinking false closes the thinking in the prompt
+    "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+def make_think_model(out_dir: Path, seed: int = 4) -> Path:
+    """A tiny Llama of a reasoning model's vocabulary: the tiny tokenizer with "<think>" and
+    "</think>" added as one token each (not special: their text stays in the output), as
+    Qwen 3's and DeepSeek-R1's are, and a chat template that honours
+    chat_template_kwargs {"enable_thinking": false} as Qwen 3's does."""
+    from transformers import AutoTokenizer
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    build_tokenizer(out_dir, 384)
+    tok = AutoTokenizer.from_pretrained(str(out_dir))
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template += THINK_TEMPLATE_END
+    tok.save_pretrained(str(out_dir))
+    build_model(out_dir, arch="llama", seed=seed, vocab_size=len(tok), **TINY)
+    return out_dir
+
+
 def make_peft_adapter(
     model_dir: Path, out_dir: Path, seed: int = 0, scale: float = 0.3, **lora_kwargs
 ) -> Path:

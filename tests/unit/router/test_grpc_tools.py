@@ -2,8 +2,9 @@
 a unix socket; the ingress's GrpcInferenceMixin over a Frontend and a CPU AsyncEngine,
 called as Serve's proxy calls it; no Ray): a stream's chunks carry the deltas and finish
 reasons of REST's stream for the same request (tool_choice "required", named, "auto" read
-by the hermes parser, thinking split by qwen3), every generated token id arrives, and bad
-tool fields end the call INVALID_ARGUMENT naming the field."""
+by the hermes parser), every generated token id arrives, and bad tool fields end the call
+INVALID_ARGUMENT naming the field. Thinking split by a reasoning parser, before a forced
+call or not: tests/unit/router/test_reasoning_structured.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from router.tools import plan_of
 from tests.unit.replica.engines import small_engine
 from tests.unit.router.served_engine import served_frontend
 from tests.unit.router.test_frontend_auth import BASE
-from tests.unit.router.test_reasoning import THINKING
 from tests.unit.router.test_rest_text_options import post
 from tests.unit.router.test_rest_tools import CITY, HERMES_REGEX, MESSAGES, NAMED
 from tests.unit.router.test_tools import CLOCK
@@ -73,7 +73,7 @@ def generate(front, req: pb.GenerateRequest) -> list[pb.GenerateChunk]:
 @pytest.fixture(scope="module")
 def served(llama_dir):
     engine = small_engine(llama_dir)
-    with served_frontend(engine, tool_call_parser="hermes", reasoning_parser="qwen3") as front:
+    with served_frontend(engine, tool_call_parser="hermes") as front:
         yield front
 
 
@@ -179,16 +179,6 @@ def test_every_token_id_arrives(served):
     assert got == want and "".join(c.text for c in calls) == ""
     assert [c.finish_reason for c in calls if c.finish_reason] == ["tool_calls"]
     assert raw[-1].finish_reason == "stop"
-
-
-def test_thinking_streams_as_rest_streams_it(served):
-    fields = {"temperature": 0, "max_tokens": 120, "structured_outputs": {"regex": THINKING}}
-    status, rest = post(served, "chat", {**fields, "messages": MESSAGES, "stream": True})
-    assert status == 200
-    got = grpc_deltas(generate(served, _grpc_request(fields)))
-    assert got == rest_deltas(rest)
-    thought = "".join(d.get("reasoning_content", "") for d, _ in got)
-    assert thought and not thought.startswith("<think>")
 
 
 def test_choices_call_under_ids_of_their_own(served):

@@ -1,23 +1,20 @@
 """A reasoning model's thinking split from its answer (router.reasoning, router.chat_reader):
 each parser's cases, the same split whatever pieces the text streams in, tool calls read
-after the thinking, and on REST over a real CPU engine streamed and whole alike."""
+after the thinking, JSON read for thinking only where its grammar starts after it, and
+which prompts closed the thinking. Over a real engine, REST and gRPC, streamed and whole:
+tests/unit/router/test_reasoning_structured.py."""
 
 from __future__ import annotations
 
 import random
-import re
 
 import pytest
 
 from replica.structured_spec import StructuredOutput
 from router.chat_reader import ChatReader, joined, reader_of
-from router.reasoning import ThinkReader
+from router.reasoning import ThinkReader, thinking_closed
 from router.tool_parsers import HermesCalls
 from router.tools import plan_of
-from tests.unit.replica.engines import small_engine
-from tests.unit.router.served_engine import served_frontend
-from tests.unit.router.test_rest_text_options import post
-from tests.unit.router.test_rest_tools import MESSAGES, message_of
 from tests.unit.router.test_tools import WEATHER, pieces
 
 CASES = [
@@ -64,40 +61,34 @@ def test_tool_calls_are_read_after_the_thinking(seed):
     assert reader.finish_reason("stop") == "tool_calls"
 
 
-def test_json_output_is_not_read_for_thinking():
+def test_json_from_the_first_token_is_not_read_for_thinking():
     plan = plan_of(None, None, None)
+    json_object = StructuredOutput("json_object")
     assert reader_of(plan, None, None, None) is None
-    assert reader_of(plan, StructuredOutput("json_object"), None, "deepseek_r1") is None
+    assert reader_of(plan, json_object, None, "deepseek_r1") is None
     regex = reader_of(plan, StructuredOutput("regex", "a"), None, "deepseek_r1")
     assert regex is not None and regex.reasoning is not None  # a regex may spell the tags
     named = plan_of([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
     forced = reader_of(named, named.grammar(), None, "qwen3")
     assert forced.reasoning is None and forced.tools is not None
+    # the grammar starting after </think>, the thinking is read before the answer
+    after = reader_of(plan, json_object, None, "deepseek_r1", after_thinking=True)
+    assert after.reasoning is not None and after.tools is None
+    forced_after = reader_of(named, named.grammar(), None, "qwen3", after_thinking=True)
+    assert forced_after.reasoning is not None and forced_after.tools is not None
+    assert reader_of(plan, json_object, None, None, after_thinking=True) is None
 
 
-THINKING = r"<think>[a-z]{2,8}( [a-z]{2,8}){0,2}</think>\n[a-z]{2,8}"
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_chat_answers_split_thinking_streamed_or_not(llama_dir, stream):
-    with served_frontend(small_engine(llama_dir), reasoning_parser="qwen3") as front:
-        body = {"messages": MESSAGES, "temperature": 0, "max_tokens": 120, "stream": stream,
-                "structured_outputs": {"regex": THINKING}}  # fmt: skip
-        status, result = post(front, "chat", body)
-        plain = post(front, "chat", {"messages": MESSAGES, "temperature": 0, "max_tokens": 8})
-    assert status == 200
-    if stream:
-        thought = "".join(
-            c["delta"].get("reasoning_content", "") for chunk in result for c in chunk["choices"]
-        )
-        message, finish = message_of(result)
-    else:
-        message, finish = message_of(result)
-        thought = message["reasoning_content"]
-    assert finish == "stop"
-    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,2}", thought)
-    assert re.fullmatch(r"\n[a-z]{2,8}", message["content"])
-    # qwen3: an answer that does not begin <think> is all content
-    assert "reasoning_content" not in plain[1]["choices"][0]["message"] or (
-        plain[1]["choices"][0]["message"]["reasoning_content"] is None
-    )
+@pytest.mark.parametrize(
+    "prompt, closed",
+    [
+        ("<|assistant|><think>\n\n</think>\n\n", True),  # Qwen 3, enable_thinking false
+        ("<|assistant|><think>\n", False),  # DeepSeek-R1's template opens it
+        ("<|assistant|>", False),  # the model may open it (qwen3) or is in it (deepseek_r1)
+        ("<think>a</think>old answer<|user|>q<|assistant|><think>\n", False),
+        ("<think>a</think><|assistant|>", True),
+        ("</think><|assistant|>", False),  # no <think>: nothing closed
+    ],
+)
+def test_a_prompt_closed_the_thinking_when_its_last_think_is_closed(prompt, closed):
+    assert thinking_closed(prompt) is closed

@@ -1,7 +1,7 @@
 """gRPC chat's tool calling end to end, through Serve's gRPC proxy: tool_choice "required"
 gives the calls REST's chat gives for the same body, and a bad tool field ends the call
-INVALID_ARGUMENT naming it. That a stream's chunks carry REST's deltas, "auto" and
-reasoning included, is tests/unit/router/test_grpc_tools.py's.
+INVALID_ARGUMENT naming it. That a stream's chunks carry REST's deltas, "auto" included,
+is tests/unit/router/test_grpc_tools.py's (reasoning: test_reasoning_structured.py's).
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """

@@ -2,8 +2,10 @@
 "required" one (streamed, joined as the client joins deltas, equal to the whole
 response), and "auto" read by the cluster's tool_call_parser (hermes; streamed, a call's
 arguments come in pieces). That each forced call is HF's greedy output under its grammar
-is tests/unit/router/test_rest_tools.py's. A reasoning model's thinking (reasoning_parser
-qwen3) comes apart from its answer. gRPC's messages answer as REST's chat does.
+is tests/unit/router/test_rest_tools.py's; a reasoning model's thinking, before a
+structured answer or not, is tests/unit/router/test_reasoning_structured.py's (over a
+real engine and a model whose </think> is one token). gRPC's messages answer as REST's
+chat does.
 
 One app with one replica, shared with this package's other modules (conftest.py).
 """
@@ -11,13 +13,11 @@ One app with one replica, shared with this package's other modules (conftest.py)
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from router.proto import lorafleet_pb2 as pb
 from tests.integration.serve.sampling.test_sampling_api import MESSAGES, create
-from tests.unit.router.test_reasoning import THINKING
 from tests.unit.router.test_rest_tools import CITY, HERMES_REGEX
 from tests.unit.router.test_tools import CLOCK
 
@@ -74,17 +74,6 @@ def test_auto_reads_the_calls_the_model_writes(cluster):
     ]
     assert pieces[0].name == "get_weather" and pieces[0].arguments == "" and len(pieces) > 2
     assert "".join(p.arguments for p in pieces) == choice.message.tool_calls[0].function.arguments
-
-
-def test_thinking_is_split_from_the_answer(cluster):
-    # the package's cluster runs reasoning_parser qwen3; a regex makes the model think
-    r = create(cluster, "chat", max_tokens=120, temperature=0,
-               extra_body={"structured_outputs": {"regex": THINKING}})  # fmt: skip
-    message = r.choices[0].message
-    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,2}", message.reasoning_content)
-    assert re.fullmatch(r"\n[a-z]{2,8}", message.content)
-    plain = create(cluster, "chat", max_tokens=4, temperature=0).choices[0].message
-    assert plain.reasoning_content is None and plain.content
 
 
 def test_grpc_messages_answer_as_rest_chat(cluster):
