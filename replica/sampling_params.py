@@ -261,13 +261,8 @@ class SamplingParams:
             )
 
     def _check_structured_after(self) -> None:
-        ids = self.structured_after
-        ids = tuple(ids) if isinstance(ids, list | tuple) else None
-        if (
-            ids is None
-            or len(ids) > MAX_STRUCTURED_AFTER
-            or not all(is_int(t) and t >= 0 for t in ids)
-        ):
+        ids = _token_ids(self.structured_after, MAX_STRUCTURED_AFTER)
+        if ids is None:
             raise InvalidRequest(
                 f"structured_after: got {SHORT.repr(self.structured_after)}; allowed: a list "
                 f"of at most {MAX_STRUCTURED_AFTER} token ids (integers >= 0)",
@@ -282,13 +277,8 @@ class SamplingParams:
         object.__setattr__(self, "structured_after", ids)
 
     def _check_stop_token_ids(self) -> None:
-        ids = self.stop_token_ids
-        ids = tuple(ids) if isinstance(ids, list | tuple) else None
-        if (
-            ids is None
-            or len(ids) > MAX_STOP_TOKEN_IDS
-            or not all(is_int(t) and t >= 0 for t in ids)
-        ):
+        ids = _token_ids(self.stop_token_ids, MAX_STOP_TOKEN_IDS)
+        if ids is None:
             raise InvalidRequest(
                 f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got {SHORT.repr(self.stop_token_ids)}",
                 "stop_token_ids",
@@ -490,3 +480,12 @@ def logit_bias_of_json(bias: Mapping[str, float]) -> tuple[tuple[int, float], ..
         raise InvalidRequest(f"logit_bias: {problem}", "logit_bias")
     # leading zeros stripped first: "0" * 5000 + "5" is token 5, too long for int()
     return tuple((int(k.lstrip("0") or "0"), v) for k, v in bias.items())
+
+
+def _token_ids(value: object, limit: int) -> tuple[int, ...] | None:
+    """value as a tuple of at most `limit` token ids (integers >= 0); None when it is not.
+    Example: [3, 4] -> (3, 4); (1.5,) -> None."""
+    ids = tuple(value) if isinstance(value, list | tuple) else None
+    if ids is None or len(ids) > limit or not all(is_int(t) and t >= 0 for t in ids):
+        return None
+    return ids
