@@ -11,7 +11,7 @@
 
 A template that refuses its input (a role it does not take, a last message that is not
 the assistant's for continue_final_message) is a 400 naming `messages`
-(`router.frontend.Frontend.encode_chat`).
+(`router.prompt_encoder.PromptEncoder.encode_chat`).
 """
 
 from __future__ import annotations

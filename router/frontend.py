@@ -2,7 +2,8 @@
 
 REST and gRPC both turn their request into a `GenerateCall` here (`admit`: the key, the
 tenant's rate limit and the adapter's resolution, before any work on the body; then
-tokenize, validate lengths, `prepare`) and read `RequestOutput`s back through `dispatch`,
+tokenize (`router.prompt_encoder`, whose PromptEncoder a Frontend is), validate lengths,
+`prepare`) and read `RequestOutput`s back through `dispatch`,
 which the Serve shell binds to the replica deployment handle.
 
 Errors raised before the first output surface as the request's status; a replica
@@ -13,20 +14,12 @@ like resolution does for a draining adapter: not found.
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import dataclasses
-import functools
-import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
-
-from jinja2 import TemplateError
 
 from lora_core.errors import (
     AdapterDraining,
@@ -37,16 +30,17 @@ from lora_core.errors import (
 )
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
-from replica.sampling_params import MAX_STRUCTURED_AFTER, SamplingParams
-from replica.serve_protocol import GenerateCall, check_prompt_ids
+from replica.sampling_params import SamplingParams
+from replica.serve_protocol import GenerateCall
 from router import admission
 from router.admission import Admitted
 from router.auth import AdapterResolver
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
+from router.prompt_encoder import PromptEncoder
 from router.rate_limit import TenantRateLimiter
-from router.reasoning import CLOSE, thinking_closed
+from router.reasoning import CLOSE, OPEN, tag_ids, thinking_closed
 from router.reasoning import PARSERS as REASONING_PARSERS
 from router.tools import PARSERS, template_renders_tools
 
@@ -104,36 +98,6 @@ def length_refusal(
     )
 
 
-def think_end_ids(tokenizer) -> tuple[int, ...]:
-    """The ids of </think> as the tokenizer encodes it: those after which a reasoning model's
-    structured output starts (`Frontend.thinking_first`). One added token in reasoning
-    models' tokenizers (DeepSeek-R1's, Qwen 3's); where it is several, a model that spells
-    it in other pieces is not seen to end its thinking (a warning says so)."""
-    ids = tuple(tokenizer.encode(CLOSE, add_special_tokens=False))
-    if not 1 <= len(ids) <= MAX_STRUCTURED_AFTER:
-        raise ValueError(
-            f"reasoning_parser: the tokenizer encodes {CLOSE} as {len(ids)} tokens; allowed: "
-            f"1 to {MAX_STRUCTURED_AFTER}"
-        )
-    if len(ids) > 1:
-        log.warning(
-            "reasoning_parser: the tokenizer encodes %s as %d tokens, not one; a structured "
-            "output starts only after the model writes exactly these",
-            CLOSE,
-            len(ids),
-        )
-    return ids
-
-
-def longest_token_chars(tokenizer) -> int:
-    """The most characters one token can stand for: its vocabulary piece (for byte-level
-    BPE one character per byte, never fewer than the text's characters) or an added
-    token's content. Example: the demo tokenizer's longest is "<|endoftext|>" -> 13."""
-    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    added = (t.content for t in tokenizer.added_tokens_decoder.values())
-    return max(1, *(len(p) for p in pieces if p), *(len(a) for a in added))
-
-
 @dataclass(frozen=True)
 class Prepared:
     """A request ready to dispatch: its call, the name to echo as `model`, the resolved ref."""
@@ -169,7 +133,7 @@ class Prepared:
         return dataclasses.replace(self, call=call)
 
 
-class Frontend:
+class Frontend(PromptEncoder):
     """Turns validated requests into streams of engine outputs.
 
     tokenizer: the base model's HF tokenizer (same files the replicas load).
@@ -196,6 +160,7 @@ class Frontend:
         reasoning_parser: str | None = None,
         rate_limiter: TenantRateLimiter | None = None,
     ):
+        super().__init__(tokenizer, max_model_len)
         cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
         if tool_call_parser not in (None, *PARSERS):
             raise ValueError(f"tool_call_parser={tool_call_parser!r}; allowed: None or {PARSERS}")
@@ -205,7 +170,10 @@ class Frontend:
                 f"reasoning_parser={reasoning_parser!r}; allowed: None or {REASONING_PARSERS}"
             )
         self.reasoning_parser = reasoning_parser
-        self.think_end_ids = think_end_ids(tokenizer) if reasoning_parser else ()
+        # <think>'s and </think>'s ids (`thinking_first`)
+        self.think_tags = (
+            (tag_ids(tokenizer, OPEN), tag_ids(tokenizer, CLOSE)) if reasoning_parser else None
+        )
         if tool_call_parser and not template_renders_tools(tokenizer.chat_template):
             log.warning(
                 "tool_call_parser=%s, but the model's chat template never reads `tools`: "
@@ -214,108 +182,23 @@ class Frontend:
             )
         self.prefix_cache_scope = prefix_cache_scope
         self.rate_limiter = rate_limiter
-        self.tokenizer = tokenizer
         self.resolver = resolver
         self.dispatch = dispatch
-        self.max_model_len = max_model_len
-        self.vocab_size = len(tokenizer)
         self.token_table = TokenTable(tokenizer)
-        self.longest_token = longest_token_chars(tokenizer)
-        # Tokenizing runs in one worker thread on its own copy of the tokenizer: HF fast
-        # tokenizers release the GIL while encoding (the event loop keeps serving), but
-        # one instance used from two threads fails with "Already borrowed".
-        self._encoder = copy.deepcopy(tokenizer)
-        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="lorafleet-tokenize")
 
-    async def _off_loop(self, fn: Callable, *args, **kwargs):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._encode_pool, functools.partial(fn, *args, **kwargs))
-
-    def check_prompt_chars(self, chars: int, prompt_field: str) -> None:
-        """Refuse, before tokenizing, text that no tokenization can fit in the context:
-        tokenizing megabytes takes seconds of CPU for an answer known in advance."""
-        limit = self.max_model_len * self.longest_token
-        if chars > limit:
-            raise InvalidRequest(
-                f"{prompt_field}: {chars} characters cannot fit the model's context of "
-                f"{self.max_model_len} tokens (no token spells more than {self.longest_token} "
-                f"characters, so at most {limit}); allowed: a prompt of at most "
-                f"{self.max_model_len - 1} tokens",
-                prompt_field,
-            )
-
-    async def encode_prompt(self, prompt: str | list[int]) -> tuple[int, ...]:
-        """Tokenizes off the event loop, so a long prompt does not stall every other
-        request on the ingress."""
-        if isinstance(prompt, str):
-            ids = await self.encode_text(prompt)
-        else:
-            ids = tuple(prompt)
-            check_prompt_ids(ids, self.vocab_size)
-        if not ids:
-            raise InvalidRequest(
-                "prompt: empty; allowed: a non-empty string or token id list", "prompt"
-            )
-        return ids
-
-    async def encode_text(self, text: str, add_special_tokens: bool = True) -> tuple[int, ...]:
-        """Tokenizes text (maybe empty) in the worker thread."""
-        self.check_prompt_chars(len(text), "prompt")
-        out = await self._off_loop(self._encoder, text, add_special_tokens=add_special_tokens)
-        return tuple(out.input_ids)
-
-    async def decode(self, ids: list[int]) -> str:
-        """Token ids (checked to be in the vocabulary) -> text, in the worker thread."""
-        return await self._off_loop(self._encoder.decode, ids)
-
-    async def encode_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> tuple[int, ...]:
-        """Renders and tokenizes in a worker thread, like `encode_prompt`. tools: the
-        request's tools as templates take them (`router.tools.Tool.template_dict`);
-        options: apply_chat_template's keyword arguments (default: add_generation_prompt;
-        `router.chat_options.ChatTemplateFields.template_options`)."""
-        options = {"add_generation_prompt": True} if options is None else options
-        chars = sum(len(m["content"]) for m in messages)
-        chars += sum(len(json.dumps(t)) for t in tools or ())  # the template writes them too
-        self.check_prompt_chars(chars, "messages")
-        try:
-            ids = await self._off_loop(
-                self._encoder.apply_chat_template,
-                messages,
-                tools=tools,
-                tokenize=True,
-                return_dict=False,
-                **options,
-            )
-        except TemplateError as e:  # the template's own checks (e.g. roles must alternate)
-            raise InvalidRequest(
-                f"messages: the chat template refused them ({e})", "messages"
-            ) from None
-        except Exception as e:  # anything else is the tokenizer's internals: name the type only
-            why = type(e).__name__
-            raise InvalidRequest(
-                f"messages: the chat template refused them ({why})", "messages"
-            ) from None
-        return tuple(int(t) for t in ids)
-
-    async def thinking_first(
-        self, prompt_ids: tuple[int, ...], params: SamplingParams
-    ) -> SamplingParams:
+    def thinking_first(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> SamplingParams:
         """A chat's params, with structured_after set to "</think>"'s token ids when the
         model thinks before its structured output (vLLM's rule): the cluster has a
         reasoning_parser, params have a structured output (the request's own or a forced
-        tool call's) and the rendered prompt did not close the thinking
-        (`router.reasoning.thinking_closed`, read off the event loop). Otherwise params
-        as given: the grammar holds the output from its first token."""
-        if self.reasoning_parser is None or params.structured_outputs is None:
+        tool call's) and the prompt's ids, as the model gets them, did not close the
+        thinking (`router.reasoning.thinking_closed`). Otherwise params as given: the
+        grammar holds the output from its first token."""
+        if self.think_tags is None or params.structured_outputs is None:
             return params
-        if thinking_closed(await self.decode(list(prompt_ids))):
+        opened, closed = self.think_tags
+        if thinking_closed(prompt_ids, opened, closed):
             return params
-        return dataclasses.replace(params, structured_after=self.think_end_ids)
+        return dataclasses.replace(params, structured_after=closed)
 
     def room_after(self, prompt_ids: tuple[int, ...]) -> int:
         """Output tokens the prompt leaves in the context (at least 1, so a prompt that

@@ -264,7 +264,7 @@ class GrpcInferenceMixin:
                 params = dataclasses.replace(params, skip_special_tokens=False)  # as REST's
             ids = params.kept_prompt(ids, front.max_model_len)
             if chat is not None:  # a structured output starts after the thinking, as REST's
-                params = await front.thinking_first(ids, params)
+                params = front.thinking_first(ids, params)
             prepared = front.prepare(
                 admitted,
                 ids,

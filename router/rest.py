@@ -353,7 +353,7 @@ async def chat_completions(
             req.chat_dicts(), plan.template_tools(), req.template_options()
         )
         ids = kept_prompt(ids, req.truncate_prompt_tokens, front.max_model_len)
-        params = await front.thinking_first(ids, req.to_sampling_params(front.room_after(ids)))
+        params = front.thinking_first(ids, req.to_sampling_params(front.room_after(ids)))
         if plan.keeps_special_tokens(front.tool_call_parser):  # the calls' marker is one
             params = replace(params, skip_special_tokens=False)
         prepared = front.prepare(

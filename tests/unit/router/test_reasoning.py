@@ -7,12 +7,13 @@ tests/unit/router/test_reasoning_structured.py."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
 from replica.structured_spec import StructuredOutput
 from router.chat_reader import ChatReader, joined, reader_of
-from router.reasoning import ThinkReader, thinking_closed
+from router.reasoning import CLOSE, OPEN, ThinkReader, thinking_closed
 from router.tool_parsers import HermesCalls
 from router.tools import plan_of
 from tests.unit.router.test_tools import WEATHER, pieces
@@ -79,6 +80,18 @@ def test_json_from_the_first_token_is_not_read_for_thinking():
     assert reader_of(plan, json_object, None, None, after_thinking=True) is None
 
 
+def char_ids(text: str) -> tuple[int, ...]:
+    """A tokenizer of one id per character: every tag is several ids."""
+    return tuple(ord(c) for c in text)
+
+
+def tag_token_ids(text: str) -> tuple[int, ...]:
+    """A tokenizer whose <think> and </think> are one id each (1, 2), as reasoning models'."""
+    pieces = re.split(f"({OPEN}|{CLOSE})", text)
+    return tuple(i for p in pieces for i in ({OPEN: (1,), CLOSE: (2,)}.get(p) or char_ids(p)))
+
+
+@pytest.mark.parametrize("encode", [tag_token_ids, char_ids])
 @pytest.mark.parametrize(
     "prompt, closed",
     [
@@ -88,7 +101,11 @@ def test_json_from_the_first_token_is_not_read_for_thinking():
         ("<think>a</think>old answer<|user|>q<|assistant|><think>\n", False),
         ("<think>a</think><|assistant|>", True),
         ("</think><|assistant|>", False),  # no <think>: nothing closed
+        ("<think><think></think", False),  # a cut-off tag is no tag
     ],
 )
-def test_a_prompt_closed_the_thinking_when_its_last_think_is_closed(prompt, closed):
-    assert thinking_closed(prompt) is closed
+def test_a_prompt_closed_the_thinking_when_its_last_think_is_closed(encode, prompt, closed):
+    """The ids' rule is the text's (the text after the last <think> holds </think>)."""
+    start = prompt.rfind(OPEN)
+    assert (start >= 0 and CLOSE in prompt[start + len(OPEN) :]) is closed
+    assert thinking_closed(encode(prompt), encode(OPEN), encode(CLOSE)) is closed

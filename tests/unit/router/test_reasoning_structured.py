@@ -8,7 +8,6 @@ model that never closes its thinking ends at max_tokens with no answer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -192,11 +191,40 @@ def test_thinking_first_sets_the_grammar_after_think_end(engine, think_end, pars
     with served_frontend(engine, reasoning_parser=parser) as front:
         after = SamplingParams(max_tokens=4, structured_outputs=spec)
         got = {
-            name: asyncio.run(front.thinking_first(ids, after)).structured_after
+            name: front.thinking_first(ids, after).structured_after
             for name, ids in [("opened", opened), ("plain", plain), ("closed", closed)]
         }
-        free = asyncio.run(front.thinking_first(plain, SamplingParams(max_tokens=4)))
+        free = front.thinking_first(plain, SamplingParams(max_tokens=4))
     assert got == {"opened": (think_end,), "plain": (think_end,), "closed": ()}
     assert free.structured_after == ()
     with served_frontend(engine) as front:  # no reasoning parser: from the first token
-        assert asyncio.run(front.thinking_first(plain, after)).structured_after == ()
+        assert front.thinking_first(plain, after).structured_after == ()
+
+
+class DecodeCounter:
+    """The frontend's tokenizer copy, counting its decode calls."""
+
+    def __init__(self, inner):
+        self.inner, self.decodes = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode(self, *args, **kwargs):
+        self.decodes += 1
+        return self.inner.decode(*args, **kwargs)
+
+
+def test_thinking_first_reads_the_prompt_ids_without_decoding_them(engine):
+    """REST and gRPC chats with a structured output, thinking closed or not: whether the
+    prompt closed the thinking is read off its ids, never by decoding the prompt again."""
+    body = {"response_format": FORMAT, "messages": MESSAGES, "temperature": 0, "max_tokens": 4}
+    with served_frontend(engine, reasoning_parser="qwen3") as front:
+        front._encoder = DecodeCounter(front._encoder)
+        for kwargs in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+            assert post(front, "chat", {**body, **kwargs})[0] == 200
+        for kwargs in ("", '{"enable_thinking": false}'):
+            req = grpc_request({}, {})
+            req.max_tokens, req.chat_template_kwargs_json = 4, kwargs
+            assert generate(front, req)[-1].finish_reason
+        assert front._encoder.decodes == 0
