@@ -160,7 +160,6 @@ class Frontend(PromptEncoder):
         reasoning_parser: str | None = None,
         rate_limiter: TenantRateLimiter | None = None,
     ):
-        super().__init__(tokenizer, max_model_len)
         cache_salt_of(None, None, prefix_cache_scope)  # refuses an unknown scope now
         if tool_call_parser not in (None, *PARSERS):
             raise ValueError(f"tool_call_parser={tool_call_parser!r}; allowed: None or {PARSERS}")
@@ -170,6 +169,7 @@ class Frontend(PromptEncoder):
                 f"reasoning_parser={reasoning_parser!r}; allowed: None or {REASONING_PARSERS}"
             )
         self.reasoning_parser = reasoning_parser
+        super().__init__(tokenizer, max_model_len)
         # <think>'s and </think>'s ids (`thinking_first`)
         self.think_tags = (
             (tag_ids(tokenizer, OPEN), tag_ids(tokenizer, CLOSE)) if reasoning_parser else None
