@@ -101,6 +101,11 @@ def check_prompt_count(k: int | None) -> int | None:
     return check_top_count(k)
 
 
+COMPLETION_MAX_TOKENS = 16
+"""max_tokens of a completion that does not send it (REST's /v1/completions, a gRPC prompt),
+OpenAI's and vLLM's default. A chat's default is the room its prompt leaves in the context."""
+
+
 def check_max_tokens(max_tokens: int, scores_prompt: bool, how: str) -> int:
     """max_tokens: >= 1, or 0 where the request returns its prompt only, e.g. to score it
     (scores_prompt; how names what allows 0: REST's "echo: true or prompt_logprobs set",

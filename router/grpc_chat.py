@@ -7,6 +7,8 @@ so a refusal says what REST's says, naming the gRPC field:
 
     messages[i]                  {"role", "content", "tool_calls"?, "tool_call_id"?}
     chat_template_kwargs_json    the JSON object, as chat_template_kwargs
+    add_generation_prompt        when set
+    continue_final_message       when true
     tools_json                   the JSON array, as tools (named tools_json in messages)
     tool_choice                  "none" / "auto" / "required", or a JSON object's text
     parallel_tool_calls          when set
@@ -35,8 +37,17 @@ from router.proto import lorafleet_pb2 as pb
 from router.structured_request import GRPC_STRUCTURED_FIELDS
 from router.tools import CHOICES_ALLOWED, ToolPlan, forcing_grammar, plan_of
 
-CHAT_ONLY = ("chat_template_kwargs_json", "tools_json", "tool_choice", "parallel_tool_calls")
+CHAT_ONLY = (
+    "chat_template_kwargs_json",
+    "tools_json",
+    "tool_choice",
+    "parallel_tool_calls",
+    "add_generation_prompt",
+    "continue_final_message",
+)
 """GenerateRequest's fields that a prompt request must leave unset."""
+OPTIONAL_FLAGS = ("parallel_tool_calls", "add_generation_prompt")
+"""CHAT_ONLY's optional bools: set even when false."""
 TOOLS_ALLOWED = 'a JSON array of tools, [{"type": "function", "function": {...}}, ...]'
 
 
@@ -84,8 +95,11 @@ def body_of(req: pb.GenerateRequest) -> dict[str, Any]:
         body["tools_json"] = load_json(req.tools_json, "tools_json", TOOLS_ALLOWED)
     if req.tool_choice:
         body["tool_choice"] = _tool_choice(req.tool_choice)
-    if req.HasField("parallel_tool_calls"):
-        body["parallel_tool_calls"] = req.parallel_tool_calls
+    for name in OPTIONAL_FLAGS:
+        if req.HasField(name):
+            body[name] = getattr(req, name)
+    if req.continue_final_message:
+        body["continue_final_message"] = True
     return body
 
 
@@ -167,25 +181,28 @@ def chat_readers(
 
 
 def _given(req: pb.GenerateRequest, name: str) -> bool:
-    """Whether a field is set: an optional one (parallel_tool_calls) even to false."""
-    return req.HasField(name) if name == "parallel_tool_calls" else bool(getattr(req, name))
+    """Whether a field is set: an optional one (`OPTIONAL_FLAGS`) even to false."""
+    return req.HasField(name) if name in OPTIONAL_FLAGS else bool(getattr(req, name))
 
 
 def read_chunks(chunk: pb.GenerateChunk, reader: ChatReader) -> list[pb.GenerateChunk]:
     """One engine output's chunk (`router.grpc_service.chunk_of`) of a choice whose text
     is read: one chunk per delta of REST's stream (`router.rest._read_chunks`), the
     output's token ids, logprobs and prompt scores on the first, the reader's finish
-    reason on the last; a chunk without text when the reader sent nothing (it holds the
-    text back), so every token id is still sent."""
+    reason and the usage on the last; a chunk without text when the reader sent nothing
+    (it holds the text back), so every token id is still sent."""
     engine_finish = chunk.finish_reason or None
     deltas = reader.feed(chunk.text) + (reader.end() if engine_finish else [])
     first = pb.GenerateChunk()
     first.CopyFrom(chunk)
     first.text, first.finish_reason = "", ""
+    first.ClearField("usage")
     out = [first] + [pb.GenerateChunk(index=chunk.index) for _ in deltas[1:]]
     for c, delta in zip(out, deltas or [{}], strict=True):
         _set_delta(c, delta)
     out[-1].finish_reason = reader.finish_reason(engine_finish) or ""
+    if chunk.HasField("usage"):
+        out[-1].usage.CopyFrom(chunk.usage)
     return out
 
 

@@ -24,9 +24,14 @@ from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
 from replica.outputs import RequestOutput, TopLogprobs
-from replica.sampling_params import SamplingParams
+from replica.sampling_params import SamplingParams, kept_prompt
 from router.auth import bearer_key
-from router.body_checks import check_cache_salt, check_max_tokens, check_top_count
+from router.body_checks import (
+    COMPLETION_MAX_TOKENS,
+    check_cache_salt,
+    check_max_tokens,
+    check_top_count,
+)
 from router.chat_reader import ChatReader
 from router.choices import check_n
 from router.errors import public_message, status_for, unwrap
@@ -51,23 +56,30 @@ def shortest(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def sampling_of(req: pb.GenerateRequest, chat: GrpcChat | None = None) -> SamplingParams:
-    """chat: the request's chat (`chat_of`), whose forced tool call sets the grammar.
-    Unset fields mean their default: 0 is top_p 1 (which takes no 0), and off for top_k,
-    min_p and the presence / frequency penalties, an empty allowed_token_ids is off (proto3
-    has no null list); max_tokens and repetition_penalty are
-    optional, so an explicit 0 is refused as REST refuses it (max_tokens 0 is allowed
-    with prompt_logprobs, as REST allows it with echo); skip_special_tokens and
-    truncate_prompt_tokens are optional too (unset = true and no truncation)."""
+def sampling_of(
+    req: pb.GenerateRequest,
+    chat: GrpcChat | None = None,
+    default_max_tokens: int = COMPLETION_MAX_TOKENS,
+) -> SamplingParams:
+    """chat: the request's chat (`chat_of`), whose forced tool call sets the grammar;
+    default_max_tokens: max_tokens when unset (a chat's: the room its prompt leaves in the
+    context, `Frontend.room_after`, as REST's chat). Unset fields mean their default: 0 is
+    top_p 1 (which takes no 0), and off for top_k, min_p and the presence / frequency
+    penalties, an empty allowed_token_ids is off (proto3 has no null list); max_tokens and
+    repetition_penalty are optional, so an explicit 0 is refused as REST refuses it
+    (max_tokens 0 is allowed with prompt_logprobs, as REST allows it with echo);
+    skip_special_tokens and truncate_prompt_tokens are optional too (unset = true and no
+    truncation)."""
     repetition = shortest(req.repetition_penalty) if req.HasField("repetition_penalty") else 1.0
     return SamplingParams(
-        max_tokens=_max_tokens(req),
+        max_tokens=_max_tokens(req, default_max_tokens),
         temperature=shortest(req.temperature),
         top_p=shortest(req.top_p) or 1.0,
         top_k=req.top_k,
         seed=req.seed if req.HasField("seed") else None,
         stop_token_ids=tuple(req.stop_token_ids),
         min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
         logprobs=req.HasField("logprobs"),
         top_logprobs=_top_count(req),
         stop=tuple(req.stop),
@@ -82,11 +94,14 @@ def sampling_of(req: pb.GenerateRequest, chat: GrpcChat | None = None) -> Sampli
         skip_special_tokens=(
             req.skip_special_tokens if req.HasField("skip_special_tokens") else True
         ),
-        truncate_prompt_tokens=(
-            req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
-        ),
+        truncate_prompt_tokens=truncation_of(req),
         structured_outputs=_structured(req, chat),
     )
+
+
+def truncation_of(req: pb.GenerateRequest) -> int | None:
+    """truncate_prompt_tokens (None when unset)."""
+    return req.truncate_prompt_tokens if req.HasField("truncate_prompt_tokens") else None
 
 
 def _structured(req: pb.GenerateRequest, chat: GrpcChat | None):
@@ -123,10 +138,11 @@ def _prompt_count(req: pb.GenerateRequest) -> int | None:
         raise InvalidRequest(f"prompt_logprobs: {e}", "prompt_logprobs") from None
 
 
-def _max_tokens(req: pb.GenerateRequest) -> int:
-    """max_tokens (16 when unset): >= 1, or 0 with prompt_logprobs (REST's rule for echo)."""
+def _max_tokens(req: pb.GenerateRequest, default: int) -> int:
+    """max_tokens (default when unset): >= 1, or 0 with prompt_logprobs (REST's rule for
+    echo)."""
     if not req.HasField("max_tokens"):
-        return 16
+        return default
     try:
         return check_max_tokens(
             req.max_tokens, req.HasField("prompt_logprobs"), "prompt_logprobs set"
@@ -148,8 +164,9 @@ def chunk_of(
     index: int, out: RequestOutput, prompt_ids: tuple[int, ...], scores: RequestOutput | None = None
 ) -> pb.GenerateChunk:
     """Choice `index`'s chunk for one engine output: its new tokens (with their logprobs
-    when asked for) and, on its first output when prompt_logprobs was asked for, the
-    prompt's ids and scores (those `scores` carries, given: `shared_prompt_scores`)."""
+    when asked for), on its first output when prompt_logprobs was asked for the prompt's
+    ids and scores (those `scores` carries, given: `shared_prompt_scores`), and on its
+    last (it has a finish_reason) the choice's usage."""
     chunk = pb.GenerateChunk(
         text=out.new_text,
         token_ids=out.new_token_ids,
@@ -157,6 +174,9 @@ def chunk_of(
         index=index,
         logprobs=token_logprobs(out.new_logprobs, out.new_top_logprobs),
     )
+    if out.finish_reason:
+        chunk.usage.prompt_tokens = out.num_prompt_tokens
+        chunk.usage.completion_tokens = out.num_output_tokens
     scored = scores or out
     if scored.prompt_logprobs is not None:
         chunk.prompt_token_ids.extend(prompt_ids)
@@ -256,13 +276,15 @@ class GrpcInferenceMixin:
             n = choices_of(request)
             chat = await chat_of(request)
             ids = await prompt_ids_of(front, request, chat)
+            ids = kept_prompt(ids, truncation_of(request), front.max_model_len)
+            # unset max_tokens: a chat's is the room its prompt leaves, as REST chat's
+            default = COMPLETION_MAX_TOKENS if chat is None else front.room_after(ids)
             if grpc_asks_grammar(request):  # its grammar is built off the event loop, as REST's
-                params = await asyncio.to_thread(sampling_of, request, chat)
+                params = await asyncio.to_thread(sampling_of, request, chat, default)
             else:
-                params = sampling_of(request, chat)
+                params = sampling_of(request, chat, default)
             if chat is not None and chat.tool_plan.keeps_special_tokens(front.tool_call_parser):
                 params = dataclasses.replace(params, skip_special_tokens=False)  # as REST's
-            ids = params.kept_prompt(ids, front.max_model_len)
             if chat is not None:  # a structured output starts after the thinking, as REST's
                 params = front.thinking_first(ids, params)
             prepared = front.prepare(

@@ -39,6 +39,7 @@ from replica.sampling_params import (
 )
 from replica.structured_spec import StructuredOutput
 from router.body_checks import (
+    COMPLETION_MAX_TOKENS,
     UNHONOURED_CHAT,
     UNHONOURED_COMPLETION,
     check_cache_salt,
@@ -231,7 +232,7 @@ class CompletionRequest(_Sampling):
 
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], BeforeValidator(check_prompt)]
     """A string, a list of token ids, or a batch of them (`router.choices.batch_of`)."""
-    max_tokens: int = 16
+    max_tokens: int = COMPLETION_MAX_TOKENS
     """Tokens to generate at most: >= 1, or 0 with echo or prompt_logprobs (the prompt
     only, to score it)."""
     logprobs: TopCount = None

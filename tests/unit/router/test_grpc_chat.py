@@ -1,6 +1,6 @@
-"""gRPC's chat (GenerateRequest fields 31-35, ChatTurn's tool fields): rendered by the chat
-template as REST's chat renders it (the same token ids), template variables, tools and
-earlier calls included; a chat given with a prompt, chat fields without messages, and bad
+"""gRPC's chat (GenerateRequest fields 31-35, 37-38, ChatTurn's tool fields): rendered by the
+chat template as REST's chat renders it (the same token ids), template variables and
+fields, tools and earlier calls included; a chat given with a prompt, chat fields without messages, and bad
 turns, variables or tools are INVALID_ARGUMENT-class refusals naming the gRPC field, in
 the words REST's chat uses for the same body."""
 
@@ -52,6 +52,28 @@ def test_messages_render_as_rest_chat_renders_them(tokenizer):
         tokenizer.apply_chat_template(dicts, add_generation_prompt=True, return_dict=False)
     )
     assert ids_of(front, pb.GenerateRequest(prompt="hi")) == tuple(tokenizer("hi").input_ids)
+
+
+PREFILLED = [("user", "name a colour"), ("assistant", "the colour is")]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"continue_final_message": True},
+        {"continue_final_message": True, "add_generation_prompt": False},
+        {"add_generation_prompt": False},
+        {"add_generation_prompt": True},
+    ],
+)
+def test_template_fields_render_as_rest_chat_renders_them(tokenizer, fields):
+    front = make_front(tokenizer, Dispatcher(), max_len=256)
+    ids = ids_of(front, _request(turns=PREFILLED, **fields))
+    messages = [{"role": r, "content": c} for r, c in PREFILLED]
+    rest = parse_body(ChatCompletionRequest, {"model": "m", "messages": messages, **fields})
+    assert ids == asyncio.run(front.encode_chat(rest.chat_dicts(), None, rest.template_options()))
+    opened = tokenizer.decode(ids).endswith("<|assistant|>the colour is")
+    assert opened == bool(fields.get("continue_final_message"))
 
 
 def test_template_variables_reach_the_template(tokenizer):
@@ -186,6 +208,13 @@ def _call_turn(role: str, arguments: str = "{}", tool_call_id: str = "") -> pb.C
          "tool_choice: allowed only with messages"),
         ({"turns": [], "prompt": "x", "parallel_tool_calls": False}, "parallel_tool_calls",
          "parallel_tool_calls: allowed only with messages"),
+        ({"add_generation_prompt": True, "continue_final_message": True},
+         "add_generation_prompt",
+         "add_generation_prompt: true with continue_final_message: true; allowed: one of them"),
+        ({"turns": [], "prompt": "x", "continue_final_message": True}, "continue_final_message",
+         "continue_final_message: allowed only with messages"),
+        ({"turns": [], "prompt": "x", "add_generation_prompt": False}, "add_generation_prompt",
+         "add_generation_prompt: allowed only with messages"),
         ({"messages": [_call_turn("user")]}, "messages.0",
          'tool_calls: in a "user" message; allowed only for role "assistant"'),
         ({"messages": [_call_turn("assistant", "{")]}, "messages.0.tool_calls.0.arguments",

@@ -59,6 +59,11 @@ def test_shortest_reads_float32_back_as_the_decimal_sent(x):
             f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got (0, 1, 2, 3, 4, 5, 6, 7, ...)",
         ),
         ({"min_p": 1.5}, "min_p=1.5; allowed: a number 0 <= min_p <= 1 (0 = off)"),
+        (
+            {"ignore_eos": True, "structured_regex": "a+"},
+            "ignore_eos: true with structured outputs; allowed: false (the grammar ends the "
+            "output with EOS)",
+        ),
         ({"min_p": -0.1}, "min_p=-0.1; allowed: a number 0 <= min_p <= 1 (0 = off)"),
         (
             {"allowed_token_ids": [0] * 262_145},
@@ -245,6 +250,7 @@ def test_choices_without_prompt_scores_wait_for_and_send_the_scoring_choices():
         ({"skip_special_tokens": False}, {"skip_special_tokens": False}),
         ({"truncate_prompt_tokens": 5}, {"truncate_prompt_tokens": 5}),
         ({"truncate_prompt_tokens": -1}, {"truncate_prompt_tokens": -1}),
+        ({"ignore_eos": True}, {"ignore_eos": True}),
     ],
 )
 def test_stop_string_special_token_and_truncation_fields_are_mapped(fields, want):
