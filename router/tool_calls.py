@@ -56,7 +56,8 @@ class ToolStream:
         """A fresh call id (readers of formats whose templates check ids override it)."""
         return new_call_id()
 
-    def _call(self, name: str, arguments: str) -> dict[str, Any]:
+    def start_call(self, name: str, arguments: str) -> dict[str, Any]:
+        """A new call's first delta (its index the next), counted in `calls`."""
         self.calls += 1
         return {"tool_calls": [call_delta(self.calls - 1, name, arguments, self.new_id())]}
 
@@ -70,7 +71,7 @@ class NamedCall(ToolStream):
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self.calls == 0:
-            first = self._call(self.name, text)
+            first = self.start_call(self.name, text)
             return [first]
         if not text:
             return []
@@ -149,7 +150,7 @@ class CallArray(ToolStream):
         except (ValueError, KeyError, TypeError):
             self.told = True
             return {"content": text}
-        return self._call(name, arguments)
+        return self.start_call(name, arguments)
 
     def end(self) -> list[dict[str, Any]]:
         if self.start >= 0:
@@ -211,7 +212,7 @@ class AnswerCalls(AutoCalls):
             return content(held)
         if len(calls) > 1 and not self.parallel:
             return content(held)
-        return [self._call(name, arguments) for name, arguments in calls]
+        return [self.start_call(name, arguments) for name, arguments in calls]
 
 
 def call_of(item: object) -> tuple[str, str] | None:

@@ -114,7 +114,7 @@ class MistralCalls(AutoCalls):
             return False
         if call is None or not self.may_call(call[0]):
             return False
-        out.append(self._call(*call))
+        out.append(self.start_call(*call))
         a.frontier, a.start = end, -1
         return True
 
