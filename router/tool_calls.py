@@ -56,7 +56,8 @@ class ToolStream:
         """A fresh call id (readers of formats whose templates check ids override it)."""
         return new_call_id()
 
-    def _call(self, name: str, arguments: str) -> dict[str, Any]:
+    def start_call(self, name: str, arguments: str) -> dict[str, Any]:
+        """A new call's first delta (its index the next), counted in `calls`."""
         self.calls += 1
         return {"tool_calls": [call_delta(self.calls - 1, name, arguments, self.new_id())]}
 
@@ -70,7 +71,7 @@ class NamedCall(ToolStream):
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self.calls == 0:
-            first = self._call(self.name, text)
+            first = self.start_call(self.name, text)
             return [first]
         if not text:
             return []
@@ -149,7 +150,7 @@ class CallArray(ToolStream):
         except (ValueError, KeyError, TypeError):
             self.told = True
             return {"content": text}
-        return self._call(name, arguments)
+        return self.start_call(name, arguments)
 
     def end(self) -> list[dict[str, Any]]:
         if self.start >= 0:
@@ -168,50 +169,54 @@ class AutoCalls(ToolStream):
     names: set[str] = field(default_factory=set)
     parallel: bool = True
 
-    def may_call(self, name: object) -> bool:
-        """Whether a call of name, next, is sent as a call (else its text is content)."""
-        return name in self.names and (self.parallel or not self.calls)
+    def may_call(self, name: object, before: int = 0) -> bool:
+        """Whether a call of name, next (after `before` more), is sent as a call (else its
+        text is content)."""
+        return name in self.names and (self.parallel or not self.calls + before)
 
 
 @dataclass
 class AnswerCalls(AutoCalls):
-    """An answer that is either text or all calls, told apart by how it begins (after
-    whitespace): one that begins with one of `starts` is held to the end and read whole
-    (`read`); one that does not read as calls of `names` (or holds two without
-    `parallel`) is content, as it came. Any other answer streams as text."""
+    """An answer that is either text or calls, told apart by how it begins (after
+    whitespace): one that begins with one of `starts` is read as calls as it arrives
+    (`read`); from where it turns out no call of `names` (or a second one without
+    `parallel`) it is content (`give_up`): the whole answer when no call was sent yet.
+    Any other answer streams as text."""
 
     starts: tuple[str, ...] = ()
-    held: str = ""
+    answer: str = ""
+    """The answer so far, while it is undecided or read as calls."""
     calls_answer: bool | None = None
     """None: undecided (only whitespace, or a prefix of one of `starts`, so far)."""
 
-    def read(self, answer: str) -> list[tuple[str, str]] | None:
-        """(name, arguments JSON) of each call of a whole answer, else None."""
+    def read(self) -> list[dict[str, Any]]:
+        """Reads the calls answer's new text (the end of `answer`)."""
+        raise NotImplementedError
+
+    def read_end(self) -> list[dict[str, Any]]:
+        """The calls answer ended."""
         raise NotImplementedError
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self.calls_answer is False:
             return content(text)
-        self.held += text
-        start = self.held.lstrip()
+        self.answer += text
+        if self.calls_answer:
+            return self.read()
+        start = self.answer.lstrip()
         if not start or any(s.startswith(start) and len(start) < len(s) for s in self.starts):
             return []
         self.calls_answer = start.startswith(self.starts)
-        if self.calls_answer:
-            return []
-        held, self.held = self.held, ""
-        return content(held)
+        return self.read() if self.calls_answer else self.give_up(0)
 
     def end(self) -> list[dict[str, Any]]:
-        held, self.held = self.held, ""
-        if not self.calls_answer:
-            return content(held)
-        calls = self.read(held)
-        if calls is None or any(name not in self.names for name, _ in calls):
-            return content(held)
-        if len(calls) > 1 and not self.parallel:
-            return content(held)
-        return [self._call(name, arguments) for name, arguments in calls]
+        return self.read_end() if self.calls_answer else self.give_up(0)
+
+    def give_up(self, at: int) -> list[dict[str, Any]]:
+        """The answer from `at` on is content, and so is all that follows."""
+        self.calls_answer = False
+        rest, self.answer = self.answer[at:], ""
+        return content(rest)
 
 
 def call_of(item: object) -> tuple[str, str] | None:

@@ -3,12 +3,14 @@ its model writes calls in. Each reads a choice's text into content and calls
 (`router.tool_calls.AutoCalls`); text that does not read as a call of the request's
 tools stays content.
 
-    hermes        <tool_call>{"name", "arguments"}</tool_call> blocks; each call streams
-                  (its name, then its arguments as they are generated)
-    llama3_json   an answer of ";"-separated {"name", "parameters"} objects; read whole
-    mistral       [TOOL_CALLS] then a JSON array of {"name", "arguments"}; each call sent
-                  once its element closes
-    pythonic      an answer that is a Python list of calls, [f(a=1), g()]; read whole
+    hermes        <tool_call>{"name", "arguments"}</tool_call> blocks
+    llama3_json   an answer of ";"-separated {"name", "parameters"} objects
+    mistral       [TOOL_CALLS] then a JSON array of {"name", "arguments"}
+    pythonic      an answer that is a Python list of calls, [f(a=1), g()]; each call
+                  sent once the , or ] after it arrives
+
+The JSON formats' calls stream as they are generated (`json_call`): the name once read,
+then the arguments' JSON text as written, as it arrives.
 """
 
 from __future__ import annotations

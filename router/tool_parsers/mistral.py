@@ -4,24 +4,26 @@ JSON array of {"name": ..., "arguments": {...}} objects. [TOOL_CALLS] is a speci
 so "auto" requests with this parser keep special tokens in their text, as vLLM's do
 (`router.tools.ToolPlan.keeps_special_tokens`).
 
-Text before [TOOL_CALLS] is content; each element of the array is sent as a call once it
-closes; after the array the text is content again (another [TOOL_CALLS] begins another
+Text before [TOOL_CALLS] is content; each element of the array streams as a call as it
+arrives (`router.tool_parsers.json_call`): its name once read, then its arguments as
+written; after the array the text is content again (another [TOOL_CALLS] begins another
 array). An element that is no call of a tool a call may name (an unknown name, a second
 call without parallel_tool_calls), text after [TOOL_CALLS] that is no array of objects,
-or an array the end cut is content from where the last call's text ended ([TOOL_CALLS]
-included when none was sent), and the rest is read as text: nothing is dropped. Call ids
-are 9 letters and digits, as Mistral's chat templates require of the ids they are sent.
+an element broken after its call was sent, or an array the end cut is content from where
+the last call's text ended ([TOOL_CALLS] included when none was sent), and the rest is
+read as text: nothing is dropped. Call ids are 9 letters and digits, as Mistral's chat
+templates require of the ids they are sent.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from router.reasoning import tag_tail
-from router.tool_calls import AutoCalls, JsonScan, call_of, content
+from router.tool_calls import AutoCalls, content
+from router.tool_parsers.json_call import JsonCall
 
 MARKER = "[TOOL_CALLS]"
 WHITESPACE = " \t\r\n"
@@ -33,10 +35,14 @@ class Array:
     read into calls sent (or is the marker, while frontier is 0)."""
 
     text: str = MARKER
-    scan: JsonScan = field(default_factory=JsonScan)
+    at: int = len(MARKER)
+    """text[:at] is read."""
+    opened: bool = False
+    """Its [ was read."""
     frontier: int = 0
+    element: JsonCall | None = None
     start: int = -1
-    """Where the open element begins (-1: none open)."""
+    """Where the open element begins."""
 
 
 @dataclass
@@ -74,6 +80,8 @@ class MistralCalls(AutoCalls):
         if self.array is None:
             return content(held)
         a, self.array = self.array, None
+        if a.element is not None and a.element.index >= 0:
+            a.frontier = a.start + a.element.frontier
         return content(a.text[a.frontier :])  # an array the end cut
 
     def _read(self, text: str, out: list[dict[str, Any]]) -> str:
@@ -81,41 +89,44 @@ class MistralCalls(AutoCalls):
         broke), the text after it, to read as text."""
         a = self.array
         assert a is not None
-        base = len(a.text)
         a.text += text
-        for i in range(base, len(a.text)):
-            ch = a.text[i]
-            structure = a.scan.step(ch)
-            depth = a.scan.depth
-            if a.start >= 0:  # inside an element
-                if structure and ch == "}" and depth == 1:
-                    if not self._element(a, i + 1, out):
-                        return self._broken(i + 1, out)
-                elif depth < 2:
-                    return self._broken(i, out)
-            elif not structure:
-                return self._broken(i, out)  # a string outside the elements
-            elif ch == "{" and depth == 2:
-                a.start = i
-            elif ch == "]" and depth == 0:
+        while a.at < len(a.text):
+            if a.element is not None:
+                deltas, took = a.element.read(self, a.text[a.at :])
+                out += deltas
+                a.at += took
+                if a.element.stage != "done":
+                    return ""
+                if not self._element(a, a.element, out):
+                    return self._broken(a.at, out)
+                continue
+            ch = a.text[a.at]
+            if ch == "{" and a.opened:
+                a.element, a.start = JsonCall(), a.at
+                continue
+            if ch == "]" and a.opened:
                 self.array = None
                 if not a.frontier:  # no call: [TOOL_CALLS][] is text
-                    out += content(a.text[: i + 1])
-                return a.text[i + 1 :]
-            elif not (ch in WHITESPACE or (ch in "[," and depth == 1)):
-                return self._broken(i, out)
+                    out += content(a.text[: a.at + 1])
+                return a.text[a.at + 1 :]
+            if ch == "[" and not a.opened:
+                a.opened = True
+            elif not (ch in WHITESPACE or (ch == "," and a.opened)):
+                return self._broken(a.at, out)
+            a.at += 1
         return ""
 
-    def _element(self, a: Array, end: int, out: list[dict[str, Any]]) -> bool:
-        """The element a.text[a.start:end] closed: sent if a call a call may be."""
-        try:
-            call = call_of(json.loads(a.text[a.start : end]))
-        except ValueError:
+    def _element(self, a: Array, element: JsonCall, out: list[dict[str, Any]]) -> bool:
+        """The element ended (at a.at): whether it was a call; else the array breaks at
+        its end, after its call's text where one was sent."""
+        a.element = None
+        first = element.ended(self)
+        if first is None:
+            if element.index >= 0:
+                a.frontier = a.start + element.frontier
             return False
-        if call is None or not self.may_call(call[0]):
-            return False
-        out.append(self._call(*call))
-        a.frontier, a.start = end, -1
+        out += first
+        a.frontier = a.at
         return True
 
     def _broken(self, at: int, out: list[dict[str, Any]]) -> str:

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from ray.serve.grpc_util import RayServegRPCContext
 
+from router.chat_reader import joined
 from router.grpc_service import GrpcInferenceMixin
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
@@ -237,5 +238,5 @@ def test_mistral_requests_keep_special_tokens_as_rests_do(llama_dir):
     message = rest["choices"][0]["message"]
     content = "".join(d.get("content", "") for d in deltas)
     assert content == message["content"] == "Sure. " + engine.tokenizer.eos_token
-    calls = [c["function"] for d in deltas for c in d.get("tool_calls", ())]
+    calls = [c["function"] for c in joined(deltas)["tool_calls"]]  # streamed: name, arguments
     assert calls == [c["function"] for c in message["tool_calls"]] and len(calls) == 1

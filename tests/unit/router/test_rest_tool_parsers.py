@@ -1,8 +1,9 @@
 """tool_choice "auto" on REST chat over a real CPU engine (the handlers, a Frontend and an
 AsyncEngine; no Ray), one Frontend per tool_call_parser: a regex makes the random model
 write a call in the parser's format (the reader only reads the text); the stream's
-deltas join into the whole response; a Hermes call's arguments stream in several deltas
-before its block closes; a Mistral request keeps special tokens in its text."""
+deltas join into the whole response; a JSON call's (hermes, llama3_json, mistral) name
+comes first, then its arguments in several deltas; a pythonic call comes whole; a Mistral
+request keeps special tokens in its text."""
 
 from __future__ import annotations
 
@@ -58,10 +59,10 @@ def test_auto_reads_each_parsers_calls_streamed_as_whole(engine, parser):
     assert name == "get_weather" and set(arguments) == {"city"}
     deltas = [c for k in chunks for ch in k["choices"] for c in ch["delta"].get("tool_calls", ())]
     assert deltas[0]["function"]["name"] == "get_weather"
-    if parser == "hermes":  # the name first, then the arguments as they are generated
-        assert deltas[0]["function"]["arguments"] == "" and len(deltas) > 2
-    else:  # each call whole
+    if parser == "pythonic":  # each call whole, once the ] after it arrived
         assert len(deltas) == 1
+    else:  # the name first, then the arguments as they are generated
+        assert deltas[0]["function"]["arguments"] == "" and len(deltas) > 2
 
 
 def test_mistral_requests_keep_special_tokens_in_their_text(engine):

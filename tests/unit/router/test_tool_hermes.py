@@ -153,7 +153,7 @@ def random_object(rng: random.Random, depth: int = 0) -> dict:
     }
 
 
-def _json(rng: random.Random, value) -> str:
+def written_json(rng: random.Random, value) -> str:
     """value as a model may write it: compact, spaced or indented, escaped or not."""
     layout = rng.choice([{}, {"separators": (",", ":")}, {"indent": rng.choice([1, 2])}])
     return json.dumps(value, ensure_ascii=rng.random() < 0.5, **layout)
@@ -176,9 +176,9 @@ def _random_text(rng: random.Random, parallel: bool) -> tuple[str, str, list[tup
             text, content = text + piece, content + piece
             continue
         name, arguments = rng.choice(sorted(NAMES)), random_object(rng)
-        written = _json(rng, arguments)
+        written = written_json(rng, arguments)
         while "</tool_call>" in written:
-            written = _json(rng, arguments := random_object(rng))
+            written = written_json(rng, arguments := random_object(rng))
         sp = rng.choice(["", " ", "\n"])
         body = f'{sp}{{"name": "{name}",{sp}"arguments": {written}}}{sp}'
         if kind == "unknown":

@@ -1,0 +1,109 @@
+"""tool_call_parser "pythonic" (router.tool_parsers.pythonic), pure logic: a Python list
+of calls, read with `ast` and never run, reads the same in any pieces (and whole, and a
+character at a time); an answer that is no list of literal-only calls of the request's
+tools is content as it came; once a call was sent, what breaks the list is content from
+where the last call's text ended. Fresh random answers read back as written."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from router.tool_parsers.pythonic import pythonic_calls
+from tests.unit.router.test_tool_hermes import random_value
+from tests.unit.router.test_tool_parsers import NAMES, read_every_way, reader
+from tests.unit.router.test_tools import named_calls
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    "text, content, calls",
+    [
+        ('[get_weather(city="oslo", days=3), now()]', None, [("get_weather", {"city": "oslo", "days": 3}), ("now", {})]),
+        ("<|python_start|>[now()]<|python_end|>", None, [("now", {})]),  # Llama 4's, kept in the text
+        (
+            "  [now(a={'b': [1, -2.5e3, None, True]}, c=(1, 2), d='\\n\"')]\n",
+            None,
+            [("now", {"a": {"b": [1, -2500.0, None, True]}, "c": [1, 2], "d": '\n"'})],
+        ),
+        ("[now() # a comment, ]\n, now(),\n] # another", None, [("now", {})] * 2),
+        ("<|python_start|>([now()])", None, [("now", {})]),  # read whole at the end
+        # a call is sent once the , or ] after it arrives: what breaks the list is content
+        ("[now(x=1)] and more", " and more", [("now", {"x": 1})]),
+        ("[now(x=1)][0]", "[0]", [("now", {"x": 1})]),
+        ("[now(x=1), 3]", ", 3]", [("now", {"x": 1})]),
+        ("[now(x=1) , rm()]", " , rm()]", [("now", {"x": 1})]),
+        ("[now(x='é'\n)\n, now(", "\n, now(", [("now", {"x": "é"})]),  # cut by max_tokens
+    ],
+)  # fmt: skip
+def test_pythonic_calls_read_the_same_in_any_pieces(text, content, calls, seed):
+    message = read_every_way(reader("pythonic"), text, seed)[1]
+    assert message["content"] == content
+    assert named_calls(message.get("tool_calls", [])) == calls
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is sunny [today].",
+        "[1] Oslo is sunny",
+        "[now(1)]",  # positional arguments: not a call of keywords
+        "[now(**kw)]",
+        "[now(x=y)]",  # a name, not a literal: never evaluated
+        '[now(x=open("f"))]',
+        "[now(x={1, 2})]",  # a set: no JSON
+        "[now(x=b'a')]",
+        "[now(x=1e999)]",  # infinite: no JSON
+        '[os.system(cmd="ls")]',
+        "[rm()]",  # not one of the tools
+        "[now(x=1) if a else b]",
+        "[now(x=1).y, now()]",
+        "[now(",  # cut by max_tokens
+        "[]",
+        "[] and more",
+        "<|python_st",
+    ],
+)
+def test_pythonic_answers_that_are_no_calls_stay_content(text, seed):
+    message = read_every_way(reader("pythonic"), text, seed)[1]
+    assert message == {"role": "assistant", "content": text}
+
+
+def test_pythonic_without_parallel_calls_keeps_the_second_as_content():
+    message = read_every_way(reader("pythonic", parallel=False), "[now(), now()]", 0)[1]
+    assert named_calls(message["tool_calls"]) == [("now", {})]
+    assert message["content"] == ", now()]"
+    assert pythonic_calls("[f(a=1, b=[True, None])]") == [("f", '{"a": 1, "b": [true, null]}')]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("seed", range(100))
+def test_random_pythonic_answers_stream_as_they_read_whole(seed, parallel):
+    rng = random.Random(seed)
+    sp = rng.choice(["", " ", "\n"])
+    text, calls, frontier, broken = rng.choice(["", " ", "<|python_start|>"]) + "[", [], 0, False
+    for k in range(rng.randint(1, 3)):
+        name = rng.choice(sorted(NAMES) + ["rm"])
+        arguments = {f"a{i}": random_value(rng) for i in range(rng.randint(0, 3))}
+        text += (f",{sp}" if k else "") + name + "("
+        text += f",{sp}".join(f"{key}={value!r}" for key, value in arguments.items()) + ")"
+        if not broken and name in NAMES and (parallel or not calls):
+            calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+            frontier = len(text)
+        else:
+            broken = True
+    text += "]"
+    tail = rng.choice(["", "\n", "<|python_end|>", " and more"])
+    text += tail
+    message = read_every_way(reader("pythonic", parallel), text, seed)[1]
+    got = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", ())
+    ]
+    assert got == calls
+    if broken:
+        assert message["content"] == (text[frontier:] if calls else text)
+    else:
+        assert message["content"] == (tail if tail == " and more" else None)
