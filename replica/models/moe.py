@@ -15,18 +15,18 @@ single collective per layer a row-parallel MLP costs, with no all-to-all.
 Example (E 8, N 2, k 2): rank 1 holds experts 4-7; a token routed to experts 2 and 5
 gets w_5 * expert_5 from rank 1 and w_2 * expert_2 from rank 0.
 
-Two compute paths, both exact (tests compare each with transformers):
+Two compute paths of the same result (tests compare each with transformers):
 - grouped (eager steps): the (token, expert) pairs of local experts are sorted by
   expert and each hit expert runs one GEMM pair over its tokens only, so FLOPs are
   what the routing asks for; it reads the per-expert counts on the host (one sync per
   layer) and runs a data-dependent number of GEMMs, which a CUDA graph cannot capture.
 - dense (while a CUDA graph is captured: decode): every local expert runs on every
   token as one batched GEMM pair and its output is scaled by the token's routing
-  weight (0 when unselected). No host sync, fixed shapes. Cost: E_local/k times the
-  expert FLOPs a token needs (4x for Mixtral's 8 experts, top-2, at N 1) and a
-  transient [E_local, T, 2I] activation, on decode batches where each step reads
-  every expert's weights anyway once T * k reaches E; a fused MoE kernel (vLLM's
-  fused_moe) would avoid both and is not written yet.
+  weight (0 when unselected). No host sync, fixed shapes. Cost: E/k times the expert
+  FLOPs the routing needs, on every rank (4x for Mixtral's 8 experts, top-2), and a
+  transient [E_local, T, 2I] activation; decode batches are small and read every
+  expert's weights anyway once T * k reaches E, so the step stays bound by those
+  reads. A fused MoE kernel (vLLM's fused_moe) would avoid both; none is written yet.
 `SparseMoE.compute` picks: "auto" (the above), or "grouped" / "dense" always.
 """
 
