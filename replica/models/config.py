@@ -133,7 +133,7 @@ def _experts_per_tok(cfg: dict, num_experts: int) -> int:
     unless 1..num_experts."""
     if not num_experts:
         return 0
-    k = int(cfg.get("num_experts_per_tok", 2))
+    k = int(cfg.get("num_experts_per_tok", 2))  # MixtralConfig's default
     if not 1 <= k <= num_experts:
         raise ModelLoadFailed(
             f"num_experts_per_tok={k}; allowed: 1..num_local_experts={num_experts}"
@@ -143,10 +143,10 @@ def _experts_per_tok(cfg: dict, num_experts: int) -> int:
 
 def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
     """Each layer's sliding window, following transformers' modeling code: Llama has none
-    (a sliding_window key is ignored); Mistral and Mixtral slide every layer; Qwen2 slides only with
-    use_sliding_window, and then only the layers its layer_types marks "sliding_attention"
-    (by default those from max_window_layers on, so applying the window to every layer
-    diverged from transformers)."""
+    (a sliding_window key is ignored); Mistral and Mixtral slide every layer; Qwen2 slides
+    only with use_sliding_window, and then only the layers its layer_types marks
+    "sliding_attention" (by default those from max_window_layers on, so applying the
+    window to every layer diverged from transformers)."""
     if arch == "LlamaForCausalLM":
         return (None,) * num_layers
     if arch in ("MistralForCausalLM", "MixtralForCausalLM"):

@@ -1,16 +1,22 @@
 """The MoE block (replica.models.moe) against transformers' MixtralSparseMoeBlock on fresh
 random weights and inputs: both compute paths, every expert-parallel split (the ranks'
 partial outputs summed, as the all-reduce does), and the loader giving each rank exactly
-its experts from either checkpoint naming."""
+its experts from either checkpoint naming (and failing when one of them is missing);
+expert counts a config cannot have are refused."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-from lora_core.errors import InvalidRequest
+from lora_core.errors import InvalidRequest, ModelLoadFailed
+from replica.models.config import ModelConfig
 from replica.models.llama import CausalLM
 from replica.models.loader import load_weights, read_config
 from replica.models.moe import LocalExperts, Router, SparseMoE
@@ -102,3 +108,31 @@ def test_each_rank_loads_only_its_experts(tmp_path, fused):
             assert got.gate_up_proj.equal(want.gate_up_proj[2 * rank : 2 * rank + 2])
             assert got.down_proj.equal(want.down_proj[2 * rank : 2 * rank + 2])
             assert ours.mlp.gate.weight.equal(theirs.mlp.gate.weight)  # replicated
+
+
+def test_a_missing_expert_fails_only_the_rank_that_holds_it(tmp_path):
+    model_dir = make_tiny_mixtral(tmp_path / "m", seed=2)
+    weights = model_dir / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["model.layers.1.block_sparse_moe.experts.1.w2.weight"]
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    cfg = read_config(model_dir)
+    with pytest.raises(
+        ModelLoadFailed, match=r"lacks 1 tensors, e.g. model.layers.1.mlp.experts.down_proj"
+    ):
+        load_weights(CausalLM(cfg, TPGroup(0, 2, pg=object())), model_dir)
+    load_weights(CausalLM(cfg, TPGroup(1, 2, pg=object())), model_dir)  # experts 2, 3: whole
+
+
+@pytest.mark.parametrize(
+    ("changes", "refused"),
+    [
+        ({"num_experts_per_tok": 5}, "num_experts_per_tok=5; allowed: 1..num_local_experts=4"),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok=0; allowed: 1..num_local_experts=4"),
+        ({"num_local_experts": 0}, "num_local_experts=0; allowed: >= 1 for MixtralForCausalLM"),
+    ],
+)
+def test_bad_expert_configs_refused(mixtral_dir, changes, refused):
+    raw = json.loads((mixtral_dir / "config.json").read_text())
+    with pytest.raises(ModelLoadFailed, match=re.escape(refused)):
+        ModelConfig.from_hf({**raw, **changes})

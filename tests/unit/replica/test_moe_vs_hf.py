@@ -1,7 +1,8 @@
 """A Mixtral engine in float32 generates HF transformers' (+ PEFT's, for adapters on
 q/k/v/o) greedy tokens, token for token, with base requests and three adapters mixed in
 one batch (two slots, so slots are rewritten): from both checkpoint namings, with 4 and 8
-experts, and with each MoE compute path (grouped, dense-masked) forced. An adapter on
+experts, with each MoE compute path (grouped, dense-masked) forced, and with the
+stacked LoRA layout. An adapter on
 the MLP side is refused by the engine."""
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ def _reference(model_dir, adapters: dict, tokenizer) -> dict[str, list[int]]:
     return want
 
 
-@pytest.mark.parametrize("compute", ["auto", "grouped", "dense"])
-@pytest.mark.parametrize("model", ["e4", "e4-fused", "e8"])
-def test_mixed_batch_equals_hf(models, mixtral_adapters, references, model, compute):
+# (model, compute path, lora_stacked)
+CASES = [(m, c, False) for m in ("e4", "e4-fused", "e8") for c in ("auto", "grouped", "dense")]
+CASES.append(("e4", "auto", True))
+
+
+@pytest.mark.parametrize(("model", "compute", "stacked"), CASES)
+def test_mixed_batch_equals_hf(models, mixtral_adapters, references, model, compute, stacked):
     model_dir = models[model]
-    engine = small_engine(model_dir)
+    engine = small_engine(model_dir, lora_stacked=stacked)
     blocks = [m for m in engine.runner.model.modules() if isinstance(m, SparseMoE)]
     assert len(blocks) == 2
     for block in blocks:
@@ -99,3 +104,18 @@ def test_engine_refuses_an_adapter_on_the_experts(mixtral_dir, mixtral_adapters,
         e.value
     )
     assert run_requests(engine, [("b", PROMPTS[0], GREEDY, good)]) == {"b": before["a"]}
+
+
+def test_sliding_window_equals_hf(tmp_path):
+    """Mixtral's attention is Mistral's: a sliding_window applies to every layer."""
+    model_dir = make_tiny_mixtral(tmp_path / "m", seed=8)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["sliding_window"] = 6
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(100, 130))
+    engine = small_engine(model_dir)
+    engine.add_request("r", ids, SamplingParams(max_tokens=8, temperature=0.0))
+    got = []
+    while engine.has_unfinished():
+        got += [t for o in engine.step() for t in o.new_token_ids]
+    assert got == hf_greedy(model_dir, None, ids, max_new_tokens=8)
