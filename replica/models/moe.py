@@ -96,6 +96,8 @@ class LocalExperts(nn.Module):
                 raise ValueError(f"{attr}: shape {shape} does not fit {want}")
             param.data.copy_(loaded[self.first : self.first + self.num_local])
             return self.pieces(attr)
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert}; allowed: 0..{self.num_experts - 1}")
         local = expert - self.first
         if not 0 <= local < self.num_local:
             return set()

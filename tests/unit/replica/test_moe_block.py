@@ -111,6 +111,8 @@ def test_each_rank_loads_only_its_experts(tmp_path, fused):
 
 
 def test_a_missing_expert_fails_only_the_rank_that_holds_it(tmp_path):
+    """...and an expert index past num_local_experts fails every rank (no rank would
+    read it: it must not be dropped silently)."""
     model_dir = make_tiny_mixtral(tmp_path / "m", seed=2)
     weights = model_dir / "model.safetensors"
     tensors = load_file(str(weights))
@@ -122,6 +124,13 @@ def test_a_missing_expert_fails_only_the_rank_that_holds_it(tmp_path):
     ):
         load_weights(CausalLM(cfg, TPGroup(0, 2, pg=object())), model_dir)
     load_weights(CausalLM(cfg, TPGroup(1, 2, pg=object())), model_dir)  # experts 2, 3: whole
+    tensors["model.layers.1.block_sparse_moe.experts.1.w2.weight"] = tensors.pop(
+        "model.layers.1.block_sparse_moe.experts.3.w2.weight"
+    )
+    tensors["model.layers.1.block_sparse_moe.experts.4.w2.weight"] = torch.zeros(64, 128)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadFailed, match=r"expert 4; allowed: 0..3"):  # not dropped
+        load_weights(CausalLM(cfg, TPGroup(0, 2, pg=object())), model_dir)
 
 
 @pytest.mark.parametrize(
