@@ -24,7 +24,8 @@ PARENT: dict[str, str] = {
 }
 _KEY_RE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)")
 _TENSOR_RE = re.compile(r"(?P<key>.+)\.lora_(?P<ab>[AB])\.weight")
-# Every other module a Llama/Mistral/Qwen2 model has: targets may not match these.
+# Every other module a Llama/Mistral/Qwen2 model has: targets may not match these (a
+# Mixtral's router and experts: moe_keys).
 _TOP_LEVEL = (
     "model",
     "model.embed_tokens",
