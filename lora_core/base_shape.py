@@ -2,7 +2,8 @@
 
 Module names are PEFT's: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
 They pack into the model's fused layers as groups: qkv = (q, k, v), o = (o,),
-gate_up = (gate, up), down = (down,).
+gate_up = (gate, up), down = (down,). A mixture-of-experts model (Mixtral) has no dense
+MLP: only its attention groups (qkv, o) take LoRA; its router and experts take none.
 """
 
 from __future__ import annotations
@@ -24,12 +25,24 @@ MODULE_GROUP: dict[str, tuple[str, int]] = {
 # Groups whose layer splits its *input* across tensor-parallel ranks (Megatron
 # row-parallel: o, down); the others (qkv, gate_up) split their output (column-parallel).
 ROW_PARALLEL_GROUPS: frozenset[str] = frozenset({"o", "down"})
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "MixtralForCausalLM",
+)
+MOE_ARCHITECTURES = ("MixtralForCausalLM",)
+ATTENTION_GROUPS: tuple[str, ...] = ("qkv", "o")
 
 
 @dataclass(frozen=True)
 class BaseShape:
-    """num_layers decoder layers; each projection's (in_features, out_features)."""
+    """num_layers decoder layers; each projection's (in_features, out_features).
+
+    num_experts: 0 for a dense MLP; a mixture-of-experts model's num_local_experts
+    (intermediate is then each expert's size). Defaults to 0 so records stored before
+    it existed still read.
+    """
 
     architecture: str
     num_layers: int
@@ -38,6 +51,18 @@ class BaseShape:
     num_kv_heads: int
     head_dim: int
     intermediate: int
+    num_experts: int = 0
+
+    @property
+    def lora_groups(self) -> tuple[str, ...]:
+        """The groups adapters may target: all of GROUPS, or only attention's (qkv, o)
+        for a mixture-of-experts model (its experts take no LoRA)."""
+        return ATTENTION_GROUPS if self.num_experts else tuple(GROUPS)
+
+    @property
+    def lora_modules(self) -> tuple[str, ...]:
+        """The PEFT module names of lora_groups, e.g. ("q_proj", "k_proj", "v_proj", "o_proj")."""
+        return tuple(m for g in self.lora_groups for m in GROUPS[g])
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> BaseShape:
@@ -49,6 +74,9 @@ class BaseShape:
             )
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        experts = int(cfg["num_local_experts"]) if arch in MOE_ARCHITECTURES else 0
+        if arch in MOE_ARCHITECTURES and experts < 1:
+            raise ModelLoadFailed(f"num_local_experts={experts}; allowed: >= 1 for {arch}")
         return cls(
             architecture=arch,
             num_layers=int(cfg["num_hidden_layers"]),
@@ -57,6 +85,7 @@ class BaseShape:
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             intermediate=int(cfg["intermediate_size"]),
+            num_experts=experts,
         )
 
     def module_shape(self, module: str) -> tuple[int, int]:

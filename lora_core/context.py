@@ -6,7 +6,7 @@ import torch
 
 import kernels
 from kernels.meta import default_block_m, grid_follows_expected_slots
-from lora_core.base_shape import GROUPS, BaseShape
+from lora_core.base_shape import BaseShape
 
 
 class LoraBatchContext:
@@ -120,4 +120,4 @@ class LoraBatchContext:
 
 def workspace_per_token(base: BaseShape, max_rank: int) -> int:
     """Shrink-output elements one token needs across all LoRA layers of the model."""
-    return base.num_layers * sum(len(mods) for mods in GROUPS.values()) * max_rank
+    return base.num_layers * len(base.lora_modules) * max_rank

@@ -131,8 +131,10 @@ class LinearWithLoRA(nn.Module):
 def apply_lora(
     model: nn.Module, buffers: SlotBuffers, ctx: LoraBatchContext, stacked: bool = False
 ) -> None:
-    """Replace qkv_proj, o_proj, gate_up_proj and down_proj of every `model.layers[i]`.
-    stacked: the slots' A live under each base weight (`LinearWithLoRA` stacked)."""
+    """Replace qkv_proj, o_proj, gate_up_proj and down_proj of every `model.layers[i]`
+    (qkv_proj and o_proj alone where the buffers' base is a mixture-of-experts model:
+    BaseShape.lora_groups). stacked: the slots' A live under each base weight
+    (`LinearWithLoRA` stacked)."""
     layers = model.layers
     if len(layers) != buffers.base.num_layers:
         raise ValueError(
@@ -140,6 +142,8 @@ def apply_lora(
         )
     for i, decoder_layer in enumerate(layers):
         for path, group in LORA_TARGETS:
+            if group not in buffers.base.lora_groups:
+                continue
             parent_name, attr = path.split(".")
             parent = getattr(decoder_layer, parent_name)
             current = getattr(parent, attr)

@@ -24,7 +24,8 @@ PARENT: dict[str, str] = {
 }
 _KEY_RE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)")
 _TENSOR_RE = re.compile(r"(?P<key>.+)\.lora_(?P<ab>[AB])\.weight")
-# Every other module a Llama/Mistral/Qwen2 model has: targets may not match these.
+# Every other module a Llama/Mistral/Qwen2 model has: targets may not match these (a
+# Mixtral's router and experts: moe_keys).
 _TOP_LEVEL = (
     "model",
     "model.embed_tokens",
@@ -72,9 +73,28 @@ def parse_tensor_name(name: str) -> tuple[int, str, str] | None:
     return parsed[0], parsed[1], m.group("ab")
 
 
-def supported_keys(num_layers: int) -> list[str]:
-    """The keys of every adaptable projection of a num_layers-layer model."""
-    return [module_key(i, m) for i in range(num_layers) for m in MODULES]
+def supported_keys(num_layers: int, modules: tuple[str, ...] = MODULES) -> list[str]:
+    """The keys of every adaptable projection of a num_layers-layer model (modules: the
+    base's adaptable names, BaseShape.lora_modules)."""
+    return [module_key(i, m) for i in range(num_layers) for m in modules]
+
+
+def moe_keys(num_layers: int, num_experts: int) -> list[str]:
+    """The MLP-side keys of a Mixtral model that no LoRA may target: the router and experts
+    under both the transformers >= 5 names (mlp.gate, fused mlp.experts) and the older
+    per-expert ones (block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w2/w3), and
+    the dense projections a Llama has there but Mixtral lacks."""
+    keys = []
+    for i in range(num_layers):
+        layer = f"model.layers.{i}"
+        keys += [
+            f"{layer}.mlp.{m}" for m in ("gate", "experts", "gate_proj", "up_proj", "down_proj")
+        ]
+        moe = f"{layer}.block_sparse_moe"
+        keys += [moe, f"{moe}.gate", f"{moe}.experts"]
+        for e in range(num_experts):
+            keys += [f"{moe}.experts.{e}"] + [f"{moe}.experts.{e}.w{j}" for j in (1, 2, 3)]
+    return keys
 
 
 def unsupported_keys(num_layers: int) -> list[str]:

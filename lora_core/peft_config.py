@@ -17,7 +17,8 @@ from lora_core.base_shape import MODULES
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import strip_peft_prefix
 
-# Config fields of LoRA variants that change the math; each must be off/empty.
+# Config fields of LoRA variants that change the math; each must be off/empty. A problem's
+# "{value}" names the field's value.
 _REFUSED_VARIANTS: dict[str, tuple[str, str]] = {
     "use_dora": ("DoRA adapters are not supported", "use_dora: false"),
     "lora_bias": ("LoRA-B biases are not supported", "lora_bias: false"),
@@ -25,7 +26,11 @@ _REFUSED_VARIANTS: dict[str, tuple[str, str]] = {
     "use_bdlora": ("BD-LoRA adapters are not supported", "use_bdlora: null or false"),
     "alora_invocation_tokens": ("activated LoRA (aLoRA) is not supported", "null"),
     "layer_replication": ("layer replication is not supported", "null"),
-    "target_parameters": ("targeting parameters (MoE experts) is not supported", "null or []"),
+    "target_parameters": (
+        "{value!r} targets parameters (mixture-of-experts expert weights), which take no LoRA",
+        "null or []; LoRA on the attention projections (q_proj, k_proj, v_proj, o_proj) "
+        "through target_modules",
+    ),
     "trainable_token_indices": ("trainable token embeddings are not supported", "null"),
     "arrow_config": ("Arrow routing is not supported", "null"),
 }
@@ -196,7 +201,7 @@ def _layer_index(key: str, layers_pattern: tuple[str, ...] | None) -> int | None
 def _refuse_variants(cfg: dict) -> None:
     for field, (problem, allowed) in _REFUSED_VARIANTS.items():
         if cfg.get(field):
-            raise AdapterIncompatible(field, problem, allowed)
+            raise AdapterIncompatible(field, problem.format(value=cfg[field]), allowed)
 
 
 def _int(cfg: dict, field: str, default: int) -> int:

@@ -1,6 +1,7 @@
 """GPU adapter slots: preallocated stacked A/B buffers in the kernel layout.
 
-For every layer and group (qkv, o, gate_up, down) and each of its S slices:
+For every layer and group the base adapts (BaseShape.lora_groups: qkv, o, gate_up, down;
+qkv and o alone for a mixture-of-experts model) and each of its S slices:
     A_s: [L, R, H]   B_s: [L, N_s, R]      (L = max_loras slots, R = max_rank)
 exactly what `kernels.lora_shrink` / `kernels.lora_expand` take (B_s is stored
 rank-major, a transposed view of [L, R, N_s]; the kernels read it through strides).
@@ -72,8 +73,8 @@ class SlotBuffers:
         self._a: list[dict[str, tuple[torch.Tensor, ...]]] = []
         self._b: list[dict[str, tuple[torch.Tensor, ...]]] = []
         for _ in range(base.num_layers):
-            self._a.append({g: self._alloc_a(g) for g in GROUPS})
-            self._b.append({g: self._alloc_b(g) for g in GROUPS})
+            self._a.append({g: self._alloc_a(g) for g in base.lora_groups})
+            self._b.append({g: self._alloc_b(g) for g in base.lora_groups})
         self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=self.device)
         # Called after write(slot, weights) / clear(slot) (weights None) changed a slot: a
         # tensor-parallel driver replays the change on its other ranks' buffers.
@@ -171,7 +172,15 @@ class SlotBuffers:
             )
         for layer in range(self.base.num_layers):
             for group in GROUPS:
-                self.write_slices(slot, layer, group, weights.slices(layer, group), sharded)
+                slices = weights.slices(layer, group)
+                if group in self.base.lora_groups:
+                    self.write_slices(slot, layer, group, slices, sharded)
+                elif any(sw is not None for sw in slices):  # validation refuses these
+                    raise AdapterIncompatible(
+                        f"layers[{layer}].{group}",
+                        f"{self.base.architecture} has no {group} layer to adapt",
+                        f"adapters of {', '.join(self.base.lora_modules)}",
+                    )
         self.slot_ranks[slot] = weights.rank
 
     def write_slices(

@@ -11,10 +11,11 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_core.base_shape import BaseShape
+from lora_core.base_shape import MODULES, BaseShape
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import (
     module_key,
+    moe_keys,
     parse_module_key,
     parse_tensor_name,
     supported_keys,
@@ -164,7 +165,7 @@ def validate_adapter_files(
 def _check_modules(
     spec: LoraSpec, tensors: dict[str, TensorInfo], max_rank: int, base: BaseShape | None
 ) -> dict[tuple[int, str], ModuleInfo]:
-    expected = _check_targets(spec, _num_layers(tensors, base))
+    expected = _check_targets(spec, _num_layers(tensors, base), base)
     pairs = _pair_tensors(tensors)
     modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
     _check_coverage(expected, set(modules))
@@ -243,32 +244,38 @@ def _pair_tensors(tensors: dict[str, TensorInfo]) -> dict[tuple[int, str], dict[
     return pairs
 
 
-def _check_targets(spec: LoraSpec, num_layers: int) -> set[tuple[int, str]]:
+def _check_targets(spec: LoraSpec, num_layers: int, base: BaseShape | None) -> set[tuple[int, str]]:
     """The (layer, module) pairs the config targets; refuses targets the base lacks."""
+    allowed = ", ".join(base.lora_modules) if base is not None else _MODULES_ALLOWED
+    if base is not None and base.num_experts:
+        for key in moe_keys(num_layers, base.num_experts):
+            if spec.targets(key):
+                raise AdapterIncompatible(
+                    "target_modules",
+                    f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
+                    "whose router and experts take no LoRA",
+                    f"{allowed} (attention)",
+                )
     for key in unsupported_keys(num_layers):
         if spec.targets(key):
             raise AdapterIncompatible(
-                "target_modules",
-                f"matches {key!r}, which this engine cannot adapt",
-                _MODULES_ALLOWED,
+                "target_modules", f"matches {key!r}, which this engine cannot adapt", allowed
             )
-    matched = [k for k in supported_keys(num_layers) if spec.targets(k)]
+    base_keys = supported_keys(num_layers, base.lora_modules if base is not None else MODULES)
+    matched = [k for k in base_keys if spec.targets(k)]
     if not matched:
         raise AdapterIncompatible(
             "target_modules",
             f"{spec.target_modules!r} matches no module of the base model",
-            _MODULES_ALLOWED,
+            allowed,
         )
     if not isinstance(spec.target_modules, str):
         # Against every module of the base, not only the adapted ones: peft saves an
         # "all-linear" + exclude_modules adapter with the excluded modules still listed.
-        base_keys = supported_keys(num_layers)
         for entry in spec.target_modules:
             if not any(k == entry or k.endswith(f".{entry}") for k in base_keys):
                 raise AdapterIncompatible(
-                    "target_modules",
-                    f"{entry!r} matches no module of the base model",
-                    _MODULES_ALLOWED,
+                    "target_modules", f"{entry!r} matches no module of the base model", allowed
                 )
     return {lm for k in matched if (lm := parse_module_key(k)) is not None}
 

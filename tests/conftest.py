@@ -54,8 +54,10 @@ def pytest_sessionstart(session) -> None:
 
 from tests.tiny import (  # noqa: E402 - after the atexit hook
     ADAPTER_SPECS,
+    MIXTRAL_ADAPTER_SPECS,
     make_peft_adapter,
     make_think_model,
+    make_tiny_mixtral,
     make_tiny_model,
 )
 
@@ -105,3 +107,19 @@ def llama_adapters(llama_dir, tiny_dir) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def qwen2_adapters(qwen2_dir, tiny_dir) -> dict[str, Path]:
     return _adapters(qwen2_dir, tiny_dir / "qwen2-adapters")
+
+
+@pytest.fixture(scope="session")
+def mixtral_dir(tiny_dir) -> Path:
+    """A tiny Mixtral: 4 experts, top-2 (checkpoint in transformers' per-expert naming)."""
+    return make_tiny_mixtral(tiny_dir / "mixtral", seed=5)
+
+
+@pytest.fixture(scope="session")
+def mixtral_adapters(mixtral_dir, tiny_dir) -> dict[str, Path]:
+    return {
+        name: make_peft_adapter(
+            mixtral_dir, tiny_dir / "mixtral-adapters" / name, seed=20 + i, **spec
+        )
+        for i, (name, spec) in enumerate(MIXTRAL_ADAPTER_SPECS.items())
+    }

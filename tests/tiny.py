@@ -28,6 +28,44 @@ def make_tiny_model(
     return out_dir
 
 
+def make_tiny_mixtral(
+    out_dir: Path, seed: int = 0, experts: int = 4, top_k: int = 2, fused: bool = False
+) -> Path:
+    """A tiny random Mixtral (TINY's sizes, `experts` experts of TINY's intermediate, top_k
+    of them per token) + the tiny tokenizer in out_dir. transformers 5 saves the experts
+    per expert (block_sparse_moe.experts.<e>.w1/w2/w3, block_sparse_moe.gate); fused: the
+    weights are written in its in-memory naming instead (mlp.gate, mlp.experts.gate_up_proj
+    [E, 2I, H], mlp.experts.down_proj [E, H, I]), which its loader reads too."""
+    import transformers
+    from safetensors.torch import save_file
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    build_tokenizer(out_dir, 384)
+    cfg = transformers.MixtralConfig(
+        vocab_size=384,
+        hidden_size=TINY["hidden"],
+        num_hidden_layers=TINY["layers"],
+        num_attention_heads=TINY["heads"],
+        num_key_value_heads=TINY["kv_heads"],
+        intermediate_size=TINY["intermediate"],
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        max_position_embeddings=1024,
+        initializer_range=0.08,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = transformers.MixtralForCausalLM(cfg).eval()
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    if fused:
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        assert any(".mlp.experts.gate_up_proj" in k for k in state)
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
 THINK_TEMPLATE_END = (
     # Qwen 3's: enable_thinking false closes the thinking in the prompt
     "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
@@ -100,6 +138,21 @@ ADAPTER_SPECS: dict[str, dict] = {
         alpha_pattern={"v_proj": 32},
     ),
     "regex12": dict(r=12, lora_alpha=24, target_modules=r".*\.(k_proj|down_proj)"),
+}
+
+
+# Adapters of a Mixtral: its attention projections only (the experts take no LoRA).
+MIXTRAL_ADAPTER_SPECS: dict[str, dict] = {
+    "qv8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "attn16rs": dict(
+        r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+    ),
+    "pattern": dict(
+        r=8,
+        lora_alpha=16,
+        target_modules=r".*\.(k_proj|o_proj)",
+        rank_pattern={"o_proj": 4},
+    ),
 }
 
 

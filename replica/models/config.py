@@ -1,4 +1,4 @@
-"""Typed view of a Llama-family HF config.json (what our model code reads)."""
+"""Typed view of a Llama-family or Mixtral HF config.json (what our model code reads)."""
 
 from __future__ import annotations
 
@@ -34,12 +34,16 @@ def resolve_max_model_len(configured: int, native: int) -> int:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """architecture: LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM.
+    """architecture: LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM |
+    MixtralForCausalLM.
 
     qkv_bias: Qwen2 has biases on q/k/v. layer_windows: each layer's local-attention
     window (None = full attention), as transformers applies it: every Mistral layer;
     Qwen2 layers from max_window_layers on (or those layer_types calls sliding) when
     use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
+    num_experts: Mixtral's num_local_experts (0: a dense MLP); num_experts_per_tok: the
+    experts each token is routed to (0 when dense); intermediate_size is then each
+    expert's.
     """
 
     architecture: str
@@ -58,6 +62,8 @@ class ModelConfig:
     qkv_bias: bool
     layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
+    num_experts: int
+    num_experts_per_tok: int
 
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:
@@ -85,16 +91,22 @@ class ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM",
             layer_windows=_layer_windows(cfg, arch, shape.num_layers),
             eos_token_ids=eos_ids,
+            num_experts=shape.num_experts,
+            num_experts_per_tok=_experts_per_tok(cfg, shape.num_experts),
         )
 
     def check_tensor_parallel(self, size: int) -> None:
         """Refuse a tensor_parallel_size the model cannot be sharded over (Megatron TP
-        splits q heads, kv heads and the MLP's intermediate features evenly)."""
+        splits q heads, kv heads and the MLP's intermediate features evenly; expert
+        parallelism gives each rank an equal number of whole experts instead)."""
         dims = {
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
-            "intermediate_size": self.intermediate_size,
         }
+        if self.num_experts:
+            dims["num_local_experts"] = self.num_experts
+        else:
+            dims["intermediate_size"] = self.intermediate_size
         for name, n in dims.items():
             if n % size:
                 raise InvalidRequest(
@@ -112,18 +124,32 @@ class ModelConfig:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             intermediate=self.intermediate_size,
+            num_experts=self.num_experts,
         )
+
+
+def _experts_per_tok(cfg: dict, num_experts: int) -> int:
+    """num_experts_per_tok of a mixture-of-experts config (0 for a dense one), refused
+    unless 1..num_experts."""
+    if not num_experts:
+        return 0
+    k = int(cfg.get("num_experts_per_tok", 2))  # MixtralConfig's default
+    if not 1 <= k <= num_experts:
+        raise ModelLoadFailed(
+            f"num_experts_per_tok={k}; allowed: 1..num_local_experts={num_experts}"
+        )
+    return k
 
 
 def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
     """Each layer's sliding window, following transformers' modeling code: Llama has none
-    (a sliding_window key is ignored); Mistral slides every layer; Qwen2 slides only with
-    use_sliding_window, and then only the layers its layer_types marks "sliding_attention"
-    (by default those from max_window_layers on, so applying the window to every layer
-    diverged from transformers)."""
+    (a sliding_window key is ignored); Mistral and Mixtral slide every layer; Qwen2 slides
+    only with use_sliding_window, and then only the layers its layer_types marks
+    "sliding_attention" (by default those from max_window_layers on, so applying the
+    window to every layer diverged from transformers)."""
     if arch == "LlamaForCausalLM":
         return (None,) * num_layers
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
         window = cfg.get("sliding_window")
         return (int(window) if window else None,) * num_layers
     window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None

@@ -1,10 +1,11 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) written for the engine.
+"""Llama-family decoder (Llama, Mistral, Qwen2) and Mixtral, written for the engine.
 
 Pure model code: no LoRA, no scheduling. LoRA is a pass (`lora_core.layers.apply_lora`)
 that replaces the fused projections. Tensor parallelism is built in, Megatron style:
 with a `TPGroup` of size tp, each rank's attention holds num_heads/tp q heads and
 num_kv_heads/tp kv heads (qkv column-parallel, o row-parallel), its MLP
-intermediate/tp features (gate_up column-parallel, down row-parallel); the embedding and
+intermediate/tp features (gate_up column-parallel, down row-parallel), or for Mixtral
+E/tp whole experts (`replica.models.moe`: expert parallelism); the embedding and
 the lm_head are vocab-parallel (`replica.layers.vocab`: each rank holds V/tp rows, V
 padded up to a multiple of tp; the embedding all-reduces, the lm_head gathers its logit
 shards to rank 0); the norms are replicated, so every rank's hidden states are whole.
@@ -23,6 +24,7 @@ from replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear,
 from replica.layers.norm_rope import RMSNorm, RotaryEmbedding
 from replica.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from replica.models.config import ModelConfig
+from replica.models.moe import SparseMoE
 from replica.parallel import SINGLE, TPGroup
 
 
@@ -78,7 +80,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = SparseMoE(cfg, tp) if cfg.num_experts else MLP(cfg, tp)
 
     def forward(self, x, positions, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
@@ -102,7 +104,7 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The decoder plus the LM head; one class serves all three architectures.
+    """The decoder plus the LM head; one class serves all four architectures.
 
     tp: the TP group this copy is rank `tp.rank` of. Every rank holds a V/tp shard of the
     lm_head (tied: the embedding's shard) and computes its shard of the logits; only the

@@ -1,15 +1,20 @@
-"""Load a Llama-family model from a local HF directory or a cached hub id.
+"""Load a Llama-family or Mixtral model from a local HF directory or a cached hub id.
 
 Weights come only from safetensors (one file or a sharded index); q/k/v and gate/up
 checkpoint tensors are copied into their slices of the fused layers. Every linear
 layer's tensor, the embedding's and the lm_head's go through their module's
 `weight_loader`, which reads only this TP rank's shard (rows of the vocabulary for the
-embedding and the lm_head).
+embedding and the lm_head). Mixtral's experts go through `LocalExperts.weight_loader`,
+which reads only this rank's experts, from either checkpoint naming transformers loads:
+fused `mlp.experts.gate_up_proj` [E, 2I, H] / `mlp.experts.down_proj` [E, H, I], or
+per-expert `block_sparse_moe.experts.<e>.w1 / w3` (gate / up, [I, H]) and `.w2` (down,
+[H, I]) with the router at `block_sparse_moe.gate` (what transformers 5 still saves).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -20,6 +25,7 @@ from replica.layers.linear import Linear
 from replica.layers.vocab import VocabParallelEmbedding
 from replica.models.config import ModelConfig
 from replica.models.llama import CausalLM
+from replica.models.moe import LocalExperts
 from replica.parallel import SINGLE, TPGroup
 
 # checkpoint projection name -> (fused module attribute, slice index)
@@ -30,6 +36,9 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+# Mixtral's per-expert checkpoint tensors: w1 gate, w3 up (parts of gate_up_proj), w2 down.
+_EXPERT_RE = re.compile(r"(.+)\.block_sparse_moe\.experts\.(\d+)\.w([123])\.weight")
+_EXPERT_PART = {"1": ("gate_up_proj", 0), "3": ("gate_up_proj", 1), "2": ("down_proj", 0)}
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -79,13 +88,20 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _target(model: CausalLM, name: str) -> tuple[str, int | None]:
-    """Checkpoint tensor name -> (our parameter name, slice index of a fused layer or None)."""
+def _target(name: str) -> tuple[str, int | None, int]:
+    """Checkpoint tensor name -> (our parameter name, slice index of a fused layer or None,
+    0); for one expert's tensor (parameter name, its global expert index, its part)."""
+    expert = _EXPERT_RE.fullmatch(name)
+    if expert is not None:
+        prefix, index, w = expert.groups()
+        attr, part = _EXPERT_PART[w]
+        return f"{prefix}.mlp.experts.{attr}", int(index), part
+    name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
     parts = name.split(".")
     if len(parts) >= 2 and parts[-2] in _FUSED:
         attr, shard = _FUSED[parts[-2]]
-        return ".".join(parts[:-2] + [attr, parts[-1]]), shard
-    return name, None
+        return ".".join(parts[:-2] + [attr, parts[-1]]), shard, 0
+    return name, None, 0
 
 
 def load_weights(model: CausalLM, model_dir: Path) -> None:
@@ -93,34 +109,47 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=True))
     skip_head = model.config.tie_word_embeddings  # the embedding is the head
     loaded: set[str] = set()
+    expert_pieces: dict[str, set[tuple[int, int]]] = {}  # expert parameter -> pieces read
     for file in _weight_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     if "rotary_emb" in name or (name == "lm_head.weight" and skip_head):
                         continue
-                    target, shard = _target(model, name)
+                    target, shard, part = _target(name)
                     if target not in params:
                         raise ModelLoadFailed(f"{file.name}: unexpected tensor {name!r}")
-                    param = params[target]
-                    module = model.get_submodule(target.rsplit(".", 1)[0])
-                    if isinstance(module, Linear):  # reads only this rank's shard
-                        module.weight_loader(param, f.get_slice(name), shard)
-                    elif isinstance(module, VocabParallelEmbedding):  # and the lm_head
-                        module.weight_loader(param, f.get_slice(name))
-                    else:
-                        tensor = f.get_tensor(name)
-                        if param.shape != tensor.shape:
-                            raise ModelLoadFailed(
-                                f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}"
-                            )
-                        param.data.copy_(tensor)
+                    parent, attr = target.rsplit(".", 1)
+                    module = model.get_submodule(parent)
+                    if isinstance(module, LocalExperts):  # reads only this rank's experts
+                        pieces = module.weight_loader(attr, f.get_slice(name), shard, part)
+                        expert_pieces.setdefault(target, set()).update(pieces)
+                        continue
+                    _load_tensor(params[target], module, f, name, shard)
                     loaded.add(target)
         except (OSError, RuntimeError, ValueError, AttributeError, SafetensorError) as e:
             raise ModelLoadFailed(f"cannot load {file.name}: {e}") from e
+    for target, pieces in expert_pieces.items():
+        parent, attr = target.rsplit(".", 1)
+        if pieces == model.get_submodule(parent).pieces(attr):
+            loaded.add(target)
     missing = set(params) - loaded
     if missing:
         raise ModelLoadFailed(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+
+
+def _load_tensor(param: torch.nn.Parameter, module, f, name: str, shard: int | None) -> None:
+    """One checkpoint tensor into param (of `module`), reading only this rank's shard of a
+    linear layer, the embedding and the lm_head."""
+    if isinstance(module, Linear):
+        module.weight_loader(param, f.get_slice(name), shard)
+    elif isinstance(module, VocabParallelEmbedding):  # and the lm_head
+        module.weight_loader(param, f.get_slice(name))
+    else:
+        tensor = f.get_tensor(name)
+        if param.shape != tensor.shape:
+            raise ModelLoadFailed(f"{name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+        param.data.copy_(tensor)
 
 
 def load_model(

@@ -1,7 +1,7 @@
 """Tensor parallelism on CUDA (NCCL, one GPU per rank): the tp=2 engine's float32 greedy
 tokens equal the tp=1 CUDA engine's, mixed adapters and base in one run with fewer slots
 than adapters (slot writes: each worker gets its shard over NCCL send/recv); bf16 stays
-close. Needs 2 GPUs."""
+close; a Mixtral's expert parallelism over NCCL equals tp=1 too. Needs 2 GPUs."""
 
 from __future__ import annotations
 
@@ -59,3 +59,9 @@ def test_tp2_nccl_bf16_mostly_equal(llama_dir, refs):
     # bf16 sums in another order under TP: allow late divergence, not early
     first = [g[:4] == w[:4] for g, w in zip(got.values(), want.values(), strict=True)]
     assert sum(first) >= len(first) - 1
+
+
+def test_expert_parallel_nccl_float32_equals_tp1(mixtral_dir, mixtral_adapters):
+    """Mixtral: attention head-sharded, two of its four experts whole on each GPU."""
+    refs = {n: adapter_ref(n, p, max_rank=16) for n, p in mixtral_adapters.items()}
+    assert _run(mixtral_dir, refs, "float32", 2) == _run(mixtral_dir, refs, "float32", 1)

@@ -1,0 +1,168 @@
+"""Mixtral's sparse mixture-of-experts block, expert-parallel across the TP group.
+
+Semantics (transformers' MixtralSparseMoeBlock, x: [T, H]):
+    p = softmax(float32(x @ gate^T))                   # [T, E] router probabilities
+    w, e = topk(p, k); w /= w.sum(-1)                   # [T, k] renormalised weights
+    y[t] = sum_j w[t, j] * down_e (silu(gate_e x_t) * up_e x_t),  e = e[t, j]
+each expert's weighted output cast back to x's dtype before the sum, as transformers does.
+
+Expert parallelism: with a `TPGroup` of size N, rank r holds experts
+[r * E/N, (r+1) * E/N) whole (E must divide by N) and the router replicated. Hidden
+states are whole on every rank (attention's o_proj all-reduces them), so each rank
+routes every token, computes its own experts' weighted outputs for the tokens sent to
+them (0 for the others) and one all-reduce sums the ranks' partial [T, H]: the same
+single collective per layer a row-parallel MLP costs, with no all-to-all.
+Example (E 8, N 2, k 2): rank 1 holds experts 4-7; a token routed to experts 2 and 5
+gets w_5 * expert_5 from rank 1 and w_2 * expert_2 from rank 0.
+
+Two compute paths of the same result (tests compare each with transformers):
+- grouped (eager steps): the (token, expert) pairs of local experts are sorted by
+  expert and each hit expert runs one GEMM pair over its tokens only, so FLOPs are
+  what the routing asks for; it reads the per-expert counts on the host (one sync per
+  layer) and runs a data-dependent number of GEMMs, which a CUDA graph cannot capture.
+- dense (while a CUDA graph is captured: decode): every local expert runs on every
+  token as one batched GEMM pair and its output is scaled by the token's routing
+  weight (0 when unselected). No host sync, fixed shapes. Cost: E/k times the expert
+  FLOPs the routing needs, on every rank (4x for Mixtral's 8 experts, top-2), and a
+  transient [E_local, T, 2I] activation; decode batches are small and read every
+  expert's weights anyway once T * k reaches E, so the step stays bound by those
+  reads. A fused MoE kernel (vLLM's fused_moe) would avoid both; none is written yet.
+`SparseMoE.compute` picks: "auto" (the above), or "grouped" / "dense" always.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from replica.layers.linear import Sliceable, shape_of
+from replica.models.config import ModelConfig
+from replica.parallel import SINGLE, TPGroup
+
+COMPUTE_PATHS = ("auto", "grouped", "dense")
+
+
+class Router(nn.Module):
+    """The replicated router: weight [E, H] (the checkpoint's mlp.gate.weight)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, H] -> (weights float32 [T, k] summing to 1 per token, experts long [T, k])."""
+        probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        return weights / weights.sum(dim=-1, keepdim=True), experts
+
+
+class LocalExperts(nn.Module):
+    """This rank's experts [first, first + num_local), in transformers' fused layout:
+    gate_up_proj [E_local, 2I, H] (gate rows then up rows), down_proj [E_local, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.num_experts = num_experts
+        self.num_local = tp.shard(num_experts, "num_local_experts")
+        self.first = tp.rank * self.num_local
+        self.intermediate = intermediate
+        h, i, n = hidden, intermediate, self.num_local
+        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * i, h), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(n, h, i), requires_grad=False)
+
+    def pieces(self, attr: str) -> set[tuple[int, int]]:
+        """Every (local expert, part) a parameter is loaded in: gate_up_proj has parts
+        0 (gate) and 1 (up), down_proj part 0."""
+        parts = (0, 1) if attr == "gate_up_proj" else (0,)
+        return {(e, p) for e in range(self.num_local) for p in parts}
+
+    def weight_loader(
+        self, attr: str, loaded: Sliceable, expert: int | None, part: int
+    ) -> set[tuple[int, int]]:
+        """Copy this rank's experts of a checkpoint tensor into parameter `attr`, reading
+        nothing else of it; -> the (local expert, part) pieces written.
+
+        loaded: expert None: the fused [E, 2I, H] / [E, H, I] tensor (all parts);
+        else global expert `expert`'s [I, H] w1 (part 0) / w3 (part 1) or [H, I] w2;
+        a tensor or a safetensors slice. Another rank's expert is skipped (no read).
+        """
+        param = getattr(self, attr)
+        shape = shape_of(loaded)
+        if expert is None:
+            want = (self.num_experts,) + tuple(param.shape[1:])
+            if shape != want:
+                raise ValueError(f"{attr}: shape {shape} does not fit {want}")
+            param.data.copy_(loaded[self.first : self.first + self.num_local])
+            return self.pieces(attr)
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert}; allowed: 0..{self.num_experts - 1}")
+        local = expert - self.first
+        if not 0 <= local < self.num_local:
+            return set()
+        target = param.data[local]
+        if attr == "gate_up_proj":
+            target = target.narrow(0, part * self.intermediate, self.intermediate)
+        if shape != tuple(target.shape):
+            raise ValueError(f"expert {expert}: shape {shape} does not fit {list(target.shape)}")
+        target.copy_(loaded[:])
+        return {(local, part)}
+
+    def grouped(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x: [T, H]; local: long [T, k] local expert of each choice (outside
+        [0, E_local): another rank's); weights: float32 [T, k] -> [T, H] this rank's part."""
+        k = local.shape[1]
+        flat = local.reshape(-1)
+        mine = ((flat >= 0) & (flat < self.num_local)).nonzero().squeeze(1)
+        order = mine[torch.argsort(flat[mine], stable=True)]  # (token, choice) pairs by expert
+        counts = torch.bincount(flat[order], minlength=self.num_local).tolist()
+        tokens = order // k
+        xs, ws = x[tokens], weights.reshape(-1)[order]
+        out = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = slice(start, start + n)
+                gate, up = F.linear(xs[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
+                down = F.linear(F.silu(gate) * up, self.down_proj[e])
+                out[rows] = (down.float() * ws[rows, None]).to(x.dtype)
+            start += n
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def dense(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """grouped's result, from every local expert on every token (fixed shapes)."""
+        ids = torch.arange(self.num_local, device=x.device)
+        route = (weights.unsqueeze(-1) * (local.unsqueeze(-1) == ids)).sum(1)  # [T, E_local]
+        gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+        down = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))  # [E_local, T, H]
+        return (down.float() * route.t().unsqueeze(-1)).to(x.dtype).sum(0)
+
+
+class SparseMoE(nn.Module):
+    """The MoE block of one decoder layer: router `gate` (replicated) and this rank's
+    `experts`; forward x: [T, H] -> [T, H], summed over the TP group."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok)
+        self.experts = LocalExperts(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, tp)
+        self.compute = "auto"
+        """"auto" (dense while a CUDA graph is captured, else grouped), "grouped" or "dense"."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.gate(x)
+        local = experts - self.experts.first
+        if self._dense(x):
+            y = self.experts.dense(x, local, weights)
+        else:
+            y = self.experts.grouped(x, local, weights)
+        return self.tp.all_reduce(y)
+
+    def _dense(self, x: torch.Tensor) -> bool:
+        if self.compute not in COMPUTE_PATHS:
+            raise ValueError(f"compute={self.compute!r}; allowed: {', '.join(COMPUTE_PATHS)}")
+        if self.compute == "auto":
+            return x.is_cuda and torch.cuda.is_current_stream_capturing()
+        return self.compute == "dense"

@@ -1,0 +1,121 @@
+"""A Mixtral engine in float32 generates HF transformers' (+ PEFT's, for adapters on
+q/k/v/o) greedy tokens, token for token, with base requests and three adapters mixed in
+one batch (two slots, so slots are rewritten): from both checkpoint namings, with 4 and 8
+experts, with each MoE compute path (grouped, dense-masked) forced, and with the
+stacked LoRA layout. An adapter on
+the MLP side is refused by the engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lora_core.errors import AdapterIncompatible
+from replica.models.moe import SparseMoE
+from replica.offline import adapter_ref
+from replica.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
+from tests.tiny import make_tiny_mixtral, run_requests
+from tests.unit.replica.engines import small_engine
+
+MAX_NEW = 8
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)  # stops at EOS, as HF does
+PROMPTS = ["hello world how are you", "the quick brown fox jumps over", "what is lorafleet"]
+
+
+@pytest.fixture(scope="module")
+def models(mixtral_dir, tiny_dir) -> dict:
+    return {
+        "e4": mixtral_dir,
+        "e4-fused": make_tiny_mixtral(tiny_dir / "mixtral-fused", seed=5, fused=True),
+        "e8": make_tiny_mixtral(tiny_dir / "mixtral-e8", seed=6, experts=8),
+    }
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    """{model: HF's tokens}, filled by the first test of each model."""
+    return {}
+
+
+def _reference(model_dir, adapters: dict, tokenizer) -> dict[str, list[int]]:
+    want = {}
+    for i, prompt in enumerate(PROMPTS):
+        ids = tokenizer(prompt).input_ids
+        for name in (None, *adapters):
+            path = adapters[name] if name else None
+            want[f"{name or 'base'}-{i}"] = hf_greedy(model_dir, path, ids, max_new_tokens=MAX_NEW)
+    return want
+
+
+# (model, compute path, lora_stacked)
+CASES = [(m, c, False) for m in ("e4", "e4-fused", "e8") for c in ("auto", "grouped", "dense")]
+CASES.append(("e4", "auto", True))
+
+
+@pytest.mark.parametrize(("model", "compute", "stacked"), CASES)
+def test_mixed_batch_equals_hf(models, mixtral_adapters, references, model, compute, stacked):
+    model_dir = models[model]
+    engine = small_engine(model_dir, lora_stacked=stacked)
+    blocks = [m for m in engine.runner.model.modules() if isinstance(m, SparseMoE)]
+    assert len(blocks) == 2
+    for block in blocks:
+        block.compute = compute
+    refs = {n: adapter_ref(n, p, max_rank=16) for n, p in mixtral_adapters.items()}
+    requests = [
+        (f"{name or 'base'}-{i}", prompt, GREEDY, refs[name] if name else None)
+        for i, prompt in enumerate(PROMPTS)
+        for name in (None, *refs)
+    ]
+    got = run_requests(engine, requests)
+    assert engine.stats().adapter_loads > 2  # three adapters through two slots
+    if model not in references:
+        references[model] = _reference(model_dir, mixtral_adapters, engine.tokenizer)
+    assert got == references[model]
+
+
+def test_engine_refuses_an_adapter_on_the_experts(mixtral_dir, mixtral_adapters, tmp_path):
+    """Validated without the base (adapter_ref, as the registry may), an adapter with
+    LoRA on a dense MLP's projections (what a Llama's would be) reaches the engine, which
+    refuses it against its Mixtral and serves the next request as before."""
+    path = tmp_path / "mlp"
+    shutil.copytree(mixtral_adapters["qv8"], path)
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    prefix = "base_model.model.model.layers"
+    for layer in range(2):
+        for module, (n_in, n_out) in {"gate_proj": (64, 128), "up_proj": (64, 128),
+                                      "down_proj": (128, 64)}.items():  # fmt: skip
+            tensors[f"{prefix}.{layer}.mlp.{module}.lora_A.weight"] = torch.randn(8, n_in)
+            tensors[f"{prefix}.{layer}.mlp.{module}.lora_B.weight"] = torch.randn(n_out, 8)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    engine = small_engine(mixtral_dir)
+    good = adapter_ref("good", mixtral_adapters["qv8"], max_rank=16)
+    before = run_requests(engine, [("a", PROMPTS[0], GREEDY, good)])
+    with pytest.raises(AdapterIncompatible) as e:
+        engine.add_request("bad", [5, 6, 7], GREEDY, adapter_ref("mlp", path, max_rank=16))
+    assert "'model.layers.0.mlp.gate_proj': MixtralForCausalLM is a mixture-of-experts" in str(
+        e.value
+    )
+    assert run_requests(engine, [("b", PROMPTS[0], GREEDY, good)]) == {"b": before["a"]}
+
+
+def test_sliding_window_equals_hf(tmp_path):
+    """Mixtral's attention is Mistral's: a sliding_window applies to every layer."""
+    model_dir = make_tiny_mixtral(tmp_path / "m", seed=8)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["sliding_window"] = 6
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ids = list(range(100, 130))
+    engine = small_engine(model_dir)
+    engine.add_request("r", ids, SamplingParams(max_tokens=8, temperature=0.0))
+    got = []
+    while engine.has_unfinished():
+        got += [t for o in engine.step() for t in o.new_token_ids]
+    assert got == hf_greedy(model_dir, None, ids, max_new_tokens=8)
