@@ -14,7 +14,7 @@ from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT, SAMPLING_FIELDS,
 from replica.outputs import RequestOutput, TopLogprobs
 from replica.sampling_params import SamplingParams, logit_bias_of_json
 from replica.serve_protocol import check_prompt_ids
-from replica.structured_spec import structured_outputs_of
+from replica.structured_forms import structured_outputs_of
 
 
 def parse_adapter_args(items: list[str]) -> dict[str, Path]:

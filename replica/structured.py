@@ -1,6 +1,8 @@
 """Structured outputs: a request's tokens kept to a JSON schema, any JSON object, a
-regular expression, one of a list of strings, or an EBNF grammar (vLLM's structured
-outputs and OpenAI's `response_format`). xgrammar does the grammar work, as in vLLM.
+regular expression, one of a list of strings, an EBNF grammar, or a structural tag (free
+text in which each trigger string starts a begin string, schema-valid JSON and an end
+string: tool calls inside text; `replica.structural_tag`) (vLLM's structured outputs and
+OpenAI's `response_format`). xgrammar does the grammar work, as in vLLM.
 
 How a step runs: each constrained sequence holds an `xgrammar.GrammarMatcher` (its
 grammar compiled once per engine and cached). After the model's forward is launched, the
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 from lora_core.errors import InvalidRequest
-from replica.structured_spec import StructuredOutput
+from replica.structured_spec import StructuredOutput, xgrammar_reason
 
 CACHE_SIZE = 256
 """Compiled grammars an engine keeps (least recently used dropped first)."""
@@ -70,7 +72,8 @@ class Grammars:
 
     def compile(self, spec: StructuredOutput) -> Any:
         """The `xgrammar.CompiledGrammar` of spec, compiled on first use; InvalidRequest
-        (param "structured_outputs") when spec does not compile."""
+        (param "structured_outputs") when spec does not compile (against this tokenizer:
+        a token id past its vocabulary too)."""
         with self._lock:  # keyed by the whole spec: kind, value and whitespace
             compiled = self._cache.get(spec)
             if compiled is not None:
@@ -82,9 +85,10 @@ class Grammars:
         # compiling one new spec at once both do it; one result is kept)
         try:
             compiled = compiler.compile_grammar(spec.grammar())
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:  # RuntimeError: what needs the tokenizer,
+            # such as a structural tag's token id past the vocabulary
             raise InvalidRequest(
-                f"structured output ({spec.kind}): {e}", "structured_outputs"
+                f"structured output ({spec.kind}): {xgrammar_reason(e)}", "structured_outputs"
             ) from None
         with self._lock:
             compiled = self._cache.setdefault(spec, compiled)

@@ -1,10 +1,11 @@
-"""What a structured output asks for (`StructuredOutput`), read from its JSON forms: the
+"""What a structured output asks for (`StructuredOutput`) and its grammar: the
 request-side half of structured outputs, torch-free (`replica.structured` runs them).
 
 A spec is parsed into an xgrammar `Grammar` without a tokenizer (`StructuredOutput.grammar`),
 so the ingress refuses a schema xgrammar does not support, or a regular expression or
-grammar that does not parse, before any replica sees it. vLLM's `structured_outputs`
-object (REST, the offline runner) is read by `structured_outputs_of`.
+grammar that does not parse, before any replica sees it. Specs are read from their JSON
+forms by `replica.structured_forms` (vLLM's `structured_outputs` object, one spec's value)
+and `replica.structural_tag` (a structural tag's forms).
 
 JSON is compact unless a request asks for free whitespace (`disable_any_whitespace: false`),
 and then bounded (FREE_WHITESPACE characters per gap between tokens), so that a model can
@@ -15,19 +16,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-SPEC_KEYS = ("json", "regex", "choice", "grammar", "json_object")
-BACKENDS = ("auto", "xgrammar")
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 65536
-"""Longest schema, regular expression or grammar taken (characters)."""
+"""Longest schema, regular expression, grammar or structural tag taken (characters)."""
 MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
-CACHE_SIZE = 256
-"""Compiled grammars an engine keeps (least recently used dropped first)."""
 WHITESPACE_KINDS = ("json", "json_object")
 FREE_WHITESPACE = 20
 """The whitespace a request asking for free whitespace gets (vLLM's
@@ -51,8 +48,11 @@ class StructuredOutput:
 
     kind: "json" (value: a JSON schema, as JSON text), "json_object" (any JSON object;
     value ""), "regex" (value: the expression, matched whole), "choice" (value: a tuple of
-    strings; the output is exactly one of them) or "grammar" (value: EBNF, xgrammar's
-    dialect of GBNF, with a `root` rule).
+    strings; the output is exactly one of them), "grammar" (value: EBNF, xgrammar's
+    dialect of GBNF, with a `root` rule) or "structural_tag" (value: xgrammar's structural
+    tag as JSON text, `{"type": "structural_tag", "format": {...}}`, such as free text
+    with tool calls held to their schemas; `replica.structural_tag` reads vLLM's forms
+    into it).
 
     whitespace (json and json_object only): 0 (compact: one space after ":" and ",", none
     elsewhere), or the most whitespace characters each gap between JSON tokens may hold
@@ -93,13 +93,15 @@ class StructuredOutput:
         if ws and self.kind not in WHITESPACE_KINDS:
             raise ValueError(
                 f"whitespace={ws} with a {self.kind} spec; allowed: 0 (free whitespace is for "
-                "json and json_object only: a regex, choice or grammar says its own)"
+                "json and json_object only: a regex, choice, grammar or structural tag says "
+                "its own)"
             )
 
     def grammar(self) -> Any:
         """The tokenizer-free `xgrammar.Grammar`; ValueError naming what is wrong (a
         schema xgrammar does not support, a regular expression or grammar that does not
-        parse). Example: StructuredOutput("regex", "a(b").grammar() -> ValueError."""
+        parse, a structural tag xgrammar refuses). Example: StructuredOutput("regex",
+        "a(b").grammar() -> ValueError."""
         import xgrammar as xgr
 
         try:
@@ -117,9 +119,11 @@ class StructuredOutput:
                 return xgr.Grammar.from_regex(self.value)
             if self.kind == "choice":
                 return xgr.Grammar.from_ebnf(choice_ebnf(self.value))
+            if self.kind == "structural_tag":
+                return structural_tag_grammar(self.value)
             return xgr.Grammar.from_ebnf(self.value)
         except RuntimeError as e:
-            raise ValueError(_reason(e)) from None
+            raise ValueError(xgrammar_reason(e)) from None
 
 
 _BOUNDED_CHARACTER = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
@@ -146,6 +150,58 @@ def json_strings_escaped(grammar: Any) -> Any:
     return xgr.Grammar.from_ebnf(ebnf) if count else grammar
 
 
+SCHEMA_FORMATS = ("json_schema", "qwen_xml_parameter")
+"""A structural tag's formats that hold a JSON schema (and no formats)."""
+
+
+def format_nodes(fmt: object, path: str = "") -> Iterator[tuple[str, dict]]:
+    """Each format in a structural tag's format tree fmt (a dict with a "type"), parents
+    first, with its path (path, then ".tags[0].content" and the like); the schema of a
+    SCHEMA_FORMATS format is not entered. The formats are fmt's own dicts: a caller may
+    change each one it is given. Example: {"type": "tag", "content": {"type": "any_text"},
+    ...} -> ("", the tag), (".content", the any_text)."""
+    stack = [(path, fmt)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            enter = item.get("type") not in SCHEMA_FORMATS
+            if "type" in item:
+                yield where, item
+            children = [(f"{where}.{k}", v) for k, v in item.items()] if enter else []
+        elif isinstance(item, list):
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(item)]
+        else:
+            continue
+        stack.extend(reversed(children))
+
+
+def structural_tag_grammar(text: str) -> Any:
+    """The grammar of a structural tag's JSON text (the format form), its JSON schemas'
+    bounded strings JSON: each schema format whose own grammar has them
+    (`json_strings_escaped`) becomes a grammar format of its escaped grammar. Only the
+    schemas' grammars are patched: a regex or grammar format in the same tag may hold a
+    rule of the very text xgrammar writes for a bounded string's character, which must
+    stay as written."""
+    import xgrammar as xgr
+
+    tag = json.loads(text)
+    if not isinstance(tag, dict) or "format" not in tag:
+        raise ValueError(
+            'allowed: a structural tag\'s format form, {"type": "structural_tag", "format": '
+            "{...}} (replica.structural_tag reads vLLM's forms into it)"
+        )
+    for _, node in format_nodes(tag["format"]):
+        if node.get("type") == "json_schema":
+            own = xgr.Grammar.from_structural_tag(
+                json.dumps({"type": "structural_tag", "format": node})
+            )
+            escaped = json_strings_escaped(own)
+            if escaped is not own:
+                node.clear()
+                node.update(type="grammar", grammar=str(escaped))
+    return xgr.Grammar.from_structural_tag(json.dumps(tag))
+
+
 def choice_ebnf(choices: Iterable[str]) -> str:
     """An EBNF grammar matching exactly one of choices.
     Example: ("a", 'b"') -> 'root ::= "a" | "b\\""'."""
@@ -167,7 +223,7 @@ def _escape(text: str) -> str:
     return "".join(out)
 
 
-def _reason(e: RuntimeError) -> str:
+def xgrammar_reason(e: Exception) -> str:
     """xgrammar's message without its source location ("[05:07:12] /project/cpp/x.cc:94: ")."""
     text = str(e).strip()
     return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", text) or type(e).__name__
@@ -196,69 +252,3 @@ def checked(field: str, spec: StructuredOutput) -> StructuredOutput:
     except ValueError as e:
         raise ValueError(f"{field}: {e}") from None
     return spec
-
-
-def structured_outputs_of(value: object, field: str = "structured_outputs") -> StructuredOutput:
-    """vLLM's structured_outputs object -> StructuredOutput; ValueError naming the field
-    at fault (\"structured_outputs.regex: ...\")."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{field}: got {type(value).__name__}; allowed: an object")
-    given = [k for k in SPEC_KEYS if value.get(k) not in (None, False)]
-    if len(given) != 1:
-        raise ValueError(
-            f"{field}: {len(given)} of {', '.join(SPEC_KEYS)} given; allowed: exactly one"
-        )
-    check_backend(value.get("backend"), f"{field}.backend")
-    free = value.get("disable_any_whitespace")
-    if free is not None and not isinstance(free, bool):
-        raise ValueError(f"{field}.disable_any_whitespace: allowed: true, false or null")
-    if free is False and given[0] not in WHITESPACE_KINDS:
-        raise ValueError(
-            f"{field}.disable_any_whitespace: false applies to json and json_object only; "
-            f"allowed with {given[0]}: true or null"
-        )
-    whitespace = FREE_WHITESPACE if free is False else 0
-    known = {*SPEC_KEYS, "backend", "disable_any_whitespace"}
-    extra = sorted(k for k in value if k not in known and value[k] not in (None, False))
-    if extra:
-        raise ValueError(f"{field}.{extra[0]}: not supported; allowed: null")
-    key = given[0]
-    if key == "json_object":
-        if value[key] is not True:
-            raise ValueError(f"{field}.json_object: allowed: true or null")
-        return StructuredOutput("json_object", whitespace=whitespace)
-    return spec_from_json(key, value[key], f"{field}.{key}", whitespace)
-
-
-def spec_from_json(kind: str, value: object, field: str, whitespace: int = 0) -> StructuredOutput:
-    """StructuredOutput(kind, value) from JSON (whitespace: json's); ValueError naming
-    field."""
-    try:
-        if kind == "json":
-            return StructuredOutput("json", parse_json_schema(value), whitespace)
-        if kind == "choice":
-            if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
-                raise ValueError("allowed: a list of strings")
-            return StructuredOutput("choice", tuple(value))
-        if not isinstance(value, str):
-            raise ValueError(f"got {type(value).__name__}; allowed: a string")
-        return StructuredOutput(kind, value)
-    except ValueError as e:
-        text = str(e)
-        raise ValueError(text if text.startswith(field) else f"{field}: {text}") from None
-
-
-def check_backend(backend: object, field: str) -> None:
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(
-            f"{field}: got {json.dumps(backend)[:60]}; allowed: null, " + ", ".join(BACKENDS)
-        )
-
-
-def whitespace_pattern_refused(field: str) -> str:
-    return (
-        f"{field}: not supported (xgrammar takes no whitespace pattern, and a pattern "
-        "such as [\\n ]* would let a model loop on newlines); allowed: null, or "
-        "structured_outputs with disable_any_whitespace false for JSON with at most "
-        f"{FREE_WHITESPACE} whitespace characters between tokens"
-    )

@@ -1,19 +1,23 @@
 """The request fields that ask for structured outputs (`replica.structured`), read into one
 `StructuredOutput`: OpenAI's `response_format`, vLLM's `structured_outputs` and its older
-`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`; gRPC's
-`structured_*` fields (structured_any_whitespace: free whitespace in a JSON one).
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` / `structural_tag`; gRPC's
+`structured_*` fields (structured_any_whitespace: free whitespace in a JSON one;
+structured_structural_tag: a structural tag's JSON text).
 
-    response_format     {"type": "text"} (none), {"type": "json_object"}, or
+    response_format     {"type": "text"} (none), {"type": "json_object"},
                         {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
-                        "description"?}}
+                        "description"?}}, or vLLM's {"type": "structural_tag", ...}
+                        (`replica.structural_tag`: "structures" and "triggers", or "format")
     structured_outputs  {"json": schema} | {"regex": str} | {"choice": [str]} |
-                        {"grammar": EBNF} | {"json_object": true}, with vLLM's
+                        {"grammar": EBNF} | {"json_object": true} |
+                        {"structural_tag": a structural tag's JSON text (vLLM's) or
+                        object}, with vLLM's
                         "disable_any_whitespace" (true / null: compact JSON; false, with
                         json or json_object only: free whitespace, at most
                         FREE_WHITESPACE characters per gap) and "backend" "auto" /
                         "xgrammar" / null
     guided_json ...     the same, one field each (guided_decoding_backend as "backend";
-                        guided_whitespace_pattern refused)
+                        guided_whitespace_pattern refused); structural_tag likewise
 
 At most one of them per request (two are refused, naming the second). Every spec is
 parsed here, on the ingress, so a schema xgrammar does not support, or a regular
@@ -29,26 +33,24 @@ from typing import Any
 
 from pydantic import BaseModel, PrivateAttr, model_validator
 
-from replica.structured_spec import (
-    FREE_WHITESPACE,
-    WHITESPACE_KINDS,
-    StructuredOutput,
+from replica.structured_forms import (
     check_backend,
-    checked,
     spec_from_json,
     structured_outputs_of,
     whitespace_pattern_refused,
 )
+from replica.structured_spec import FREE_WHITESPACE, WHITESPACE_KINDS, StructuredOutput, checked
 
 LEGACY = {
     "guided_json": "json",
     "guided_regex": "regex",
     "guided_choice": "choice",
     "guided_grammar": "grammar",
+    "structural_tag": "structural_tag",
 }
 FIELDS = ("response_format", "structured_outputs", *LEGACY)
 """The body fields that ask for a structured output."""
-STRUCTURED_FIELDS = "response_format, structured_outputs or guided_*"
+STRUCTURED_FIELDS = "response_format, structured_outputs, guided_* or structural_tag"
 """FIELDS, in words (a forced tool call given with one: `router.tools.forcing_grammar`)."""
 GRPC_FIELDS = {
     "structured_json_schema": "json",
@@ -56,6 +58,7 @@ GRPC_FIELDS = {
     "structured_regex": "regex",
     "structured_choice": "choice",
     "structured_grammar": "grammar",
+    "structured_structural_tag": "structural_tag",
 }
 """GenerateRequest's structured-output fields -> the kind each asks for."""
 GRPC_STRUCTURED_FIELDS = "structured_*"
@@ -72,8 +75,8 @@ def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
     if body.get("response_format") is not None:
         spec = _response_format(body["response_format"])
         if spec is not None:
-            kind = body["response_format"]["type"]
-            found.append((f"response_format.{kind}".removesuffix(".json_object"), spec))
+            schema = body["response_format"]["type"] == "json_schema"
+            found.append(("response_format.json_schema" if schema else "response_format", spec))
     if body.get("structured_outputs") is not None:
         spec = structured_outputs_of(body["structured_outputs"])
         found.append((f"structured_outputs.{spec.kind}", spec))
@@ -88,18 +91,23 @@ def structured_of(body: Mapping[str, Any]) -> StructuredOutput | None:
     if len(found) > 1:
         raise ValueError(
             f"{found[1][0]}: given with {found[0][0]}; allowed: one structured output "
-            "(response_format, structured_outputs or a guided_* field) per request"
+            f"({STRUCTURED_FIELDS}) per request"
         )
     return checked(*found[0])
 
 
 def _response_format(fmt: object) -> StructuredOutput | None:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    allowed = 'allowed: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    allowed = (
+        'allowed: {"type": "text"}, {"type": "json_object"}, {"type": "json_schema", '
+        '"json_schema": {...}} or {"type": "structural_tag", ...}'
+    )
     if fmt == {} or (kind == "text" and set(fmt) == {"type"}):
         return None
     if kind == "json_object" and set(fmt) == {"type"}:
         return StructuredOutput("json_object")
+    if kind == "structural_tag":
+        return spec_from_json("structural_tag", fmt, "response_format")
     if kind != "json_schema":
         raise ValueError(f"response_format: got {json.dumps(fmt)[:200]}; {allowed}")
     inner = fmt.get("json_schema")
@@ -134,13 +142,21 @@ class StructuredBody(BaseModel):
 
 def grpc_asks_grammar(req: Any) -> bool:
     """Whether a GenerateRequest sets any structured_* field."""
-    return any(getattr(req, name) for name in GRPC_FIELDS)
+    return any(_grpc_given(req, name) for name in GRPC_FIELDS)
+
+
+def _grpc_given(req: Any, name: str) -> bool:
+    """Whether req sets field name: a field with presence (`optional`) when it is set,
+    even to "" (then refused as what it is), any other when it is not empty / false."""
+    if req.DESCRIPTOR.fields_by_name[name].has_presence:
+        return req.HasField(name)
+    return bool(getattr(req, name))
 
 
 def grpc_structured(req: Any) -> StructuredOutput | None:
     """The structured output of a GenerateRequest's structured_* fields (None: none);
     ValueError naming the field at fault."""
-    found = [(name, kind) for name, kind in GRPC_FIELDS.items() if getattr(req, name)]
+    found = [(name, kind) for name, kind in GRPC_FIELDS.items() if _grpc_given(req, name)]
     json_fields = " or ".join(n for n, k in GRPC_FIELDS.items() if k in WHITESPACE_KINDS)
     free = getattr(req, GRPC_WHITESPACE)
     if free and (not found or found[0][1] not in WHITESPACE_KINDS):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crouter/proto/lorafleet.proto\x12\x0clorafleet.v1\"\xef\t\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\nmax_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x18\n\x10prompt_token_ids\x18\x08 \x03(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x0c \x01(\x05\x12@\n\nlogit_bias\x18\r \x03(\x0b\x32,.lorafleet.v1.GenerateRequest.LogitBiasEntry\x12\t\n\x01n\x18\x0e \x01(\r\x12\x12\n\ncache_salt\x18\x0f \x01(\t\x12\x12\n\nmin_tokens\x18\x10 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x11 \x03(\r\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x03\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\rH\x04\x88\x01\x01\x12\r\n\x05min_p\x18\x14 \x01(\x02\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x16 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x17 \x01(\x08H\x05\x88\x01\x01\x12#\n\x16truncate_prompt_tokens\x18\x18 \x01(\x05H\x06\x88\x01\x01\x12\x1e\n\x16structured_json_schema\x18\x19 \x01(\t\x12\x1e\n\x16structured_json_object\x18\x1a \x01(\x08\x12\x18\n\x10structured_regex\x18\x1b \x01(\t\x12\x19\n\x11structured_choice\x18\x1c \x03(\t\x12\x1a\n\x12structured_grammar\x18\x1d \x01(\t\x12!\n\x19structured_any_whitespace\x18\x1e \x01(\x08\x12(\n\x08messages\x18\x1f \x03(\x0b\x32\x16.lorafleet.v1.ChatTurn\x12!\n\x19\x63hat_template_kwargs_json\x18  \x01(\t\x12\x12\n\ntools_json\x18! \x01(\t\x12\x13\n\x0btool_choice\x18\" \x01(\t\x12 \n\x13parallel_tool_calls\x18# \x01(\x08H\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18$ \x01(\x08\x12\"\n\x15\x61\x64\x64_generation_prompt\x18% \x01(\x08H\x08\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18& \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB\x19\n\x17_truncate_prompt_tokensB\x16\n\x14_parallel_tool_callsB\x18\n\x16_add_generation_prompt\"k\n\x08\x43hatTurn\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.lorafleet.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"Y\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\targuments\x18\x05 \x01(\t\"-\n\x08TopToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"D\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12#\n\x03top\x18\x02 \x03(\x0b\x32\x16.lorafleet.v1.TopToken\"\xc3\x02\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\x12,\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1a.lorafleet.v1.TokenLogprob\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1a.lorafleet.v1.TokenLogprob\x12/\n\ntool_calls\x18\x08 \x03(\x0b\x32\x1b.lorafleet.v1.ToolCallDelta\x12\x19\n\x11reasoning_content\x18\t \x01(\t\x12\"\n\x05usage\x18\n \x01(\x0b\x32\x13.lorafleet.v1.Usage\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"4\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06parent\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\"6\n\x0fListModelsReply\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.lorafleet.v1.Model2\xa3\x01\n\tInference\x12H\n\x08Generate\x12\x1d.lorafleet.v1.GenerateRequest\x1a\x1b.lorafleet.v1.GenerateChunk0\x01\x12L\n\nListModels\x12\x1f.lorafleet.v1.ListModelsRequest\x1a\x1d.lorafleet.v1.ListModelsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crouter/proto/lorafleet.proto\x12\x0clorafleet.v1\"\xb5\n\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\nmax_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x18\n\x10prompt_token_ids\x18\x08 \x03(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x0c \x01(\x05\x12@\n\nlogit_bias\x18\r \x03(\x0b\x32,.lorafleet.v1.GenerateRequest.LogitBiasEntry\x12\t\n\x01n\x18\x0e \x01(\r\x12\x12\n\ncache_salt\x18\x0f \x01(\t\x12\x12\n\nmin_tokens\x18\x10 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x11 \x03(\r\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x03\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\rH\x04\x88\x01\x01\x12\r\n\x05min_p\x18\x14 \x01(\x02\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x16 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x17 \x01(\x08H\x05\x88\x01\x01\x12#\n\x16truncate_prompt_tokens\x18\x18 \x01(\x05H\x06\x88\x01\x01\x12\x1e\n\x16structured_json_schema\x18\x19 \x01(\t\x12\x1e\n\x16structured_json_object\x18\x1a \x01(\x08\x12\x18\n\x10structured_regex\x18\x1b \x01(\t\x12\x19\n\x11structured_choice\x18\x1c \x03(\t\x12\x1a\n\x12structured_grammar\x18\x1d \x01(\t\x12!\n\x19structured_any_whitespace\x18\x1e \x01(\x08\x12(\n\x08messages\x18\x1f \x03(\x0b\x32\x16.lorafleet.v1.ChatTurn\x12!\n\x19\x63hat_template_kwargs_json\x18  \x01(\t\x12\x12\n\ntools_json\x18! \x01(\t\x12\x13\n\x0btool_choice\x18\" \x01(\t\x12 \n\x13parallel_tool_calls\x18# \x01(\x08H\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18$ \x01(\x08\x12\"\n\x15\x61\x64\x64_generation_prompt\x18% \x01(\x08H\x08\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18& \x01(\x08\x12&\n\x19structured_structural_tag\x18\' \x01(\tH\t\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB\x19\n\x17_truncate_prompt_tokensB\x16\n\x14_parallel_tool_callsB\x18\n\x16_add_generation_promptB\x1c\n\x1a_structured_structural_tag\"k\n\x08\x43hatTurn\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.lorafleet.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"Y\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\targuments\x18\x05 \x01(\t\"-\n\x08TopToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"D\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12#\n\x03top\x18\x02 \x03(\x0b\x32\x16.lorafleet.v1.TopToken\"\xc3\x02\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\x12,\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1a.lorafleet.v1.TokenLogprob\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1a.lorafleet.v1.TokenLogprob\x12/\n\ntool_calls\x18\x08 \x03(\x0b\x32\x1b.lorafleet.v1.ToolCallDelta\x12\x19\n\x11reasoning_content\x18\t \x01(\t\x12\"\n\x05usage\x18\n \x01(\x0b\x32\x13.lorafleet.v1.Usage\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"4\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06parent\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\"6\n\x0fListModelsReply\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.lorafleet.v1.Model2\xa3\x01\n\tInference\x12H\n\x08Generate\x12\x1d.lorafleet.v1.GenerateRequest\x1a\x1b.lorafleet.v1.GenerateChunk0\x01\x12L\n\nListModels\x12\x1f.lorafleet.v1.ListModelsRequest\x1a\x1d.lorafleet.v1.ListModelsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,29 +34,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=47
-  _globals['_GENERATEREQUEST']._serialized_end=1310
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=1081
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1129
-  _globals['_CHATTURN']._serialized_start=1312
-  _globals['_CHATTURN']._serialized_end=1419
-  _globals['_TOOLCALL']._serialized_start=1421
-  _globals['_TOOLCALL']._serialized_end=1476
-  _globals['_TOOLCALLDELTA']._serialized_start=1478
-  _globals['_TOOLCALLDELTA']._serialized_end=1567
-  _globals['_TOPTOKEN']._serialized_start=1569
-  _globals['_TOPTOKEN']._serialized_end=1614
-  _globals['_TOKENLOGPROB']._serialized_start=1616
-  _globals['_TOKENLOGPROB']._serialized_end=1684
-  _globals['_GENERATECHUNK']._serialized_start=1687
-  _globals['_GENERATECHUNK']._serialized_end=2010
-  _globals['_USAGE']._serialized_start=2012
-  _globals['_USAGE']._serialized_end=2069
-  _globals['_LISTMODELSREQUEST']._serialized_start=2071
-  _globals['_LISTMODELSREQUEST']._serialized_end=2090
-  _globals['_MODEL']._serialized_start=2092
-  _globals['_MODEL']._serialized_end=2144
-  _globals['_LISTMODELSREPLY']._serialized_start=2146
-  _globals['_LISTMODELSREPLY']._serialized_end=2200
-  _globals['_INFERENCE']._serialized_start=2203
-  _globals['_INFERENCE']._serialized_end=2366
+  _globals['_GENERATEREQUEST']._serialized_end=1380
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=1121
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1169
+  _globals['_CHATTURN']._serialized_start=1382
+  _globals['_CHATTURN']._serialized_end=1489
+  _globals['_TOOLCALL']._serialized_start=1491
+  _globals['_TOOLCALL']._serialized_end=1546
+  _globals['_TOOLCALLDELTA']._serialized_start=1548
+  _globals['_TOOLCALLDELTA']._serialized_end=1637
+  _globals['_TOPTOKEN']._serialized_start=1639
+  _globals['_TOPTOKEN']._serialized_end=1684
+  _globals['_TOKENLOGPROB']._serialized_start=1686
+  _globals['_TOKENLOGPROB']._serialized_end=1754
+  _globals['_GENERATECHUNK']._serialized_start=1757
+  _globals['_GENERATECHUNK']._serialized_end=2080
+  _globals['_USAGE']._serialized_start=2082
+  _globals['_USAGE']._serialized_end=2139
+  _globals['_LISTMODELSREQUEST']._serialized_start=2141
+  _globals['_LISTMODELSREQUEST']._serialized_end=2160
+  _globals['_MODEL']._serialized_start=2162
+  _globals['_MODEL']._serialized_end=2214
+  _globals['_LISTMODELSREPLY']._serialized_start=2216
+  _globals['_LISTMODELSREPLY']._serialized_end=2270
+  _globals['_INFERENCE']._serialized_start=2273
+  _globals['_INFERENCE']._serialized_end=2436
 # @@protoc_insertion_point(module_scope)

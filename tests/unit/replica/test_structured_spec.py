@@ -10,12 +10,8 @@ import json
 import pytest
 
 from replica.structured import Grammars
-from replica.structured_spec import (
-    FREE_WHITESPACE,
-    MAX_WHITESPACE,
-    StructuredOutput,
-    structured_outputs_of,
-)
+from replica.structured_forms import spec_from_json, structured_outputs_of
+from replica.structured_spec import FREE_WHITESPACE, MAX_WHITESPACE, StructuredOutput
 
 SCHEMA = json.dumps(
     {
@@ -33,6 +29,9 @@ SPECS = {
     "regex": StructuredOutput("regex", "a+"),
     "choice": StructuredOutput("choice", ("a", "b")),
     "grammar": StructuredOutput("grammar", 'root ::= "a"'),
+    "structural_tag": StructuredOutput(
+        "structural_tag", '{"type": "structural_tag", "format": {"type": "any_text"}}'
+    ),
 }
 
 
@@ -48,14 +47,14 @@ def test_json_kinds_take_whitespace(kind, whitespace):
     spec.grammar()  # compiles without a tokenizer
 
 
-@pytest.mark.parametrize("kind", ["regex", "choice", "grammar"])
+@pytest.mark.parametrize("kind", ["regex", "choice", "grammar", "structural_tag"])
 def test_other_kinds_refuse_whitespace(kind):
     _with(SPECS[kind], 0)
     with pytest.raises(ValueError) as e:
         _with(SPECS[kind], FREE_WHITESPACE)
     assert str(e.value) == (
         f"whitespace={FREE_WHITESPACE} with a {kind} spec; allowed: 0 (free whitespace is for "
-        "json and json_object only: a regex, choice or grammar says its own)"
+        "json and json_object only: a regex, choice, grammar or structural tag says its own)"
     )
 
 
@@ -140,8 +139,6 @@ def test_the_grammar_cache_keys_on_whitespace(grammars):
 
 def test_properties_keep_the_order_the_client_gave():
     import xgrammar as xgr
-
-    from replica.structured_spec import spec_from_json
 
     schema = {
         "type": "object",
