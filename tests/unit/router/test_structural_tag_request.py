@@ -99,9 +99,9 @@ def _grpc(**fields) -> pb.GenerateRequest:
     return pb.GenerateRequest.FromString(req.SerializeToString())  # as it comes off the wire
 
 
-def test_grpc_field_36_is_an_optional_string_of_either_form():
+def test_grpc_field_39_is_an_optional_string_of_either_form():
     field = pb.GenerateRequest.DESCRIPTOR.fields_by_name["structured_structural_tag"]
-    assert (field.number, field.type, field.has_presence) == (36, field.TYPE_STRING, True)
+    assert (field.number, field.type, field.has_presence) == (39, field.TYPE_STRING, True)
     for tag in (TAG, FORMAT):
         req = _grpc(structured_structural_tag=json.dumps(tag))
         assert grpc_asks_grammar(req) and sampling_of(req).structured_outputs == WANT

@@ -6,7 +6,6 @@ fault; a reasoning model's structural tag starts after "</think>", as every spec
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import grpc
@@ -91,5 +90,5 @@ def test_a_reasoning_models_structural_tag_starts_after_think_end(think_dir, par
     )
     params = SamplingParams(max_tokens=4, structured_outputs=WANT)
     with served_frontend(think, reasoning_parser=parser) as front:
-        after = asyncio.run(front.thinking_first(prompt, params)).structured_after
+        after = front.thinking_first(prompt, params).structured_after
     assert after == (think_end,)
