@@ -31,6 +31,7 @@ from replica.structured_spec import (
     MAX_SPEC_CHARS,
     MAX_WHITESPACE,
     format_nodes,
+    load_spec_json,
     xgrammar_reason,
 )
 
@@ -73,12 +74,9 @@ def structural_tag_text(value: object, field: str) -> str:
 
 def _loads(text: str, field: str) -> object:
     try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{field}: nested too deeply; {FORMS}") from None
+        return load_spec_json(text, FORMS.removeprefix("allowed: "))
     except ValueError as e:
-        why = getattr(e, "msg", e)
-        raise ValueError(f"{field}: not valid JSON ({why}); {FORMS}") from None
+        raise ValueError(f"{field}: {e}") from None
 
 
 def _structures(tag: dict, field: str) -> dict:

@@ -23,6 +23,16 @@ from typing import Any
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 65536
 """Longest schema, regular expression, grammar or structural tag taken (characters)."""
+MAX_SPEC_DEPTH = 63
+"""Nesting levels of arrays and objects a schema or structural tag may have, as a JSON
+value inside a REST body may (`router.body_checks.MAX_DEPTH` - 1), also when it comes as
+text (gRPC's fields, vLLM's string forms). xgrammar's compile time grows about with the
+cube of a schema's depth, on the ingress and again on the replica: arrays nested 400 deep
+(10 kB of text) took 3.5 s of CPU, 900 deep 44 s."""
+DEPTH_REFUSED = (
+    f"nested more than {MAX_SPEC_DEPTH} levels; allowed: at most {MAX_SPEC_DEPTH} levels of "
+    "nested arrays and objects"
+)
 MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
 WHITESPACE_KINDS = ("json", "json_object")
@@ -231,18 +241,48 @@ def xgrammar_reason(e: Exception) -> str:
 
 def parse_json_schema(schema: object) -> str:
     """A JSON schema given as an object or as JSON text -> its JSON text; ValueError when
-    it is neither an object nor the text of one."""
+    it is neither an object nor the text of one, or nests more than MAX_SPEC_DEPTH levels."""
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError:
-            raise ValueError("not valid JSON; allowed: a JSON schema") from None
+        schema = load_spec_json(schema, "a JSON schema")
+    elif too_deep(schema, MAX_SPEC_DEPTH):
+        raise ValueError(DEPTH_REFUSED)
     if not isinstance(schema, dict):
         raise ValueError(f"got {type(schema).__name__}; allowed: a JSON schema object")
     # keys keep the client's order: a schema's properties are generated in that order
     # ("reasoning" before "answer" is why a client orders them), so sorting them changed
     # what a model wrote
     return json.dumps(schema)
+
+
+def load_spec_json(text: str, allowed: str) -> object:
+    """A structured output's JSON text (a schema, a structural tag) -> its value;
+    ValueError when it is not JSON (allowed: what it should be) or nests more than
+    MAX_SPEC_DEPTH levels, refused before xgrammar compiles anything."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # the parser's own limit, far deeper than MAX_SPEC_DEPTH
+        raise ValueError(DEPTH_REFUSED) from None
+    except ValueError as e:
+        why = getattr(e, "msg", e)
+        raise ValueError(f"not valid JSON ({why}); allowed: {allowed}") from None
+    if too_deep(value, MAX_SPEC_DEPTH):
+        raise ValueError(DEPTH_REFUSED)
+    return value
+
+
+def too_deep(value: object, limit: int) -> bool:
+    """Whether `value` nests arrays/objects more than `limit` levels deep (no recursion).
+    Example: {"a": [[1]]} is 3 levels deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def checked(field: str, spec: StructuredOutput) -> StructuredOutput:

@@ -143,21 +143,6 @@ NUMBER_TOO_LONG = (
 """Python's json refuses (a plain ValueError) to convert an integer longer than this."""
 
 
-def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
-    """Whether `value` nests arrays/objects more than `limit` levels deep (no recursion).
-    Example: {"a": [[1]]} is 3 levels deep."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, dict | list):
-            continue
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
 def invalid_text(value: object, path: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """(dotted path, problem) of the first string in `value` (keys too) that is not valid
     Unicode text; None when all are. Example: {"messages": [{"content": "\\ud800"}]} ->

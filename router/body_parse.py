@@ -11,6 +11,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from lora_core.errors import InvalidRequest
+from replica.structured_spec import too_deep
 from router import structured_request
 from router.body_checks import (
     DEPTH_ALLOWED,
@@ -20,7 +21,6 @@ from router.body_checks import (
     RefusedAt,
     invalid_text,
     json_kind,
-    too_deep,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,7 +49,7 @@ def parse_body(model: type[M], body: bytes | str | dict) -> M:
         body = load_json(body or b"null", None)
     if not isinstance(body, dict):
         raise InvalidRequest("body: allowed: a JSON object")
-    if too_deep(body):
+    if too_deep(body, MAX_DEPTH):
         raise InvalidRequest(f"body: nested more than {MAX_DEPTH} levels; {DEPTH_ALLOWED}")
     bad = invalid_text(body)
     if bad:

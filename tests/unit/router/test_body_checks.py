@@ -8,6 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from lora_core.errors import AdapterLoadFailed, InvalidRequest
+from replica.structured_spec import too_deep
 from router.admin_bodies import LoadAdapterRequest
 from router.body_checks import (
     CONTENT_ALLOWED,
@@ -16,7 +17,6 @@ from router.body_checks import (
     NUMBER_TOO_LONG,
     STOP_ALLOWED,
     TEXT_ALLOWED,
-    too_deep,
 )
 from router.body_parse import parse_body
 from router.errors import openai_error_body

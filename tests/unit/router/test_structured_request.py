@@ -4,11 +4,18 @@ one StructuredOutput (parsed, so a bad spec is a 400 naming its field), and gRPC
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.structured_spec import FREE_WHITESPACE, MAX_CHOICES, StructuredOutput, choice_ebnf
+from replica.structured_spec import (
+    FREE_WHITESPACE,
+    MAX_CHOICES,
+    MAX_SPEC_DEPTH,
+    StructuredOutput,
+    choice_ebnf,
+)
 from router.body_parse import parse_body
 from router.grpc_service import sampling_of
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -156,3 +163,53 @@ def test_grpc_any_whitespace_is_field_30_and_asks_free_whitespace():
         assert wire.structured_any_whitespace and sampling_of(wire).structured_outputs == want
         wire.structured_any_whitespace = False
         assert sampling_of(wire).structured_outputs == StructuredOutput(want.kind, want.value)
+
+
+def _nested(depth: int) -> str:
+    """A schema `depth` levels of objects deep: arrays of arrays of ... integers."""
+    arrays = depth - 1
+    return '{"type": "array", "items": ' * arrays + '{"type": "integer"}' + "}" * arrays
+
+
+@pytest.mark.parametrize("depth", [MAX_SPEC_DEPTH + 1, MAX_SPEC_DEPTH + 2, 900, 2000])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        lambda text: {"guided_json": text},
+        lambda text: {"structured_outputs": {"json": text}},
+        lambda text: {"grpc": {"structured_json_schema": text}},
+        lambda text: {
+            "grpc": {
+                "structured_structural_tag": json.dumps(
+                    {
+                        "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}],
+                        "triggers": ["<f>"],
+                    }
+                ).replace("{}", text)
+            }
+        },
+    ],
+)
+def test_schema_text_nested_too_deep_is_refused_before_compiling(fields, depth):
+    """A schema sent as text nests at most MAX_SPEC_DEPTH levels, as one inside a REST body:
+    xgrammar's compile time grows with the cube of the depth (900 levels: 44 s of CPU on
+    the ingress), and past Python's recursion limit json.loads raised a RecursionError (a
+    500). Both are a 400 now, answered in milliseconds."""
+    text = _nested(depth)
+    assert json.loads(text) if depth < 1000 else True
+    given = fields(text)
+    start = time.perf_counter()
+    with pytest.raises(InvalidRequest) as e:
+        if "grpc" in given:
+            sampling_of(pb.GenerateRequest(model="m", prompt="x", **given["grpc"]))
+        else:
+            parse_body(CompletionRequest, completion(**given)).to_sampling_params()
+    assert time.perf_counter() - start < 5
+    assert f"nested more than {MAX_SPEC_DEPTH} levels" in str(e.value), str(e.value)
+    assert e.value.param == next(iter(given.get("grpc", given)))
+
+
+def test_schema_text_at_the_depth_limit_is_taken():
+    text = _nested(MAX_SPEC_DEPTH)
+    got = sampling_of(pb.GenerateRequest(model="m", prompt="x", structured_json_schema=text))
+    assert json.loads(got.structured_outputs.value) == json.loads(text)
