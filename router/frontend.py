@@ -37,7 +37,8 @@ from lora_core.errors import (
 )
 from lora_core.identity import AdapterRef
 from replica.outputs import RequestOutput
-from replica.sampling_params import MAX_STRUCTURED_AFTER, SamplingParams
+from replica.sampling_checks import MAX_STRUCTURED_AFTER
+from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall, check_prompt_ids
 from router import admission
 from router.admission import Admitted
