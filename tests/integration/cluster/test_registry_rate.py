@@ -14,13 +14,9 @@ import time
 import pytest
 
 from cluster.registry import Registry
+from tests.integration.cluster.timing import redis_now_us
 
 MINUTE_US = 60_000_000
-
-
-def redis_now_us(registry: Registry) -> int:
-    s, us = registry.client.time()
-    return s * 1_000_000 + us
 
 
 class Gcra:

@@ -29,6 +29,7 @@ from router.grpc_service import GrpcInferenceMixin
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.proto import lorafleet_pb2 as pb
 from router.rate_limit import TenantRateLimiter
+from tests.integration.cluster.timing import redis_now_us
 from tests.unit.router.test_frontend_auth import BASE, Dispatcher, tokenizer
 from tests.unit.router.test_status_mapping import FakeContext
 
@@ -38,11 +39,6 @@ ACME_MESSAGE = (
     "tenant 'acme' sent requests faster than its limit of 3 per minute; allowed: a burst of "
     "up to 3 requests, then 3 per minute (retry after {} s)"
 )
-
-
-def redis_now_us(registry: Registry) -> int:
-    s, us = registry.client.time()
-    return s * 1_000_000 + us
 
 
 def retries(limit: int, elapsed_us: int) -> range:
