@@ -10,9 +10,10 @@ from lora_core.identity import AdapterRef
 from lora_core.validate import validate_adapter_dir
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
+from replica.logit_bias import logit_bias_of_json
 from replica.offline_cli import ASKING_FIELDS, NULL_IS_DEFAULT, SAMPLING_FIELDS, InputLine
 from replica.outputs import RequestOutput, TopLogprobs
-from replica.sampling_params import SamplingParams, logit_bias_of_json
+from replica.sampling_params import SamplingParams
 from replica.serve_protocol import check_prompt_ids
 from replica.structured_forms import structured_outputs_of
 

@@ -19,18 +19,15 @@ from pathlib import Path
 
 from lora_core.errors import LoraFleetError
 from replica.config import DTYPES
-from replica.sampling_params import (
-    MAX_BIAS,
+from replica.logit_bias import MAX_BIAS
+from replica.sampling_checks import (
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_TOP_LOGPROBS,
     SHORT,
     is_int,
+    is_number,
 )
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def _is_str_list(x: object) -> bool:
@@ -43,7 +40,7 @@ def _is_int_list(x: object) -> bool:
 
 def _is_bias_object(x: object) -> bool:
     """OpenAI's logit_bias shape (which keys are token ids SamplingParams' rule decides)."""
-    return isinstance(x, dict) and all(_is_number(b) for b in x.values())
+    return isinstance(x, dict) and all(is_number(b) for b in x.values())
 
 
 def _penalty(name: str) -> str:
@@ -57,8 +54,8 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "prompt": (lambda x: isinstance(x, str) or _is_int_list(x), "a string or a list of token ids"),
     "adapter": (lambda x: x is None or isinstance(x, str), "null or an adapter name"),
     "max_tokens": (is_int, "an integer >= 1, or 0 (the prompt only)"),
-    "temperature": (_is_number, "a number 0 <= temperature <= 2"),
-    "top_p": (_is_number, "a number 0 < top_p <= 1"),
+    "temperature": (is_number, "a number 0 <= temperature <= 2"),
+    "top_p": (is_number, "a number 0 < top_p <= 1"),
     "top_k": (is_int, "an integer >= 0 (0 = off), or -1 (off, as in vLLM)"),
     "seed": (lambda x: x is None or is_int(x), "null or an integer"),
     "stop": (lambda x: isinstance(x, str) or _is_str_list(x), "a string or a list of strings"),
@@ -74,13 +71,13 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         is_int,
         f"null or an integer 0 <= prompt_logprobs <= {MAX_TOP_LOGPROBS}",
     ),
-    "presence_penalty": (_is_number, _penalty("presence_penalty")),
-    "frequency_penalty": (_is_number, _penalty("frequency_penalty")),
+    "presence_penalty": (is_number, _penalty("presence_penalty")),
+    "frequency_penalty": (is_number, _penalty("frequency_penalty")),
     "repetition_penalty": (
-        _is_number,
+        is_number,
         f"a number 0 < repetition_penalty <= {MAX_REPETITION_PENALTY:g} (1 = off)",
     ),
-    "min_p": (_is_number, "a number 0 <= min_p <= 1 (0 = off)"),
+    "min_p": (is_number, "a number 0 <= min_p <= 1 (0 = off)"),
     "allowed_token_ids": (_is_int_list, "a non-empty list of token ids"),
     "logit_bias": (
         _is_bias_object,

@@ -2,90 +2,40 @@
 
 These checks are the one rule set for sampling fields: REST, gRPC and the offline
 runner all build a `SamplingParams`, so every front door accepts the same ranges and
-answers with the same messages.
+answers with the same messages. The limits and shared checks live in
+`replica.sampling_checks`, logit_bias's in `replica.logit_bias` and
+truncate_prompt_tokens' in `replica.prompt_truncation`.
 """
 
 from __future__ import annotations
 
-import re
-import reprlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeVar
 
 import numpy as np
 
 from lora_core.errors import InvalidRequest
+from replica.logit_bias import checked_bias
+from replica.prompt_truncation import Seq, check_truncate, kept_prompt
+from replica.sampling_checks import (
+    ALLOWED_TOKEN_IDS_ALLOWED,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_STRUCTURED_AFTER,
+    MAX_TEMPERATURE,
+    MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
+    SHORT,
+    STOP_TOKEN_IDS_ALLOWED,
+    checked_min_p,
+    checked_penalty,
+    checked_repetition_penalty,
+    checked_stop,
+    is_int,
+    token_ids,
+)
 from replica.structured_spec import StructuredOutput
-
-MAX_TEMPERATURE = 2.0
-# Signed 64-bit: gRPC's seed is an int64, and torch.Generator.manual_seed, which also
-# takes [2**63, 2**64), maps a negative seed s to 2**64 + s, so the wider range would
-# let two seeds name one stream.
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-
-
-def is_int(x: object) -> bool:
-    """An int that is not a bool (JSON's true is no integer here)."""
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-MAX_TOP_LOGPROBS = 20
-"""Most alternatives returned per sampled token (OpenAI's chat limit, vLLM's default)."""
-MAX_STOPS, MAX_STOP_CHARS = 16, 256
-"""Stop strings per request and characters per stop string (OpenAI allows 4 strings).
-The detokenizer checks every stop string against the text's tail on every step, under
-the engine lock: unbounded, one request's stops (1000 of 2000 characters: 0.3 s a step)
-stalled every request on its replica."""
-STOP_ALLOWED = (
-    f"allowed: a non-empty string or a list of at most {MAX_STOPS} non-empty strings, "
-    f"each of at most {MAX_STOP_CHARS} characters"
-)
-SHORT = reprlib.Repr()
-"""Refused values are echoed shortened by it: a 1M-token list must not become a
-megabyte-long error message (here and in the offline runner's)."""
-SHORT.maxlist = SHORT.maxtuple = 8
-SHORT.maxstring = SHORT.maxother = SHORT.maxlong = 60
-MAX_STOP_TOKEN_IDS = 64
-"""Stop token ids per request (each is banned from sampling below min_tokens)."""
-STOP_TOKEN_IDS_ALLOWED = (
-    f"allowed: a list of at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0)"
-)
-MAX_PENALTY = 2.0
-"""|presence_penalty| and |frequency_penalty| at most (OpenAI's range)."""
-MAX_REPETITION_PENALTY = 2.0
-"""repetition_penalty at most. vLLM only asks for > 0; the CTRL paper's 1.2 and HF's
-advice of about 1.0-1.3 sit far below 2, which already halves every positive repeated
-logit, so a larger value is almost surely a typo (20 for 1.2) and is refused."""
-MAX_LOGIT_BIAS_ENTRIES = 300
-"""Tokens one request may bias (OpenAI's limit)."""
-MAX_STRUCTURED_AFTER = 16
-"""structured_after's token ids at most (a reasoning model's "</think>" is one)."""
-MAX_BIAS = 100.0
-"""|bias| at most (OpenAI's range): -100 forbids a token, +100 all but forces it."""
-LOGIT_BIAS_ALLOWED = (
-    f"allowed: at most {MAX_LOGIT_BIAS_ENTRIES} token ids (integers >= 0, each once) "
-    f"mapped to a bias, a number -{MAX_BIAS:g} <= bias <= {MAX_BIAS:g}"
-)
-_TOKEN_KEY = re.compile(r"[0-9]+")
-MAX_TOKEN_ID_DIGITS = 19
-"""Significant digits of a logit_bias key at most (no vocabulary nears 10**19 ids).
-Python refuses to convert a decimal string of more than 4300 digits (a ValueError): an
-unbounded key was a 500 on REST."""
-MAX_ALLOWED_TOKEN_IDS = 262_144
-"""allowed_token_ids entries per request at most: as many as the largest vocabularies
-in use have tokens (Gemma 3's 262144); the engine refuses ids past its own vocabulary."""
-ALLOWED_TOKEN_IDS_ALLOWED = (
-    f"allowed: null (off) or a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids "
-    "(integers >= 0; a repeated id counts once)"
-)
-KEY_ALLOWED = 'allowed: keys that are token ids written as decimal integers ("50256")'
-TRUNCATE_ALLOWED = (
-    "allowed: null (off), an integer k >= 1 (keep the prompt's last k tokens, k at most "
-    "the model's context length) or -1 (keep at most the model's context length)"
-)
-Seq = TypeVar("Seq", list[int], tuple[int, ...])
 
 
 @dataclass(frozen=True)
@@ -204,19 +154,7 @@ class SamplingParams:
                 " (signed 64-bit)",
                 "seed",
             )
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest(f"stop: {STOP_ALLOWED}", "stop")
-        if len(self.stop) > MAX_STOPS:
-            raise InvalidRequest(f"stop: {len(self.stop)} strings; {STOP_ALLOWED}", "stop")
-        longest = max(self.stop, key=len, default="")
-        if len(longest) > MAX_STOP_CHARS:
-            raise InvalidRequest(
-                f"stop: a string of {len(longest)} characters; {STOP_ALLOWED}", "stop"
-            )
+        object.__setattr__(self, "stop", checked_stop(self.stop))
         self._check_stop_token_ids()
         if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidRequest(
@@ -225,12 +163,15 @@ class SamplingParams:
                 "min_tokens",
             )
         self._check_top_logprobs()
-        self._check_penalties()
-        object.__setattr__(self, "logit_bias", _checked_bias(self.logit_bias))
-        self._check_min_p()
+        for name in ("presence_penalty", "frequency_penalty"):
+            object.__setattr__(self, name, checked_penalty(name, getattr(self, name)))
+        rep = checked_repetition_penalty(self.repetition_penalty)
+        object.__setattr__(self, "repetition_penalty", rep)
+        object.__setattr__(self, "logit_bias", checked_bias(self.logit_bias))
+        object.__setattr__(self, "min_p", checked_min_p(self.min_p))
         self._check_allowed_token_ids()
         self._check_structured()
-        _check_truncate(self.truncate_prompt_tokens)
+        check_truncate(self.truncate_prompt_tokens)
 
     def kept_prompt(self, ids: Seq, max_model_len: int) -> Seq:
         """The prompt ids the request runs with (`kept_prompt`)."""
@@ -261,7 +202,7 @@ class SamplingParams:
             )
 
     def _check_structured_after(self) -> None:
-        ids = _token_ids(self.structured_after, MAX_STRUCTURED_AFTER)
+        ids = token_ids(self.structured_after, MAX_STRUCTURED_AFTER)
         if ids is None:
             raise InvalidRequest(
                 f"structured_after: got {SHORT.repr(self.structured_after)}; allowed: a list "
@@ -277,7 +218,7 @@ class SamplingParams:
         object.__setattr__(self, "structured_after", ids)
 
     def _check_stop_token_ids(self) -> None:
-        ids = _token_ids(self.stop_token_ids, MAX_STOP_TOKEN_IDS)
+        ids = token_ids(self.stop_token_ids, MAX_STOP_TOKEN_IDS)
         if ids is None:
             raise InvalidRequest(
                 f"stop_token_ids: {STOP_TOKEN_IDS_ALLOWED}; got {SHORT.repr(self.stop_token_ids)}",
@@ -304,29 +245,6 @@ class SamplingParams:
                 f"prompt_logprobs <= {MAX_TOP_LOGPROBS}",
                 "prompt_logprobs",
             )
-
-    def _check_penalties(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (_is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
-                allowed = f"a number -{MAX_PENALTY:g} <= {name} <= {MAX_PENALTY:g} (0 = off)"
-                raise InvalidRequest(f"{name}={value!r}; allowed: {allowed}", name)
-            object.__setattr__(self, name, float(value))
-        p = self.repetition_penalty
-        if not (_is_number(p) and 0.0 < p <= MAX_REPETITION_PENALTY):
-            allowed = f"a number 0 < repetition_penalty <= {MAX_REPETITION_PENALTY:g} (1 = off)"
-            raise InvalidRequest(
-                f"repetition_penalty={p!r}; allowed: {allowed}", "repetition_penalty"
-            )
-        object.__setattr__(self, "repetition_penalty", float(p))
-
-    def _check_min_p(self) -> None:
-        p = self.min_p
-        if not (_is_number(p) and 0.0 <= p <= 1.0):
-            raise InvalidRequest(
-                f"min_p={p!r}; allowed: a number 0 <= min_p <= 1 (0 = off)", "min_p"
-            )
-        object.__setattr__(self, "min_p", float(p))
 
     def _check_allowed_token_ids(self) -> None:
         ids = self.allowed_token_ids
@@ -379,113 +297,3 @@ class _CheckedIds(tuple):
     35 ms for 262144 ids, on the ingress's event loop)."""
 
     __slots__ = ()
-
-
-def _check_truncate(k: object) -> None:
-    if k is not None and not (is_int(k) and (k >= 1 or k == -1)):
-        raise InvalidRequest(
-            f"truncate_prompt_tokens={k!r}; {TRUNCATE_ALLOWED}", "truncate_prompt_tokens"
-        )
-
-
-def kept_prompt(ids: Seq, k: int | None, max_model_len: int) -> Seq:
-    """The prompt ids a request with truncate_prompt_tokens k runs with: all (None), the
-    last k, or the last max_model_len (-1); k is checked, and one above max_model_len is
-    refused, as vLLM refuses it. Example: k = 2, [5, 6, 7] -> [6, 7]."""
-    _check_truncate(k)
-    if k is None:
-        return ids
-    if k > max_model_len:
-        raise InvalidRequest(
-            f"truncate_prompt_tokens={k}: more than the model's context of {max_model_len} "
-            f"tokens; {TRUNCATE_ALLOWED}",
-            "truncate_prompt_tokens",
-        )
-    k = max_model_len if k == -1 else k
-    return ids[-k:] if len(ids) > k else ids
-
-
-def _is_number(x: object) -> bool:
-    """An int or float that is not a bool (NaN fails every range check after it)."""
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _checked_bias(pairs: object) -> tuple[tuple[int, float], ...]:
-    """logit_bias as given (pairs, or a mapping token id -> bias) -> ((id, bias), ...)
-    sorted by id; refuses what LOGIT_BIAS_ALLOWED does not allow."""
-    if not isinstance(pairs, Mapping | tuple | list):
-        raise InvalidRequest(
-            f"logit_bias: got {type(pairs).__name__}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
-        )
-    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
-        raise InvalidRequest(
-            f"logit_bias: {len(pairs)} token ids; {LOGIT_BIAS_ALLOWED}", "logit_bias"
-        )
-    out: dict[int, float] = {}
-    for pair in pairs.items() if isinstance(pairs, Mapping) else pairs:
-        if not (isinstance(pair, tuple | list) and len(pair) == 2):
-            raise InvalidRequest(
-                f"logit_bias: {pair!r} is no (token id, bias) pair; {LOGIT_BIAS_ALLOWED}",
-                "logit_bias",
-            )
-        token, bias = pair
-        if not is_int(token) or token < 0:
-            raise InvalidRequest(
-                f"logit_bias: token id {token!r}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
-            )
-        if token in out:
-            raise InvalidRequest(
-                f"logit_bias: token id {token} given twice; {LOGIT_BIAS_ALLOWED}", "logit_bias"
-            )
-        if not (_is_number(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
-            raise InvalidRequest(
-                f"logit_bias: bias {bias!r} for token {token}; {LOGIT_BIAS_ALLOWED}", "logit_bias"
-            )
-        out[token] = float(bias)
-    return tuple(sorted(out.items()))
-
-
-def _shown_key(key: str) -> str:
-    return repr(key) if len(key) <= 40 else f"'{key[:20]}...' ({len(key)} characters)"
-
-
-def bad_token_key(bias: Mapping[str, object]) -> str | None:
-    """What is wrong with the first key of an OpenAI logit_bias object that is no token id
-    written as a decimal integer ("50256"), or the first that names the same id as an
-    earlier one ("5" and "05"); None when every key is one of its own."""
-    ids: dict[str, str] = {}
-    for key in bias:
-        if not _TOKEN_KEY.fullmatch(key):
-            return f"key {_shown_key(key)} is no token id; {KEY_ALLOWED}"
-        token = key.lstrip("0") or "0"
-        if len(token) > MAX_TOKEN_ID_DIGITS:
-            return (
-                f"key '{key[:20]}...' ({len(key)} digits) is no token id of any vocabulary; "
-                f"{KEY_ALLOWED}"
-            )
-        if token in ids:
-            return (
-                f"keys {_shown_key(ids[token])} and {_shown_key(key)} are both token id {token}; "
-                f"{LOGIT_BIAS_ALLOWED}"
-            )
-        ids[token] = key
-    return None
-
-
-def logit_bias_of_json(bias: Mapping[str, float]) -> tuple[tuple[int, float], ...]:
-    """OpenAI's logit_bias object (token ids as decimal strings -> bias) -> pairs for
-    `SamplingParams.logit_bias`. Example: {"50256": -100} -> ((50256, -100),)."""
-    problem = bad_token_key(bias)
-    if problem is not None:
-        raise InvalidRequest(f"logit_bias: {problem}", "logit_bias")
-    # leading zeros stripped first: "0" * 5000 + "5" is token 5, too long for int()
-    return tuple((int(k.lstrip("0") or "0"), v) for k, v in bias.items())
-
-
-def _token_ids(value: object, limit: int) -> tuple[int, ...] | None:
-    """value as a tuple of at most `limit` token ids (integers >= 0); None when it is not.
-    Example: [3, 4] -> (3, 4); (1.5,) -> None."""
-    ids = tuple(value) if isinstance(value, list | tuple) else None
-    if ids is None or len(ids) > limit or not all(is_int(t) and t >= 0 for t in ids):
-        return None
-    return ids

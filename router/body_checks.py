@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import AfterValidator
 
-from replica.sampling_params import MAX_TOP_LOGPROBS
+from replica.sampling_checks import MAX_TOP_LOGPROBS
 
 TEXT_ALLOWED = "allowed: Unicode text (surrogates \\ud800-\\udfff only as pairs)"
 CONTENT_ALLOWED = (

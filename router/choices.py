@@ -29,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from replica.sampling_params import SEED_MAX, SEED_MIN, SamplingParams, is_int
+from replica.sampling_checks import SEED_MAX, SEED_MIN, is_int
+from replica.sampling_params import SamplingParams
 from router.openai_responses import Usage
 
 MAX_N = 16

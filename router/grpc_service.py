@@ -24,7 +24,8 @@ from ray.serve.grpc_util import RayServegRPCContext
 
 from lora_core.errors import InvalidRequest
 from replica.outputs import RequestOutput, TopLogprobs
-from replica.sampling_params import SamplingParams, kept_prompt
+from replica.prompt_truncation import kept_prompt
+from replica.sampling_params import SamplingParams
 from router.auth import bearer_key
 from router.body_checks import (
     COMPLETION_MAX_TOKENS,

@@ -32,11 +32,8 @@ from pydantic import (
     model_validator,
 )
 
-from replica.sampling_params import (
-    SamplingParams,
-    bad_token_key,
-    logit_bias_of_json,
-)
+from replica.logit_bias import bad_token_key, logit_bias_of_json
+from replica.sampling_params import SamplingParams
 from replica.structured_spec import StructuredOutput
 from router.body_checks import (
     COMPLETION_MAX_TOKENS,

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replica.sampling_params import MAX_STRUCTURED_AFTER
+from replica.sampling_checks import MAX_STRUCTURED_AFTER
 
 log = logging.getLogger("lorafleet.router")
 PARSERS = ("deepseek_r1", "qwen3")

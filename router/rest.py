@@ -43,7 +43,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lora_core.errors import ReplicaFailed
 from replica.outputs import RequestOutput
-from replica.sampling_params import SamplingParams, kept_prompt
+from replica.prompt_truncation import kept_prompt
+from replica.sampling_params import SamplingParams
 from router.chat_reader import ChatReader, reader_of
 from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap

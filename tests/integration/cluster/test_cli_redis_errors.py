@@ -250,8 +250,10 @@ def test_ctrl_c_while_redis_does_not_answer(tmp_path):
         # terminal, so the CLI starts here as from one, however the suite was started
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(2.0)  # started, connected, waiting for the reply (30 s deadline)
+    silent.settimeout(30)
+    conn, _ = silent.accept()  # started and connected: waiting for the reply (30 s deadline)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
+    conn.close()
     silent.close()
     assert (proc.returncode, out, err) == (130, "", "lorafleet: interrupted\n")

@@ -1,4 +1,8 @@
-"""Replica leases, fencing epochs and residency on a real redis-server (short TTLs)."""
+"""Replica leases, fencing epochs and residency on a real redis-server (short TTLs).
+
+A TTL is checked on Redis's clock (`timing.redis_now_us` around each step), and a lease
+that must stay live across steps is either long or renewed by a lease thread given
+a TTL well past a stall, so a loaded machine does not make a lease lapse early."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from cluster.lease import LeaseConfig, ReplicaLease
 from cluster.records import Location
 from cluster.registry import Registry
 from lora_core.errors import AdapterNotFound, StaleEpoch
+from tests.integration.cluster.timing import lapse, redis_now_us
 from tests.redis_fixture import dump_redis
 
 
@@ -19,12 +24,29 @@ def reg(registry: Registry, adapters) -> Registry:
     return registry
 
 
-def _wait_until(predicate, timeout_s: float = 3.0) -> float:
+def _wait_until(predicate, timeout_s: float = 3.0) -> None:
     start = time.monotonic()
     while not predicate():
         assert time.monotonic() - start < timeout_s, "condition not reached in time"
         time.sleep(0.02)
-    return time.monotonic() - start
+
+
+def _wait_lapsed(reg: Registry, replica_id: str, renewed: tuple[int, int], ttl_s: float) -> None:
+    """Poll until replica_id's lease lapses, a TTL of ttl_s after it was set at some Redis
+    time within `renewed` (us): each poll that still sees it live began before the
+    latest that TTL can end, and the one that sees it lapsed ended after the earliest."""
+    ttl_us = round(ttl_s * 1e6)
+    deadline = time.monotonic() + ttl_s + 10
+    while True:
+        before = redis_now_us(reg)
+        live = any(r.live for r in reg.list_replicas() if r.replica_id == replica_id)
+        after = redis_now_us(reg)
+        if not live:
+            assert after >= renewed[0] + ttl_us, "lapsed before its TTL"
+            return
+        assert before < renewed[1] + ttl_us + 1000, "live past its TTL"  # PX: whole ms
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def test_locations_report_tier_and_pool(reg: Registry):
@@ -52,13 +74,14 @@ def test_locations_report_tier_and_pool(reg: Registry):
 
 
 def test_lapsed_lease_drops_replica_everywhere(reg: Registry):
-    short = reg.register_replica("short", "mixed", "d", 4, 1.0)
+    short = reg.register_replica("short", "mixed", "d", 4, 30.0)
     long = reg.register_replica("long", "mixed", "d", 4, 30.0)
     reg.report_resident("short", short, ("a", 1), "gpu")
     reg.report_resident("long", long, ("a", 1), "gpu")
     assert [loc.replica for loc in reg.locations("a")] == ["long", "short"]
-    waited = _wait_until(lambda: len(reg.locations("a")) == 1)
-    assert waited < 2.0
+    start = redis_now_us(reg)
+    assert reg.heartbeat("short", short, 1.0) is True  # its last beat: 1 s left
+    _wait_lapsed(reg, "short", (start, redis_now_us(reg)), 1.0)
     assert reg.locations("a") == (Location("long", "gpu", "mixed"),)
     assert [loc.replica for loc in reg.resolve_request(None, "a", auth=False).locations] == ["long"]
     live = {r.replica_id: r.live for r in reg.list_replicas()}
@@ -72,11 +95,11 @@ def test_lapsed_lease_drops_replica_everywhere(reg: Registry):
 
 
 def test_heartbeat_keeps_lease(reg: Registry):
-    e = reg.register_replica("r1", "mixed", "d", 4, 1.0)
+    e = reg.register_replica("r1", "mixed", "d", 4, 2.0)
     reg.report_resident("r1", e, ("a", 1), "gpu")
-    for _ in range(4):  # 1.2 s in all: alive only because each beat renewed the lease
-        time.sleep(0.3)
-        assert reg.heartbeat("r1", e, 1.0) is True
+    for _ in range(5):  # 2.5 s in all: alive only because each beat renewed the lease
+        time.sleep(0.5)
+        assert reg.heartbeat("r1", e, 2.0) is True
     assert len(reg.locations("a")) == 1
 
 
@@ -106,11 +129,12 @@ def test_replica_lease_reregisters_after_lapse(reg: Registry):
         reg.report_resident("r1", epoch, ("a", 1), "gpu")
 
     lease = ReplicaLease(
-        reg, LeaseConfig("r1", "decode", "d", 4, ttl_s=1.0, interval_s=0.1), on_register
+        reg, LeaseConfig("r1", "decode", "d", 4, ttl_s=30.0, interval_s=0.1), on_register
     )
     assert lease.beat() == 1 and seen == [1]
     assert lease.beat() == 1 and seen == [1]
-    _wait_until(lambda: reg.locations("a") == ())
+    lapse(reg, "r1")
+    assert reg.locations("a") == ()
     assert lease.beat() == 2 and seen == [1, 2]
     assert reg.locations("a") == (Location("r1", "gpu", "decode"),)
     reg.register_replica("r1", "decode", "d", 4, 5.0)  # another incarnation takes the id
@@ -129,7 +153,7 @@ def test_failing_on_register_is_retried_and_keeps_the_lease(reg: Registry, adapt
     def on_register(epoch: int) -> None:  # AdapterNotFound while "a" is not registered
         reg.report_resident("r1", epoch, reg.get_adapter("a").ref, "gpu")
 
-    cfg = LeaseConfig("r1", "mixed", "d", 4, ttl_s=1.0, interval_s=0.1)
+    cfg = LeaseConfig("r1", "mixed", "d", 4, ttl_s=5.0, interval_s=0.1)
     lease = ReplicaLease(reg, cfg, on_register)
     lease.start_thread()
     try:
@@ -144,11 +168,11 @@ def test_failing_on_register_is_retried_and_keeps_the_lease(reg: Registry, adapt
 
 
 def test_lease_thread_keeps_replica_live(reg: Registry):
-    lease = ReplicaLease(reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=1.0, interval_s=0.1))
+    lease = ReplicaLease(reg, LeaseConfig("r1", "mixed", "d", 4, ttl_s=2.0, interval_s=0.1))
     lease.start_thread()
     try:
         reg.report_resident("r1", lease.epoch, ("a", 1), "cpu")
-        time.sleep(1.5)
+        time.sleep(2.5)  # past the TTL: live only because the thread beats
         assert reg.locations("a") == (Location("r1", "cpu", "mixed"),)
         assert lease.epoch == 1
     finally:

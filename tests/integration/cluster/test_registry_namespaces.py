@@ -4,11 +4,10 @@ included)."""
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from cluster.registry import Registry, hash_key
+from tests.integration.cluster.timing import lapse
 
 
 def _workload(reg: Registry, adapters) -> str:
@@ -26,8 +25,9 @@ def _workload(reg: Registry, adapters) -> str:
     reg.warm("y", 2, "prefill")
     live = reg.register_replica("r1", "mixed", "d", 4, 30.0)
     reg.report_resident("r1", live, ("x", 1), "gpu")
-    short = reg.register_replica("r2", "decode", "d", 4, 0.05)
+    short = reg.register_replica("r2", "decode", "d", 4, 30.0)
     reg.report_resident("r2", short, ("y", 2), "cpu")
+    lapse(reg, "r2")
     assert reg.unregister_adapter("x") == "draining"
     return key
 
@@ -39,13 +39,11 @@ def _keys(client: redis.Redis) -> set[str]:
 def test_namespaces_are_isolated(redis_url: str, adapters):
     a, b = Registry(redis_url, "t"), Registry(redis_url, "t2")
     key_b = _workload(b, adapters)
-    time.sleep(0.1)  # b's r2 lease (50 ms) lapses by itself before the snapshot
     b_keys = {k: b.client.dump(k) for k in _keys(b.client)}
     assert all(k.startswith("t2:") for k in b_keys)
     with b.subscribe_hints() as hints_b:
         hints_b.get(0.05)  # the subscribe confirmation
         key_a = _workload(a, adapters)
-        time.sleep(0.1)  # r2 (lease 50 ms) lapses
         assert a.reap() == (1, 0)  # r2 of "t" lapsed; b's r2 (lapsed too) is not a's
         assert hints_b.get(0.2) is None  # a's changes woke nobody in b
     assert all(k.startswith("t:") for k in _keys(a.client) - set(b_keys))

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from cluster.registry import AsyncRegistry, Registry
 from lora_core.errors import AdapterNotFound, StaleEpoch
+from tests.integration.cluster.timing import lapse
 from tests.redis_fixture import dump_redis
 
 
@@ -23,13 +23,6 @@ def reg(registry: Registry, adapters) -> Registry:
 
 def _keys_naming(reg: Registry, replica_id: str) -> list[str]:
     return sorted(k for k in reg.client.scan_iter("t:*") if replica_id in k)
-
-
-def _wait_lapsed(reg: Registry, replica_id: str, timeout_s: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(r.live for r in reg.list_replicas() if r.replica_id == replica_id):
-        assert time.monotonic() < deadline, f"{replica_id} still live after {timeout_s} s"
-        time.sleep(0.02)
 
 
 def test_deregister_removes_the_whole_record(reg: Registry):
@@ -66,9 +59,9 @@ def test_deregister_by_an_old_incarnation_removes_nothing(reg: Registry, redis_u
 
 
 def test_deregister_after_the_lease_lapsed_still_removes_the_row(reg: Registry):
-    e = reg.register_replica("r1", "mixed", "d", 2, 0.2)
+    e = reg.register_replica("r1", "mixed", "d", 2, 30.0)
     reg.report_resident("r1", e, ("a", 1), "gpu")
-    _wait_lapsed(reg, "r1")
+    lapse(reg, "r1")
     assert reg.deregister_replica("r1", e) is True
     assert reg.list_replicas() == [] and _keys_naming(reg, "r1") == ["t:epoch:r1"]
 
@@ -76,12 +69,12 @@ def test_deregister_after_the_lease_lapsed_still_removes_the_row(reg: Registry):
 def test_concurrent_reaps_and_deregisters_agree(reg: Registry, redis_url):
     lapsed = [f"dead{i}" for i in range(20)]
     for rid in lapsed:
-        e = reg.register_replica(rid, "mixed", "d", 2, 0.5)
+        e = reg.register_replica(rid, "mixed", "d", 2, 30.0)
         reg.report_resident(rid, e, ("a", 1), "gpu")
     live = {f"live{i}": reg.register_replica(f"live{i}", "mixed", "d", 2, 30.0) for i in range(5)}
     assert reg.unregister_adapter("a") == "draining"
     for rid in lapsed:
-        _wait_lapsed(reg, rid)
+        lapse(reg, rid)
 
     async def scenario() -> list[tuple[int, int]]:
         areg = AsyncRegistry(redis_url, namespace="t")

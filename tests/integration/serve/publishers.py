@@ -80,7 +80,7 @@ def publisher(
         replica,
         "LoraReplica",
         tick_s=0.05,
-        lease_ttl_s=1.0,
+        lease_ttl_s=2.0,  # a tick stalled by a loaded machine for ~1 s must not lapse it
         reap_every=reap_every,
         prefetch=prefetch,
     )

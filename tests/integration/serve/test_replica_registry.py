@@ -13,6 +13,7 @@ import pytest
 from cluster.registry import Registry
 from deploy.demo import ensure_demo
 from lora_core.errors import AdapterNotFound
+from tests.integration.cluster.timing import lapse
 from tests.integration.serve.publishers import locations, setup
 from tests.redis_fixture import start_redis
 
@@ -190,14 +191,13 @@ def test_unpins_before_pins_so_a_legal_pin_set_applies(redis_url, demo):
 def test_a_lapsed_replica_is_reaped_by_a_live_replicas_publisher(redis_url, demo):
     engine, pub, refs = setup(redis_url, demo, reap_every=2)
     reg = Registry(redis_url)
-    crashed = reg.register_replica("crashed", "mixed", "LoraReplica", 2, 0.2)
+    crashed = reg.register_replica("crashed", "mixed", "LoraReplica", 2, 30.0)
     reg.report_resident("crashed", crashed, refs["demo-chef"], "gpu")
     assert reg.unregister_adapter("demo-chef") == "draining"  # only "crashed" holds it
 
     async def go():
         await pub.tick()  # tick 1: no reap yet
-        while any(r.live for r in reg.list_replicas() if r.replica_id == "crashed"):
-            await asyncio.sleep(0.02)
+        lapse(reg, "crashed")
         assert [r.replica_id for r in reg.list_replicas()] == ["crashed", "rep1"]
         await pub.tick()  # tick 2 reaps, no operator involved
         assert [r.replica_id for r in reg.list_replicas()] == ["rep1"]
@@ -283,7 +283,7 @@ def test_the_lease_outlives_a_tick_that_waits_for_a_slow_load(redis_url, demo):
         reg.pin("demo-poet")
         run = asyncio.create_task(pub.run())
         try:
-            for _ in range(4):  # within the load, past the 1 s lease
+            for _ in range(4):  # within the load, past the lease
                 await asyncio.sleep(0.5 * pub.config.lease_ttl_s)
                 assert [(r.replica_id, r.live) for r in reg.list_replicas()] == [("rep1", True)]
             while ("pin", "demo-poet") not in engine.calls:

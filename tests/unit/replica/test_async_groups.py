@@ -9,6 +9,7 @@ without prompt logprobs, neither wait nor change."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -29,20 +30,28 @@ def engine(llama_dir):
     engine.shutdown()
 
 
-def record_queueing(engine: AsyncEngine, slow: str = "") -> list[tuple[str, int | None]]:
+def record_queueing(
+    engine: AsyncEngine, slow: str = "", gate: threading.Event | None = None
+) -> list[tuple[str, int | None]]:
     """(request id, its prompt_logprobs) in the order the engine queued them; request
-    `slow` takes 0.3 s to reach the engine lock (as one whose adapter loads from disk)."""
+    `slow` reaches the engine lock late (as one whose adapter loads from disk): 0.3 s late,
+    or, given `gate`, once it is set (each request queued sets it), so that a stalled
+    machine cannot let it in before the requests that are to overtake it."""
     queued: list[tuple[str, int | None]] = []
     add, add_request = engine._add, engine.engine.add_request
 
     def slow_add(request_id, *args):
-        if request_id == slow:
+        if request_id == slow and gate is None:
             time.sleep(0.3)
+        elif request_id == slow:
+            assert gate.wait(timeout=30), f"{slow} was never let in"
         add(request_id, *args)
 
     def add_and_record(request_id, ids, params, *args, **kwargs):
         add_request(request_id, ids, params, *args, **kwargs)
         queued.append((request_id, params.prompt_logprobs))
+        if gate is not None:
+            gate.set()
 
     engine._add = slow_add
     engine.engine.add_request = add_and_record
@@ -80,7 +89,7 @@ def test_a_group_scores_its_prompt_once_for_its_first_arrival(engine):
 
 
 def test_without_a_group_each_scores_and_a_slow_one_is_overtaken(engine):
-    queued = record_queueing(engine, slow="a")
+    queued = record_queueing(engine, slow="a", gate=threading.Event())
 
     async def run():
         return await asyncio.gather(*(outcome(engine, rid, None) for rid in "ab"))
@@ -90,7 +99,7 @@ def test_without_a_group_each_scores_and_a_slow_one_is_overtaken(engine):
 
 
 def test_a_group_without_prompt_logprobs_does_not_wait(engine):
-    queued = record_queueing(engine, slow="a")
+    queued = record_queueing(engine, slow="a", gate=threading.Event())
     plain = SamplingParams(max_tokens=2, temperature=0.0)
 
     async def run():
@@ -125,7 +134,8 @@ def test_an_arrival_after_the_first_ended_scores_for_itself(engine):
 
 
 def test_a_request_leaving_while_it_waits_for_the_first_leaves_the_rest_alone(engine):
-    queued = record_queueing(engine, slow="a")
+    gate = threading.Event()
+    queued = record_queueing(engine, slow="a", gate=gate)
 
     async def run():
         a = asyncio.ensure_future(outcome(engine, "a", "g"))
@@ -133,6 +143,7 @@ def test_a_request_leaving_while_it_waits_for_the_first_leaves_the_rest_alone(en
         c = asyncio.ensure_future(outcome(engine, "c", "g"))
         await asyncio.sleep(0.05)
         b.cancel()
+        gate.set()  # a reaches the lock only after b left
         return await asyncio.gather(a, b, c, return_exceptions=True)
 
     a, b, c = asyncio.run(run())

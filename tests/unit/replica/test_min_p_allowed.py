@@ -15,7 +15,8 @@ import torch
 from lora_core.errors import InvalidRequest
 from replica.logits_processors import _Plan, process_logits
 from replica.sampler import SeedStream, _probs, sample
-from replica.sampling_params import ALLOWED_TOKEN_IDS_ALLOWED, SamplingParams
+from replica.sampling_checks import ALLOWED_TOKEN_IDS_ALLOWED
+from replica.sampling_params import SamplingParams
 from tests.unit.replica.test_logits_processors import VOCAB, random_row, reference
 
 

@@ -4,13 +4,9 @@ ones name the field and what is allowed."""
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import (
-    LOGIT_BIAS_ALLOWED,
-    TRUNCATE_ALLOWED,
-    SamplingParams,
-    kept_prompt,
-    logit_bias_of_json,
-)
+from replica.logit_bias import LOGIT_BIAS_ALLOWED, logit_bias_of_json
+from replica.prompt_truncation import TRUNCATE_ALLOWED, kept_prompt
+from replica.sampling_params import SamplingParams
 
 KEY_ALLOWED = 'keys that are token ids written as decimal integers ("50256")'
 

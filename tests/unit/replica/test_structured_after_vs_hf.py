@@ -15,7 +15,8 @@ import torch
 import xgrammar as xgr
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import MAX_STRUCTURED_AFTER, SamplingParams
+from replica.sampling_checks import MAX_STRUCTURED_AFTER
+from replica.sampling_params import SamplingParams
 from tests.hf_reference import hf_greedy
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine

@@ -5,7 +5,8 @@ import pytest
 
 from lora_core.errors import InvalidRequest
 from lora_core.identity import AdapterRef
-from replica.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from replica.sampling_checks import SEED_MAX, SEED_MIN
+from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall
 from router.body_parse import parse_body
 from router.choices import MAX_N, N_ALLOWED, choice_params, choice_seed, total_usage

@@ -49,8 +49,9 @@ def test_a_long_prompt_is_tokenized_without_stalling_the_loop(tokenizer):
     took = time.monotonic() - started
     assert ids == tuple(tokenizer(prompt).input_ids)
     assert took > 1.0  # the work is long enough for a stall to show
-    # on the loop it stalls for all of `took`; off it, for a share of a loaded machine
-    assert worst < max(0.5, took / 4), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
+    # on the loop it stalls for all of `took`; off it, for a share of a loaded machine, or
+    # for a stall of the whole machine, which lengthens `took` as much
+    assert worst < max(0.5, took / 2), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
 
 
 def test_a_long_chat_is_rendered_without_stalling_the_loop(tokenizer):
@@ -63,7 +64,7 @@ def test_a_long_chat_is_rendered_without_stalling_the_loop(tokenizer):
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     assert ids == tuple(expected)
-    assert worst < max(0.5, took / 4), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
+    assert worst < max(0.5, took / 2), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
 
 
 def test_concurrent_prompts_each_get_their_own_tokens(tokenizer):

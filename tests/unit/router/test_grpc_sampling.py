@@ -3,12 +3,9 @@
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import (
-    ALLOWED_TOKEN_IDS_ALLOWED,
-    LOGIT_BIAS_ALLOWED,
-    STOP_TOKEN_IDS_ALLOWED,
-    SamplingParams,
-)
+from replica.logit_bias import LOGIT_BIAS_ALLOWED
+from replica.sampling_checks import ALLOWED_TOKEN_IDS_ALLOWED, STOP_TOKEN_IDS_ALLOWED
+from replica.sampling_params import SamplingParams
 from router.grpc_service import sampling_of, shortest
 from router.proto import lorafleet_pb2 as pb
 
@@ -259,7 +256,7 @@ def test_stop_string_special_token_and_truncation_fields_are_mapped(fields, want
 
 @pytest.mark.parametrize("k", [0, -2])
 def test_a_bad_truncation_is_refused_as_rest_refuses_it(k):
-    from replica.sampling_params import TRUNCATE_ALLOWED
+    from replica.prompt_truncation import TRUNCATE_ALLOWED
 
     with pytest.raises(InvalidRequest) as e:
         sampling_of(pb.GenerateRequest(truncate_prompt_tokens=k))

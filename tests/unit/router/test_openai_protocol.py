@@ -384,9 +384,13 @@ def test_a_big_body_is_parsed_without_stalling_the_loop():
     # ~1 s of validation on one core: 2M token ids (6 MB)
     body = json.dumps({"model": "m", "prompt": [5] * 2_000_000}).encode()
     assert len(body) > BIG_BODY
+    started = time.monotonic()
     worst, req = _loop_stall(parse_request(CompletionRequest, body))
+    took = time.monotonic() - started
     assert req.prompt == [5] * 2_000_000
-    assert worst < 0.5, f"the event loop stalled {worst:.2f} s"
+    # on the loop it stalls for all of `took`; off it, for a share of a loaded machine, or
+    # for a stall of the whole machine, which lengthens `took` as much
+    assert worst < max(0.5, took / 2), f"the event loop stalled {worst:.2f} s of {took:.2f} s"
 
 
 @pytest.mark.parametrize("size", [10, BIG_BODY + 10])

@@ -4,7 +4,8 @@ vLLM's extensions reach SamplingParams as sent; bad values are 400s naming the f
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import LOGIT_BIAS_ALLOWED, SamplingParams
+from replica.logit_bias import LOGIT_BIAS_ALLOWED
+from replica.sampling_params import SamplingParams
 from router.body_parse import parse_body
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 

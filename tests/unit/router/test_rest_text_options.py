@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from replica.sampling_params import TRUNCATE_ALLOWED
+from replica.prompt_truncation import TRUNCATE_ALLOWED
 from router import rest
 from router.body_parse import parse_body
 from router.frontend import Frontend

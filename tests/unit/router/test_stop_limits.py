@@ -8,7 +8,7 @@ added 0.3 s to every step of every request on its replica.
 import pytest
 
 from lora_core.errors import InvalidRequest
-from replica.sampling_params import MAX_STOP_CHARS, MAX_STOPS
+from replica.sampling_checks import MAX_STOP_CHARS, MAX_STOPS
 from router.body_parse import parse_body
 from router.grpc_service import sampling_of
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest

@@ -13,7 +13,8 @@ import grpc
 import httpx
 import pytest
 
-from replica.sampling_params import ALLOWED_TOKEN_IDS_ALLOWED, SamplingParams
+from replica.sampling_checks import ALLOWED_TOKEN_IDS_ALLOWED
+from replica.sampling_params import SamplingParams
 from router.logprobs import TokenTable
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc

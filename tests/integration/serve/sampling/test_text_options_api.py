@@ -10,7 +10,7 @@ import grpc
 import openai
 import pytest
 
-from replica.sampling_params import TRUNCATE_ALLOWED
+from replica.prompt_truncation import TRUNCATE_ALLOWED
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.sampling.test_prompt_logprobs_api import post, tokenizer
