@@ -22,7 +22,7 @@ Two compute paths of the same result (tests compare each with transformers):
   layer) and runs a data-dependent number of GEMMs, which a CUDA graph cannot capture.
 - dense (while a CUDA graph is captured: decode): every local expert runs on every
   token as one batched GEMM pair and its output is scaled by the token's routing
-  weight (0 when unselected). No host sync, fixed shapes. Cost: E/k times the expert
+  weight where the token picked it, dropped elsewhere. No host sync, fixed shapes. Cost: E/k times the expert
   FLOPs the routing needs, on every rank (4x for Mixtral's 8 experts, top-2), and a
   transient [E_local, T, 2I] activation; decode batches are small and read every
   expert's weights anyway once T * k reaches E, so the step stays bound by those
@@ -131,12 +131,16 @@ class LocalExperts(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, out)
 
     def dense(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """grouped's result, from every local expert on every token (fixed shapes)."""
+        """grouped's result, from every local expert on every token (fixed shapes). An
+        expert's output on a token that did not pick it is selected away, not scaled by 0:
+        where it overflows (inf, nan: float16) inf * 0 would be nan in that token."""
         ids = torch.arange(self.num_local, device=x.device)
-        route = (weights.unsqueeze(-1) * (local.unsqueeze(-1) == ids)).sum(1)  # [T, E_local]
+        picked = local.unsqueeze(-1) == ids  # [T, k, E_local]
+        route = (weights.unsqueeze(-1) * picked).sum(1).t().unsqueeze(-1)  # [E_local, T, 1]
         gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
         down = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))  # [E_local, T, H]
-        return (down.float() * route.t().unsqueeze(-1)).to(x.dtype).sum(0)
+        mask = picked.any(1).t().unsqueeze(-1)  # [E_local, T, 1]
+        return torch.where(mask, down.float() * route, 0.0).to(x.dtype).sum(0)
 
 
 class SparseMoE(nn.Module):

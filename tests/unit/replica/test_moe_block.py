@@ -145,3 +145,20 @@ def test_bad_expert_configs_refused(mixtral_dir, changes, refused):
     raw = json.loads((mixtral_dir / "config.json").read_text())
     with pytest.raises(ModelLoadFailed, match=re.escape(refused)):
         ModelConfig.from_hf({**raw, **changes})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dense_ignores_an_unselected_expert_that_overflows(dtype):
+    """The dense path runs every local expert on every token; one that overflows to inf
+    (or nan) on a token that did not pick it must not reach that token (inf * weight 0 is
+    nan): its output stays grouped's, as transformers computes only the picked experts."""
+    block = _hf_block(4, 2, seed=4)
+    _, local = _ours(block, 0, 1)
+    local.to(dtype)
+    local.down_proj.data[3] = torch.finfo(dtype).max  # expert 3's output: +-inf
+    x = torch.randn(6, H).to(dtype)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 0]] * 2)  # no token picks expert 3
+    w = torch.full((6, 2), 0.5)
+    grouped = local.grouped(x, ids, w)
+    assert grouped.isfinite().all()
+    torch.testing.assert_close(local.dense(x, ids, w), grouped)
