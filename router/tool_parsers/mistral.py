@@ -1,8 +1,16 @@
-"""tool_call_parser "mistral": Mistral's instruct models (7B v0.3, Nemo, Small; the format
-vLLM's mistral parser reads with an HF tokenizer) write text, then [TOOL_CALLS] and a
-JSON array of {"name": ..., "arguments": {...}} objects. [TOOL_CALLS] is a special token,
-so "auto" requests with this parser keep special tokens in their text, as vLLM's do
-(`router.tools.ToolPlan.keeps_special_tokens`).
+"""tool_call_parser "mistral": Mistral's instruct models write text, then [TOOL_CALLS] and
+their calls, in one of two forms, told apart by what follows the marker (whitespace
+aside): a [ begins the array form, anything else the named form.
+
+    [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]    7B v0.3, Nemo, Small (the
+                                                            format vLLM's mistral parser
+                                                            reads with an HF tokenizer)
+    [TOOL_CALLS]f{...}  or  [TOOL_CALLS]f[ARGS]{...}        v11+ tokenizers: Small 3.1 /
+                                                            3.2, Magistral, Devstral; one
+                                                            [TOOL_CALLS] per call
+
+[TOOL_CALLS] is a special token, so "auto" requests with this parser keep special tokens
+in their text, as vLLM's do (`router.tools.ToolPlan.keeps_special_tokens`).
 
 Text before [TOOL_CALLS] is content; each element of the array streams as a call as it
 arrives (`router.tool_parsers.json_call`): its name once read, then its arguments as
@@ -11,8 +19,10 @@ array). An element that is no call of a tool a call may name (an unknown name, a
 call without parallel_tool_calls), text after [TOOL_CALLS] that is no array of objects,
 an element broken after its call was sent, or an array the end cut is content from where
 the last call's text ended ([TOOL_CALLS] included when none was sent), and the rest is
-read as text: nothing is dropped. Call ids are 9 letters and digits, as Mistral's chat
-templates require of the ids they are sent.
+read as text: nothing is dropped. A named call streams the same way, and breaks the same
+way (`router.tool_parsers.mistral_named`); after its arguments the text is content
+again, and the next [TOOL_CALLS] begins the next call. Call ids are 9 letters and
+digits, as Mistral's chat templates require of the ids they are sent.
 """
 
 from __future__ import annotations
@@ -24,9 +34,7 @@ from typing import Any
 from router.reasoning import tag_tail
 from router.tool_calls import AutoCalls, content
 from router.tool_parsers.json_call import JsonCall
-
-MARKER = "[TOOL_CALLS]"
-WHITESPACE = " \t\r\n"
+from router.tool_parsers.mistral_named import MARKER, WHITESPACE, NamedCall
 
 
 @dataclass
@@ -51,7 +59,10 @@ class MistralCalls(AutoCalls):
     content (a tail that may begin [TOOL_CALLS] is held until it is known)."""
 
     held: str = ""
+    after: str | None = None
+    """The text after a [TOOL_CALLS] while its form is unknown (only whitespace)."""
     array: Array | None = None
+    named: NamedCall | None = None
 
     def new_id(self) -> str:
         return uuid.uuid4().hex[:9]
@@ -64,6 +75,17 @@ class MistralCalls(AutoCalls):
                 if self.array is not None:
                     return out
                 continue  # the array ended: text is what follows it
+            if self.named is not None:
+                rest = self.named.read(self, text, out)
+                if rest is None:
+                    return out
+                text, self.named = rest, None
+                continue
+            if self.after is not None:
+                if not self._form(text):
+                    return out
+                text, self.after = self.after, None
+                continue
             self.held += text
             opened = self.held.find(MARKER)
             if opened < 0:
@@ -73,10 +95,29 @@ class MistralCalls(AutoCalls):
                 return out
             out += content(self.held[:opened])
             text, self.held = self.held[opened + len(MARKER) :], ""
+            self.after = ""
+
+    def _form(self, text: str) -> bool:
+        """Text after a [TOOL_CALLS]: whether its form is known (by what follows the
+        whitespace, [ for an array, else a name), the reader of that form then made."""
+        self.after = (self.after or "") + text
+        rest = self.after.lstrip(WHITESPACE)
+        if not rest:
+            return False
+        if rest[0] == "[":
             self.array = Array()
+        else:
+            self.named = NamedCall()
+        return True
 
     def end(self) -> list[dict[str, Any]]:
         held, self.held = self.held, ""
+        if self.named is not None:
+            named, self.named = self.named, None
+            return named.end()
+        if self.after is not None:
+            after, self.after = self.after, None
+            return content(MARKER + after)
         if self.array is None:
             return content(held)
         a, self.array = self.array, None
