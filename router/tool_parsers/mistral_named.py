@@ -12,11 +12,12 @@ read as it arrives (`NamedCall`, from its [TOOL_CALLS] on; whitespace may lead t
     {...}                    the arguments' JSON text, as written, as it arrives; the
                              bracket that closes the first ends them, and the call
 
-A name that begins no name of a tool a call may name (an unknown name, a second call
-without parallel_tool_calls, no name) breaks the call where it turns out so: the text
-from [TOOL_CALLS] up to there is content, the rest is read as text. Once the call was sent
+A name that is no name of a tool a call may name (an unknown name, a second call without
+parallel_tool_calls, no name) breaks the call where that is known (its first character
+that begins no such name, or the { or [ after it): the text from [TOOL_CALLS] up to
+there is content, the rest is read as text. Whitespace between [ARGS] and { is neither. Once the call was sent
 nothing takes it back: after [ARGS], text that is no { (whitespace aside) is content
-from [ARGS]'s end on; arguments the end cut end as written.
+from [ARGS]'s end on; arguments the end cut end as written (invalid JSON included).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ class NamedCall:
                 if self.at - self.args_start == len(ARGS):
                     self._start(calls, out)
                     self.stage = "gap"
-            elif ch == "{":  # after [ARGS]: the arguments, as written from [ARGS]'s end
-                self.stage = "arguments"
+            elif ch == "{":  # after [ARGS] (and whitespace, which is neither)
+                self.stage, self.frontier = "arguments", self.at
             elif ch in WHITESPACE:
                 self.at += 1
             else:

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tests.unit.router.test_tool_hermes import random_object
-from tests.unit.router.test_tool_parsers import NAMES, read_every_way, reader
+from tests.unit.router.test_tool_parsers import NAMES, by_character, read_every_way, reader
 
 NOW = '{"name": "now", "arguments": {}}'
 
@@ -63,6 +63,30 @@ def _calls(message: dict) -> list[tuple[str, str]]:
         ('[TOOL_CALLS][{"name": "now", oops}] ok', ", oops}] ok", [("now", "")]),
         (f'[TOOL_CALLS][{{"name": "now", "arguments": 7}}, {NOW}]', f', "arguments": 7}}, {NOW}]', [("now", "")]),
         (f'[TOOL_CALLS][{{"name": "now", "arguments": {{}}, "x": 1}}, {NOW}]', None, [("now", "{}")] * 2),
+        # the named form (v11+): [TOOL_CALLS]name{...} or name[ARGS]{...}, one marker a call
+        ('hi{hi[TOOL_CALLS]now{"a": "}[TOOL_CALLS]"}', "hi{hi", [("now", '{"a": "}[TOOL_CALLS]"}')]),
+        ('[TOOL_CALLS]now[ARGS]{"a": 1}', None, [("now", '{"a": 1}')]),
+        ('[TOOL_CALLS] now[ARGS]\n {}\n', None, [("now", "{}")]),  # whitespace is neither
+        (
+            '[TOOL_CALLS]get_weather{"city": "a"}[TOOL_CALLS]now[ARGS]{} ok [TOOL_CALLS]now{}',
+            " ok ",
+            [("get_weather", '{"city": "a"}'), ("now", "{}"), ("now", "{}")],
+        ),
+        (f"[TOOL_CALLS]now{{}}[TOOL_CALLS][{NOW}]", None, [("now", "{}")] * 2),  # forms mixed
+        # no name of a tool: content from the marker to where that is known, the rest text
+        ('[TOOL_CALLS]rm{"a": 1}[TOOL_CALLS]now{}', '[TOOL_CALLS]rm{"a": 1}', [("now", "{}")]),
+        ("[TOOL_CALLS]no{}", "[TOOL_CALLS]no{}", []),  # a prefix of "now"
+        ("[TOOL_CALLS]nowx{}", "[TOOL_CALLS]nowx{}", []),
+        ("[TOOL_CALLS]now {}", "[TOOL_CALLS]now {}", []),
+        ("[TOOL_CALLS]now[ARX]{} [TOOL_CALLS]now{}", "[TOOL_CALLS]now[ARX]{} ", [("now", "{}")]),
+        ("[TOOL_CALLS]now[TOOL_CALLS]now{}", "[TOOL_CALLS]now", [("now", "{}")]),
+        ("[TOOL_CALLS]now", "[TOOL_CALLS]now", []),  # the end cut the name
+        ("[TOOL_CALLS]now[AR", "[TOOL_CALLS]now[AR", []),
+        ("[TOOL_CALLS] \n", "[TOOL_CALLS] \n", []),
+        # once sent, a call stays: what breaks it after is content, cut arguments as written
+        ('[TOOL_CALLS]now[ARGS] "a" x', ' "a" x', [("now", "")]),
+        ('[TOOL_CALLS]now{"a": [1', None, [("now", '{"a": [1')]),
+        ('[TOOL_CALLS]now{"a": 1]] x', "] x", [("now", '{"a": 1]')]),  # broken JSON: as written
     ],
 )  # fmt: skip
 def test_mistral_calls_read_the_same_in_any_pieces(text, content, calls, seed):
@@ -70,9 +94,37 @@ def test_mistral_calls_read_the_same_in_any_pieces(text, content, calls, seed):
     assert message["content"] == content and _calls(message) == calls
 
 
-def test_mistral_without_parallel_calls_keeps_the_second_as_content():
-    message = read_every_way(reader("mistral", parallel=False), f"[TOOL_CALLS][{NOW}, {NOW}]", 0)[1]
-    assert _calls(message) == [("now", "{}")] and message["content"] == f", {NOW}]"
+@pytest.mark.parametrize(
+    "text, content",
+    [
+        (f"[TOOL_CALLS][{NOW}, {NOW}]", f", {NOW}]"),
+        ('[TOOL_CALLS]now{}[TOOL_CALLS]now[ARGS]{"a": 1}', '[TOOL_CALLS]now[ARGS]{"a": 1}'),
+        (f"[TOOL_CALLS]now{{}}[TOOL_CALLS][{NOW}]", f"[TOOL_CALLS][{NOW}]"),
+    ],
+)
+def test_mistral_without_parallel_calls_keeps_the_second_as_content(text, content):
+    message = read_every_way(reader("mistral", parallel=False), text, 0)[1]
+    assert _calls(message) == [("now", "{}")] and message["content"] == content
+
+
+@pytest.mark.parametrize("separator", ["", "[ARGS]"])
+def test_a_named_call_streams_its_name_then_its_arguments_as_they_come(separator):
+    arguments = '{"city": "Oslo }\\"", "days": [1, {"x": "]"}]}'
+    text = f"Sure.[TOOL_CALLS]get_weather{separator}{arguments}[TOOL_CALLS]now{separator}{{}}"
+    sent = [
+        (i, d["tool_calls"][0])
+        for i, d in by_character(reader("mistral"), text)
+        if "tool_calls" in d
+    ]
+    ends = len(separator[-1:])  # the name ends at the { after it, or [ARGS]'s ]
+    first_at, first = sent[0]
+    assert first_at == text.index("get_weather") + len("get_weather" + separator) - ends
+    assert first["function"] == {"name": "get_weather", "arguments": ""} and first["index"] == 0
+    streamed = [(i, c["function"]["arguments"]) for i, c in sent[1:] if c["index"] == 0]
+    assert [text[i] for i, _ in streamed] == [piece for _, piece in streamed] == list(arguments)
+    second_at, second = next((i, c) for i, c in sent if c.get("id") and c["index"] == 1)
+    assert second_at == text.rindex("now") + len("now" + separator) - ends
+    assert second["function"]["name"] == "now"
 
 
 def _prose(rng: random.Random, bits: list[str], marker: str) -> str:
@@ -80,30 +132,67 @@ def _prose(rng: random.Random, bits: list[str], marker: str) -> str:
     return text.replace(marker, "")
 
 
+def _array(rng: random.Random, parallel: bool, calls: list) -> tuple[str, str]:
+    """A random [TOOL_CALLS] array: (its text, the content it must read into); its calls
+    appended to calls."""
+    array, frontier, broken = f"[TOOL_CALLS]{rng.choice(['', ' '])}[", 0, False
+    for k in range(rng.randint(1, 3)):
+        name = rng.choice(sorted(NAMES) + ["rm"])
+        arguments = json.dumps(random_object(rng), ensure_ascii=rng.random() < 0.5)
+        sep = rng.choice([", ", ",", ",\n"]) if k else ""
+        array += sep + f'{{"name": "{name}", "arguments": {arguments}}}'
+        if not broken and name in NAMES and (parallel or not calls):
+            calls.append((name, arguments))
+            frontier = len(array)
+        else:  # no call: the array is content from the last call's end
+            broken = True
+    array += "]"
+    return array, (array[frontier:] if broken else "")
+
+
+def _named(rng: random.Random, parallel: bool, calls: list, last: bool) -> tuple[str, str]:
+    """Random named calls ([TOOL_CALLS]name{...} or name[ARGS]{...}): (their text, the
+    content it must read into); their calls appended to calls. Arguments may be broken
+    (a ] closes them), and cut when `last`."""
+    text, content = "", ""
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(sorted(NAMES) + ["rm", "no"])
+        arguments = json.dumps(random_object(rng), ensure_ascii=rng.random() < 0.5)
+        if rng.random() < 0.2:
+            arguments = arguments[:-1] + "]"
+        cut = last and rng.random() < 0.3
+        if cut:
+            arguments = arguments[: rng.randint(1, len(arguments) - 1)]
+        call = f"[TOOL_CALLS]{rng.choice(['', ' '])}{name}{rng.choice(['', '[ARGS]', '[ARGS] '])}"
+        text += call + arguments
+        if name in NAMES and (parallel or not calls):
+            calls.append((name, arguments))
+        else:
+            content += call + arguments
+        if cut:
+            break
+    return text, content
+
+
 @pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize("seed", range(100))
+@pytest.mark.parametrize("seed", range(200))
 def test_random_mistral_answers_stream_as_they_read_whole(seed, parallel):
+    # arrays and named calls (both forms), prose between: whole, in random pieces and
+    # a character at a time they read into the same content and calls
     rng = random.Random(seed)
     text, content, calls = "", "", []
     bits = ["[", "]", "[TOOL_", "CALLS]", "{", "x", " ", "\n", "é", '"']
-    for _ in range(rng.randint(1, 3)):
+    groups = rng.randint(1, 3)
+    for g in range(groups):
         prose = _prose(rng, bits, "[TOOL_CALLS]")
         if (text + prose).count("[TOOL_CALLS]") > text.count("[TOOL_CALLS]"):
             prose = " " + prose
-        array, frontier, broken = f"[TOOL_CALLS]{rng.choice(['', ' '])}[", 0, False
-        for k in range(rng.randint(1, 3)):
-            name = rng.choice(sorted(NAMES) + ["rm"])
-            arguments = json.dumps(random_object(rng), ensure_ascii=rng.random() < 0.5)
-            sep = rng.choice([", ", ",", ",\n"]) if k else ""
-            array += sep + f'{{"name": "{name}", "arguments": {arguments}}}'
-            if not broken and name in NAMES and (parallel or not calls):
-                calls.append((name, arguments))
-                frontier = len(array)
-            else:  # no call: the array is content from the last call's end
-                broken = True
-        array += "]"
-        text += prose + array
-        content += prose + (array[frontier:] if broken else "")
+        if rng.random() < 0.5:
+            calls_text, calls_content = _array(rng, parallel, calls)
+        else:
+            calls_text, calls_content = _named(rng, parallel, calls, g == groups - 1)
+        text += prose + calls_text
+        content += prose + calls_content
     message = read_every_way(reader("mistral", parallel), text, seed)[1]
     assert _calls(message) == calls
     assert message["content"] == (content if content.strip() else None)

@@ -1,8 +1,9 @@
 """tool_call_parser "llama3_json", "mistral" and "pythonic" (router.tool_parsers), pure
 logic: each streams its calls as they are generated, not at the end of the text: a
 llama3_json or mistral call's first delta (index, id, name) once its name's string
-closes, then its arguments' JSON text as written, a character at a time when it comes
-so; a pythonic call whole once the `,` or `]` after it arrives. Text that turns out no
+closes (a mistral named call's once its { or [ARGS] ends the name:
+test_tool_mistral.py), then its arguments' JSON text as written, a character at a time
+when it comes so; a pythonic call whole once the `,` or `]` after it arrives. Text that turns out no
 call streams as content once it is known, and any text (broken formats, cut anywhere)
 reads the same every way (hermes' too: it shares the JSON call reader). The helpers here
 read a text every way (random pieces, whole, a character at a time) for the per-format
@@ -111,8 +112,10 @@ def test_text_that_is_no_call_streams_once_it_is_known(parser, text, known_at):
 
 NOISE = ["{", "}", "[", "]", '"', "\\", ",", ":", ";", " ", "\n", "x", "1", "é", "#", "'", ")", "a=1",
          '"name": ', '"now"', '"rm"', '"arguments": ', '"parameters": ', "now(", "rm(",
-         "<|python_tag|>", "<|python_end|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>"]  # fmt: skip
-STARTS = ["", "{", "[", '{"name": "now", ', "[now(", "[now(), ", "[TOOL_CALLS][", "<tool_call>"]
+         "<|python_tag|>", "<|python_end|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>",
+         "[ARGS]", "[AR", "now{", "no"]  # fmt: skip
+STARTS = ["", "{", "[", '{"name": "now", ', "[now(", "[now(), ", "[TOOL_CALLS][", "<tool_call>",
+          "[TOOL_CALLS]now", "[TOOL_CALLS]now[ARGS]", "[TOOL_CALLS]get_weather{"]  # fmt: skip
 
 
 @pytest.mark.parametrize("parallel", [True, False])
