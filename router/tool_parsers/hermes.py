@@ -10,6 +10,11 @@ call if it reads as one, else content, tags and all. Once a call was sent, what 
 holds besides the call is not dropped: arguments cut (by </tool_call>, a length cut, EOS)
 end as written; text after the call's text (after the object, or after the name when the
 object breaks before its arguments) is content up to the block's end.
+
+A </tool_call> inside a JSON string of the block's object (an argument that quotes the
+tag) is the string's text, not the block's end, unlike vLLM's hermes parser, whose
+regular expression ends the block there and breaks the call. In a block that is no JSON
+object (its head broke) the first </tool_call> ends it, quotes or not.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ class HermesCalls(AutoCalls):
                 if close < 0:
                     self.held = self.held[settled:]
                     return out
+                b = self.block
+                if b.stage != "done" and not b.broke and b.scan.in_string:
+                    out += self._read(CLOSE)  # inside the call's JSON string: not its end
+                    self.held = self.held[close + len(CLOSE) :]
+                    continue
                 out += self._finish(closed=True)
                 self.held = self.held[close + len(CLOSE) :]
                 continue

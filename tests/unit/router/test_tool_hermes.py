@@ -87,6 +87,17 @@ def test_a_call_streams_its_name_then_its_arguments_as_they_come():
         ),
         ('<tool_call>{"name": "no', '<tool_call>{"name": "no', []),  # cut before its name
         ('<tool_call>{"name": 3, "arguments": {}}', '<tool_call>{"name": 3, "arguments": {}}', []),
+        (  # a </tool_call> quoted in a string is text; a broken block ends at the first
+            '<tool_call>{"name": "now", "arguments": {"q": "a </tool_call> b"}}</tool_call>'
+            '<tool_call>oops "x</tool_call> <tool_call>{"name": "now", "arguments": {}}</tool_call>',
+            '<tool_call>oops "x</tool_call> ',
+            [("now", {"q": "a </tool_call> b"}), ("now", {})],
+        ),
+        (  # an unknown tool's block, read whole, keeps its quoted tag too
+            '<tool_call>{"name": "rm", "arguments": {"q": "</tool_call>"}}</tool_call>!',
+            '<tool_call>{"name": "rm", "arguments": {"q": "</tool_call>"}}</tool_call>!',
+            [],
+        ),
     ],
 )
 @pytest.mark.parametrize("seed", range(4))
