@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_core.base_shape import MODULES
+from lora_core.base_shape import ATTENTION_GROUPS, GROUPS, MODULES, BaseShape
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import strip_peft_prefix
 
@@ -26,16 +26,12 @@ _REFUSED_VARIANTS: dict[str, tuple[str, str]] = {
     "use_bdlora": ("BD-LoRA adapters are not supported", "use_bdlora: null or false"),
     "alora_invocation_tokens": ("activated LoRA (aLoRA) is not supported", "null"),
     "layer_replication": ("layer replication is not supported", "null"),
-    "target_parameters": (
-        "{value!r} targets parameters (mixture-of-experts expert weights), which take no LoRA",
-        "null or []; LoRA on the attention projections (q_proj, k_proj, v_proj, o_proj) "
-        "through target_modules",
-    ),
     "trainable_token_indices": ("trainable token embeddings are not supported", "null"),
     "arrow_config": ("Arrow routing is not supported", "null"),
 }
 ALL_LINEAR = "all-linear"
 _MODULES_ALLOWED = "a list of module names or one regex over q/k/v/o/gate/up/down_proj"
+_ATTENTION = ", ".join(m for g in ATTENTION_GROUPS for m in GROUPS[g])
 
 
 @dataclass(frozen=True)
@@ -75,16 +71,16 @@ class LoraSpec:
     base_model: str
 
     @classmethod
-    def from_file(cls, path: str | Path) -> LoraSpec:
+    def from_file(cls, path: str | Path, base: BaseShape | None = None) -> LoraSpec:
         """Parse adapter_config.json; AdapterLoadFailed when unreadable or not JSON."""
         try:
             raw = Path(path).read_bytes()
         except OSError as e:
             raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
-        return cls.from_bytes(path, raw)
+        return cls.from_bytes(path, raw, base)
 
     @classmethod
-    def from_bytes(cls, path: str | Path, raw: bytes) -> LoraSpec:
+    def from_bytes(cls, path: str | Path, raw: bytes, base: BaseShape | None = None) -> LoraSpec:
         """Parse adapter_config.json's bytes (path names it in messages)."""
         try:
             cfg = json.loads(raw.decode("utf-8"))
@@ -92,12 +88,14 @@ class LoraSpec:
             raise AdapterLoadFailed(f"cannot read {path}: {e}") from e
         if not isinstance(cfg, dict):
             raise AdapterLoadFailed(f"{path}: adapter_config.json is not a JSON object")
-        return cls.from_dict(cfg)
+        return cls.from_dict(cfg, base)
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> LoraSpec:
-        """Validate a parsed adapter_config.json; AdapterIncompatible names the bad field."""
-        _refuse_variants(cfg)
+    def from_dict(cls, cfg: dict, base: BaseShape | None = None) -> LoraSpec:
+        """Validate a parsed adapter_config.json; AdapterIncompatible names the bad field.
+        base, the base model's shape where known, only tailors what a refusal allows (the
+        projections that base takes LoRA on)."""
+        _refuse_variants(cfg, base)
         peft_type = cfg.get("peft_type")
         if peft_type != "LORA":
             raise AdapterIncompatible("peft_type", f"{peft_type!r} is not a LoRA adapter", '"LORA"')
@@ -198,10 +196,23 @@ def _layer_index(key: str, layers_pattern: tuple[str, ...] | None) -> int | None
     return None if m is None else int(m.group("idx"))
 
 
-def _refuse_variants(cfg: dict) -> None:
+def _refuse_variants(cfg: dict, base: BaseShape | None) -> None:
     for field, (problem, allowed) in _REFUSED_VARIANTS.items():
         if cfg.get(field):
             raise AdapterIncompatible(field, problem.format(value=cfg[field]), allowed)
+    if value := cfg.get("target_parameters"):
+        # peft's LoRA on bare parameters: what it saves for a mixture-of-experts model's
+        # fused experts (and router), which take no LoRA here.
+        if base is None:
+            on = f"{', '.join(MODULES)} (a dense base) or {_ATTENTION} (a mixture-of-experts one)"
+        else:
+            on = ", ".join(base.lora_modules) + (" (attention)" if base.num_experts else "")
+        raise AdapterIncompatible(
+            "target_parameters",
+            f"{value!r} targets parameters (as peft does for mixture-of-experts expert "
+            "weights), which this engine cannot adapt",
+            f"null or []; LoRA through target_modules on {on}",
+        )
 
 
 def _int(cfg: dict, field: str, default: int) -> int:

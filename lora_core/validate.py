@@ -144,7 +144,7 @@ def validate_adapter_dir(
     """
     root = resolve_adapter_dir(path)
     _require_files(root)
-    spec = LoraSpec.from_file(root / CONFIG_FILE)
+    spec = LoraSpec.from_file(root / CONFIG_FILE, base)
     tensors = read_safetensors_header(root / WEIGHTS_FILE)
     modules = _check_modules(spec, tensors, max_rank, base)
     _check_finite(first_nonfinite(root / WEIGHTS_FILE))
@@ -155,7 +155,7 @@ def validate_adapter_files(
     files: AdapterFiles, *, max_rank: int, base: BaseShape | None = None
 ) -> AdapterManifest:
     """validate_adapter_dir on files already read (a replica about to load them)."""
-    spec = LoraSpec.from_bytes(files.root / CONFIG_FILE, files.config)
+    spec = LoraSpec.from_bytes(files.root / CONFIG_FILE, files.config, base)
     tensors = read_safetensors_header(files.root / WEIGHTS_FILE, files.weights)
     modules = _check_modules(spec, tensors, max_rank, base)
     _check_finite(first_nonfinite(files.root / WEIGHTS_FILE, files.weights))

@@ -31,9 +31,9 @@ DENSE_MLP = (
     f"{ATTENTION} (attention)"
 )
 EXPERTS = (
-    "target_parameters: ['mlp.experts.down_proj'] targets parameters (mixture-of-experts "
-    "expert weights), which take no LoRA; allowed: null or []; LoRA on the attention "
-    f"projections ({ATTENTION}) through target_modules"
+    "target_parameters: ['mlp.experts.down_proj'] targets parameters (as peft does for "
+    "mixture-of-experts expert weights), which this engine cannot adapt; allowed: null or "
+    f"[]; LoRA through target_modules on {ATTENTION} (attention)"
 )
 
 

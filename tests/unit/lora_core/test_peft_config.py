@@ -7,6 +7,7 @@ from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import check_target_module_exists
 from peft.utils.other import get_pattern_key
 
+from lora_core.base_shape import BaseShape
 from lora_core.errors import AdapterIncompatible
 from lora_core.module_names import supported_keys, unsupported_keys
 from lora_core.peft_config import LoraSpec
@@ -116,6 +117,37 @@ def test_refusals_name_the_field(changes: dict, field: str) -> None:
     assert e.value.field == field
     assert str(e.value).startswith(f"{field}: ")
     assert "allowed: " in str(e.value)
+
+
+ATTENTION = "q_proj, k_proj, v_proj, o_proj"
+DENSE = f"{ATTENTION}, gate_proj, up_proj, down_proj"
+
+
+@pytest.mark.parametrize(
+    ("num_experts", "on"),
+    [
+        (None, f"{DENSE} (a dense base) or {ATTENTION} (a mixture-of-experts one)"),
+        (0, DENSE),
+        (4, f"{ATTENTION} (attention)"),
+    ],
+    ids=["unknown-base", "dense-base", "moe-base"],
+)
+def test_target_parameters_refusal_allows_what_the_base_takes(num_experts, on) -> None:
+    """What a target_parameters adapter may use instead: the projections the base takes
+    LoRA on where its shape is known, else those of either kind of base."""
+    base = None
+    if num_experts is not None:
+        arch = "MixtralForCausalLM" if num_experts else "LlamaForCausalLM"
+        base = BaseShape(arch, num_layers=2, hidden=64, num_heads=4, num_kv_heads=2,
+                         head_dim=16, intermediate=128, num_experts=num_experts)  # fmt: skip
+    with pytest.raises(AdapterIncompatible) as e:
+        LoraSpec.from_dict(_base_cfg(target_parameters=["mlp.experts.down_proj"]), base)
+    assert (e.value.field, e.value.problem, e.value.allowed) == (
+        "target_parameters",
+        "['mlp.experts.down_proj'] targets parameters (as peft does for mixture-of-experts "
+        "expert weights), which this engine cannot adapt",
+        f"null or []; LoRA through target_modules on {on}",
+    )
 
 
 def test_defaults_and_base_model() -> None:

@@ -56,7 +56,7 @@ def test_peft_expert_adapters_refused(base, mixtral_dir, tmp_path, lora, named):
     err = _refused(path, base)
     assert err.field == "target_parameters"
     assert named in err.problem and "mixture-of-experts expert weights" in err.problem
-    assert ATTENTION in err.allowed
+    assert err.allowed == f"null or []; LoRA through target_modules on {ATTENTION} (attention)"
 
 
 @pytest.mark.parametrize(

@@ -1,46 +1,24 @@
 """Expert parallelism on CPU (gloo): a Mixtral sharded 2 ways (attention head-sharded,
-each rank holding half the experts whole) gives the unsharded model's logits and greedy
-tokens, at the forward level and through the engine with adapters mixed in one batch; an
-expert count the group cannot split is refused before anything starts, naming the sizes."""
+each rank holding half the experts whole) gives the unsharded model's greedy tokens
+through the engine with adapters mixed in one batch (the forward level, logits
+included: test_tensor_parallel's test_tp2_forward_equals_tp1); an expert count the
+group cannot split is refused before anything starts, naming the sizes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
-import torch.multiprocessing as mp
-from safetensors.torch import load_file
 
 from lora_core.errors import InvalidRequest
 from replica.models.config import ModelConfig
 from replica.offline import adapter_ref
-from replica.parallel import SINGLE, free_port
 from replica.sampling_params import SamplingParams
 from tests.tiny import make_tiny_mixtral, run_requests
 from tests.unit.replica.engines import small_engine
-from tests.unit.replica.test_tensor_parallel import STEPS, _rank_main, _scenario
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 PROMPTS = ["hello world how are you", "the quick brown fox jumps over"]
-
-
-def test_tp2_forward_equals_tp1(mixtral_dir, mixtral_adapters, tmp_path):
-    paths = [str(p) for p in mixtral_adapters.values()]
-    ref = _scenario(str(mixtral_dir), paths, SINGLE)
-    mp.spawn(
-        _rank_main,
-        args=(free_port(), str(mixtral_dir), paths, str(tmp_path)),
-        nprocs=2,
-        join=True,
-    )
-    ranks = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
-    for step in range(STEPS):
-        key = f"logits{step}"
-        torch.testing.assert_close(ranks[0][key], ref[key], rtol=1e-4, atol=1e-4)
-        hidden = f"hidden{step}"
-        torch.testing.assert_close(ranks[1][hidden], ranks[0][hidden], rtol=0, atol=0)
-    assert ranks[0]["tokens"].tolist() == ref["tokens"].tolist()
 
 
 def test_tp2_engine_equals_tp1(mixtral_dir, mixtral_adapters):

@@ -64,10 +64,13 @@ def _expert_adapters(mixtral_dir: Path, llama_adapters: dict[str, Path], tmp_pat
     return {
         "experts": (
             experts,
-            # one parameter: peft saves them as a set, in no fixed order
-            "target_parameters: ['mlp.experts.gate_up_proj'] targets parameters (mixture-of-"
-            "experts expert weights), which take no LoRA; allowed: null or []; LoRA on the "
-            "attention projections (q_proj, k_proj, v_proj, o_proj) through target_modules",
+            # one parameter: peft saves them as a set, in no fixed order. Refused when the
+            # adapter is read, before the model (and its shape): what either base allows
+            "target_parameters: ['mlp.experts.gate_up_proj'] targets parameters (as peft "
+            "does for mixture-of-experts expert weights), which this engine cannot adapt; "
+            "allowed: null or []; LoRA through target_modules on q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj, down_proj (a dense base) or q_proj, k_proj, v_proj, "
+            "o_proj (a mixture-of-experts one)",
         ),
         # a Llama adapter of the same sizes: its q/k/v/o would fit, its gate/up/down cannot
         "dense-mlp": (

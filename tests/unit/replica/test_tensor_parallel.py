@@ -1,8 +1,9 @@
 """Tensor parallelism at the model-forward level: two gloo ranks (processes) running the
 tiny Llama sharded 2 ways, with LoRA in mixed slots, give the logits and greedy tokens
 of the unsharded model (also with an odd, padded vocabulary and tied embeddings: the
-logit shards gathered to rank 0); sharded slot buffers hold half the adapter bytes; head
-counts that do not divide are refused."""
+logit shards gathered to rank 0; and for the tiny Mixtral, each rank holding half the
+experts whole); sharded slot buffers hold half the adapter bytes; head counts that do
+not divide are refused."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from replica.sampling_params import SamplingParams
 from replica.sequence import Sequence
 
 ADAPTERS = ("all16rs", "pattern", "mlp4")  # every group, rank patterns, MLP only
+# The adapters in slots 0-2, per adapter fixture: a Mixtral's experts take no LoRA, so
+# its adapters are attention ones (all, some, and a regex with a rank pattern).
+SLOT_ADAPTERS = {"llama": ADAPTERS, "qwen2": ADAPTERS, "mixtral": ("qv8", "attn16rs", "pattern")}
 # (prompt length, slot, first step): slot -1 is the base model; the last sequence joins
 # at step 2, so that step mixes its prefill with the others' decode tokens.
 SEQS = ((5, 0, 0), (7, 1, 0), (3, -1, 0), (6, 2, 0), (4, 0, 2))  # (length, slot, step)
@@ -93,14 +97,16 @@ def adapter_paths(llama_adapters) -> list[str]:
     return [str(llama_adapters[name]) for name in ADAPTERS]
 
 
-# qwen2: q/k/v biases, sharded too; odd_vocab: V 383 (rank 1's shard padded), tied
+# qwen2: q/k/v biases, sharded too; odd_vocab: V 383 (rank 1's shard padded), tied;
+# mixtral: the experts split between the ranks (expert parallelism), attention sharded
 @pytest.mark.parametrize(
-    ("arch", "adapters"), [("llama",) * 2, ("qwen2",) * 2, ("odd_vocab", "llama")]
+    ("arch", "adapters"),
+    [("llama",) * 2, ("qwen2",) * 2, ("odd_vocab", "llama"), ("mixtral",) * 2],
 )
 def test_tp2_forward_equals_tp1(arch, adapters, request, tmp_path):
     model_dir = str(request.getfixturevalue(f"{arch}_dir"))
-    adapters = request.getfixturevalue(f"{adapters}_adapters")
-    paths = [str(adapters[name]) for name in ADAPTERS]
+    fixture = request.getfixturevalue(f"{adapters}_adapters")
+    paths = [str(fixture[name]) for name in SLOT_ADAPTERS[adapters]]
     ref = _scenario(model_dir, paths, SINGLE)
     args = (free_port(), model_dir, paths, str(tmp_path))
     mp.spawn(_rank_main, args=args, nprocs=2, join=True)
