@@ -1,4 +1,5 @@
-"""Typed view of a Llama-family or Mixtral HF config.json (what our model code reads)."""
+"""Typed view of a Llama-family (Llama, Mistral, Qwen2, Qwen3) or Mixtral HF config.json
+(what our model code reads)."""
 
 from __future__ import annotations
 
