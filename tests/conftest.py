@@ -84,6 +84,15 @@ def qwen3_dir(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_bias_dir(tiny_dir) -> Path:
+    """qwen3_dir's sizes with attention_bias (biases on q, k, v and o); the qwen3
+    adapters fit it."""
+    return make_tiny_model(
+        tiny_dir / "qwen3-bias", "qwen3", seed=7, head_dim=24, attention_bias=True
+    )
+
+
+@pytest.fixture(scope="session")
 def odd_vocab_dir(tiny_dir) -> Path:
     """The tiny Llama's sizes with an odd vocabulary (383: no tp > 1 divides it, so the
     last rank's vocab shard is padded) and tied embeddings; the llama adapters fit it."""

@@ -94,10 +94,17 @@ def adapter_paths(llama_adapters) -> list[str]:
 
 
 # qwen2: q/k/v biases, sharded too; qwen3: per-head q/k norms (replicated), head_dim 24
-# != hidden/heads; odd_vocab: V 383 (rank 1's shard padded), tied
+# != hidden/heads; qwen3_bias: o's bias too (added once, after the all-reduce);
+# odd_vocab: V 383 (rank 1's shard padded), tied
 @pytest.mark.parametrize(
     ("arch", "adapters"),
-    [("llama",) * 2, ("qwen2",) * 2, ("qwen3",) * 2, ("odd_vocab", "llama")],
+    [
+        ("llama",) * 2,
+        ("qwen2",) * 2,
+        ("qwen3",) * 2,
+        ("qwen3_bias", "qwen3"),
+        ("odd_vocab", "llama"),
+    ],
 )
 def test_tp2_forward_equals_tp1(arch, adapters, request, tmp_path):
     model_dir = str(request.getfixturevalue(f"{arch}_dir"))
