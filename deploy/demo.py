@@ -100,15 +100,21 @@ def build_model(
     seed: int = 0,
     shard_bytes: str | None = None,
     tie_word_embeddings: bool = False,
+    **config,
 ) -> None:
     """Save a random-init HF model (config.json + safetensors) of the given architecture;
-    tie_word_embeddings: the lm_head is the embedding (no lm_head.weight is saved)."""
+    tie_word_embeddings: the lm_head is the embedding (no lm_head.weight is saved);
+    config: further config fields (e.g. head_dim, attention_bias). A Qwen3's per-head q/k
+    norm weights are drawn around 1 and its biases (attention_bias) around 0, where
+    transformers initialises them to ones and zeros, so a model that skipped or
+    misplaced them would not match."""
     import transformers
 
     cfg_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[arch]
     cfg = cfg_cls(
         vocab_size=vocab_size,
@@ -122,9 +128,17 @@ def build_model(
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=0,
         eos_token_id=0,
+        **config,
     )
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
+    if arch == "qwen3":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.copy_(1 + 0.3 * torch.randn(p.shape))
+                elif name.endswith(".bias"):
+                    p.copy_(0.3 * torch.randn(p.shape))
     kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
     model.save_pretrained(str(out_dir), safe_serialization=True, **kwargs)
 

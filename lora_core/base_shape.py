@@ -29,9 +29,13 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
     "MixtralForCausalLM",
 )
 MOE_ARCHITECTURES = ("MixtralForCausalLM",)
+# A config.json without head_dim: hidden_size / num_attention_heads, except Qwen3, whose
+# config class defaults it to 128 (what transformers then builds, whatever the hidden size).
+_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 ATTENTION_GROUPS: tuple[str, ...] = ("qkv", "o")
 
 
@@ -83,7 +87,7 @@ class BaseShape:
             hidden=hidden,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads)),
             intermediate=int(cfg["intermediate_size"]),
             num_experts=experts,
         )

@@ -24,8 +24,8 @@ PARENT: dict[str, str] = {
 }
 _KEY_RE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)")
 _TENSOR_RE = re.compile(r"(?P<key>.+)\.lora_(?P<ab>[AB])\.weight")
-# Every other module a Llama/Mistral/Qwen2 model has: targets may not match these (a
-# Mixtral's router and experts: moe_keys).
+# Every other module a Llama/Mistral/Qwen2/Qwen3 model has (Qwen3's per-head q/k norms
+# included): targets may not match these (a Mixtral's router and experts: moe_keys).
 _TOP_LEVEL = (
     "model",
     "model.embed_tokens",
@@ -37,6 +37,8 @@ _TOP_LEVEL = (
 _PER_LAYER = (
     "",
     ".self_attn",
+    ".self_attn.q_norm",
+    ".self_attn.k_norm",
     ".mlp",
     ".mlp.act_fn",
     ".input_layernorm",

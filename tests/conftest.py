@@ -78,6 +78,21 @@ def qwen2_dir(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_dir(tiny_dir) -> Path:
+    """A tiny Qwen3 whose head_dim (24) is not hidden/heads (16)."""
+    return make_tiny_model(tiny_dir / "qwen3", "qwen3", seed=6, head_dim=24)
+
+
+@pytest.fixture(scope="session")
+def qwen3_bias_dir(tiny_dir) -> Path:
+    """qwen3_dir's sizes with attention_bias (biases on q, k, v and o); the qwen3
+    adapters fit it."""
+    return make_tiny_model(
+        tiny_dir / "qwen3-bias", "qwen3", seed=7, head_dim=24, attention_bias=True
+    )
+
+
+@pytest.fixture(scope="session")
 def odd_vocab_dir(tiny_dir) -> Path:
     """The tiny Llama's sizes with an odd vocabulary (383: no tp > 1 divides it, so the
     last rank's vocab shard is padded) and tied embeddings; the llama adapters fit it."""
@@ -107,6 +122,11 @@ def llama_adapters(llama_dir, tiny_dir) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def qwen2_adapters(qwen2_dir, tiny_dir) -> dict[str, Path]:
     return _adapters(qwen2_dir, tiny_dir / "qwen2-adapters")
+
+
+@pytest.fixture(scope="session")
+def qwen3_adapters(qwen3_dir, tiny_dir) -> dict[str, Path]:
+    return _adapters(qwen3_dir, tiny_dir / "qwen3-adapters")
 
 
 @pytest.fixture(scope="session")

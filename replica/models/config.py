@@ -1,4 +1,5 @@
-"""Typed view of a Llama-family or Mixtral HF config.json (what our model code reads)."""
+"""Typed view of a Llama-family (Llama, Mistral, Qwen2, Qwen3) or Mixtral HF config.json
+(what our model code reads)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,14 @@ def resolve_max_model_len(configured: int, native: int) -> int:
 @dataclass(frozen=True)
 class ModelConfig:
     """architecture: LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM |
-    MixtralForCausalLM.
+    Qwen3ForCausalLM | MixtralForCausalLM.
 
-    qkv_bias: Qwen2 has biases on q/k/v. layer_windows: each layer's local-attention
-    window (None = full attention), as transformers applies it: every Mistral layer;
-    Qwen2 layers from max_window_layers on (or those layer_types calls sliding) when
-    use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
+    qkv_bias: Qwen2 has biases on q/k/v; Qwen3 on q/k/v and o when its attention_bias
+    is set (o_bias). qk_norm: Qwen3 RMS-normalises each head's q and k (weights of
+    head_dim) after the projection, before RoPE. layer_windows: each layer's
+    local-attention window (None = full attention), as transformers applies it: every
+    Mistral layer; Qwen2 and Qwen3 layers from max_window_layers on (or those
+    layer_types calls sliding) when use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
     num_experts: Mixtral's num_local_experts (0: a dense MLP); num_experts_per_tok: the
     experts each token is routed to (0 when dense); intermediate_size is then each
     expert's.
@@ -60,6 +63,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
     layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
     num_experts: int
@@ -74,6 +79,7 @@ class ModelConfig:
         rope_theta, scaling = _rope(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        qwen3_bias = arch == "Qwen3ForCausalLM" and bool(cfg.get("attention_bias", False))
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -88,7 +94,9 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=max_positions(cfg),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM",
+            qkv_bias=arch == "Qwen2ForCausalLM" or qwen3_bias,
+            o_bias=qwen3_bias,
+            qk_norm=arch == "Qwen3ForCausalLM",
             layer_windows=_layer_windows(cfg, arch, shape.num_layers),
             eos_token_ids=eos_ids,
             num_experts=shape.num_experts,
@@ -143,10 +151,10 @@ def _experts_per_tok(cfg: dict, num_experts: int) -> int:
 
 def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
     """Each layer's sliding window, following transformers' modeling code: Llama has none
-    (a sliding_window key is ignored); Mistral and Mixtral slide every layer; Qwen2 slides
-    only with use_sliding_window, and then only the layers its layer_types marks
-    "sliding_attention" (by default those from max_window_layers on, so applying the
-    window to every layer diverged from transformers)."""
+    (a sliding_window key is ignored); Mistral and Mixtral slide every layer; Qwen2 and
+    Qwen3 slide only with use_sliding_window, and then only the layers its layer_types
+    marks "sliding_attention" (by default those from max_window_layers on, so applying
+    the window to every layer diverged from transformers)."""
     if arch == "LlamaForCausalLM":
         return (None,) * num_layers
     if arch in ("MistralForCausalLM", "MixtralForCausalLM"):

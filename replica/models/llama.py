@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) and Mixtral, written for the engine.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) and Mixtral, written for the engine.
 
 Pure model code: no LoRA, no scheduling. LoRA is a pass (`lora_core.layers.apply_lora`)
 that replaces the fused projections. Tensor parallelism is built in, Megatron style:
@@ -8,7 +8,9 @@ intermediate/tp features (gate_up column-parallel, down row-parallel), or for Mi
 E/tp whole experts (`replica.models.moe`: expert parallelism); the embedding and
 the lm_head are vocab-parallel (`replica.layers.vocab`: each rank holds V/tp rows, V
 padded up to a multiple of tp; the embedding all-reduces, the lm_head gathers its logit
-shards to rank 0); the norms are replicated, so every rank's hidden states are whole.
+shards to rank 0); the norms are replicated, so every rank's hidden states are whole
+(Qwen3's per-head q/k norms too: each rank applies the whole [head_dim] weight to its
+own heads).
 Inputs are flattened batches: input_ids: long [T], positions: long [T], plus
 paged-attention metadata.
 """
@@ -43,7 +45,12 @@ class Attention(nn.Module):
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp
         )
-        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp=tp)
+        self.o_proj = RowParallelLinear(
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_bias, tp
+        )
+        # Qwen3: each head's q and k RMS-normalised over head_dim, before RoPE.
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def forward(self, x, positions, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
@@ -53,6 +60,8 @@ class Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window)
         return self.o_proj(out.reshape(t, self.q_size))
@@ -104,7 +113,7 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The decoder plus the LM head; one class serves all four architectures.
+    """The decoder plus the LM head; one class serves all five architectures.
 
     tp: the TP group this copy is rank `tp.rank` of. Every rank holds a V/tp shard of the
     lm_head (tied: the embedding's shard) and computes its shard of the logits; only the

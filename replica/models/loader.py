@@ -1,10 +1,12 @@
-"""Load a Llama-family or Mixtral model from a local HF directory or a cached hub id.
+"""Load a Llama-family (Llama, Mistral, Qwen2, Qwen3) or Mixtral model from a local HF
+directory or a cached hub id.
 
 Weights come only from safetensors (one file or a sharded index); q/k/v and gate/up
 checkpoint tensors are copied into their slices of the fused layers. Every linear
 layer's tensor, the embedding's and the lm_head's go through their module's
 `weight_loader`, which reads only this TP rank's shard (rows of the vocabulary for the
-embedding and the lm_head). Mixtral's experts go through `LocalExperts.weight_loader`,
+embedding and the lm_head); the norms (Qwen3's per-head q_norm / k_norm included) are
+replicated, read whole by every rank. Mixtral's experts go through `LocalExperts.weight_loader`,
 which reads only this rank's experts, from either checkpoint naming transformers loads:
 fused `mlp.experts.gate_up_proj` [E, 2I, H] / `mlp.experts.down_proj` [E, H, I], or
 per-expert `block_sparse_moe.experts.<e>.w1 / w3` (gate / up, [I, H]) and `.w2` (down,

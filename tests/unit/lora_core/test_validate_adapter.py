@@ -134,6 +134,9 @@ def _incompatible(path: Path, field: str, base=None, max_rank: int = 8) -> Adapt
         (dict(target_modules=["q_proj", "v_proj", "embed_tokens"]), "target_modules"),
         (dict(target_modules=["q_proj", "v_proj", "mlp.fc1"]), "target_modules"),
         (dict(target_modules=r".*"), "target_modules"),
+        # Qwen3's per-head q/k norms take no LoRA (a regex reaching them is refused)
+        (dict(target_modules=r".*\.(q_proj|v_proj|q_norm)"), "target_modules"),
+        (dict(target_modules=r".*\.(q_proj|v_proj|k_norm)"), "target_modules"),
         (dict(target_modules=r"nothing\.here"), "target_modules"),
     ],
 )

@@ -60,7 +60,7 @@ def _run_cli(tmp_path, model_dir, adapters, rows, *extra) -> list[dict]:
     return [json.loads(line) for line in outp.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def setup(request, tmp_path_factory):
     arch = request.param
     model_dir = request.getfixturevalue(f"{arch}_dir")

@@ -62,16 +62,31 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
         ("qwen2", {"use_sliding_window": True, "sliding_window": 6,
                    "layer_types": ["sliding_attention", "full_attention"]}),
         ("qwen2", {"use_sliding_window": False, "sliding_window": 6, "max_window_layers": 0}),
+        # Qwen3 follows Qwen2's rules (its head_dim 24 is not hidden/heads)
+        ("qwen3", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
+        ("qwen3", {"use_sliding_window": True, "sliding_window": 6,
+                   "layer_types": ["sliding_attention", "full_attention"]}),
+        ("qwen3", {"use_sliding_window": False, "sliding_window": 6, "max_window_layers": 0}),
         ("llama", {"sliding_window": 6}),  # transformers' Llama has no sliding window
     ],
 )  # fmt: skip
 def test_per_layer_sliding_window_matches_transformers(tmp_path, arch, extra):
-    model_dir = make_tiny_model(tmp_path / arch, arch, seed=8)
+    build = {"head_dim": 24} if arch == "qwen3" else {}
+    model_dir = make_tiny_model(tmp_path / arch, arch, seed=8, **build)
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg.pop("layer_types", None)
     cfg.update(extra)
     (model_dir / "config.json").write_text(json.dumps(cfg))
     ids = list(range(100, 130))
+    assert _greedy(_engine(str(model_dir)), ids, 8) == _hf_argmax(model_dir, ids, 8)
+
+
+def test_qwen3_attention_bias_matches_transformers(tmp_path):
+    """attention_bias: a Qwen3 with biases on q, k, v and o (o's added once under TP)."""
+    model_dir = make_tiny_model(
+        tmp_path / "qwen3-bias", "qwen3", seed=9, head_dim=24, attention_bias=True
+    )
+    ids = list(range(40, 70))
     assert _greedy(_engine(str(model_dir)), ids, 8) == _hf_argmax(model_dir, ids, 8)
 
 

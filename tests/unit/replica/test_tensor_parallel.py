@@ -29,7 +29,12 @@ from replica.sequence import Sequence
 ADAPTERS = ("all16rs", "pattern", "mlp4")  # every group, rank patterns, MLP only
 # The adapters in slots 0-2, per adapter fixture: a Mixtral's experts take no LoRA, so
 # its adapters are attention ones (all, some, and a regex with a rank pattern).
-SLOT_ADAPTERS = {"llama": ADAPTERS, "qwen2": ADAPTERS, "mixtral": ("qv8", "attn16rs", "pattern")}
+SLOT_ADAPTERS = {
+    "llama": ADAPTERS,
+    "qwen2": ADAPTERS,
+    "qwen3": ADAPTERS,
+    "mixtral": ("qv8", "attn16rs", "pattern"),
+}
 # (prompt length, slot, first step): slot -1 is the base model; the last sequence joins
 # at step 2, so that step mixes its prefill with the others' decode tokens.
 SEQS = ((5, 0, 0), (7, 1, 0), (3, -1, 0), (6, 2, 0), (4, 0, 2))  # (length, slot, step)
@@ -97,11 +102,20 @@ def adapter_paths(llama_adapters) -> list[str]:
     return [str(llama_adapters[name]) for name in ADAPTERS]
 
 
-# qwen2: q/k/v biases, sharded too; odd_vocab: V 383 (rank 1's shard padded), tied;
-# mixtral: the experts split between the ranks (expert parallelism), attention sharded
+# qwen2: q/k/v biases, sharded too; qwen3: per-head q/k norms (replicated), head_dim 24
+# != hidden/heads; qwen3_bias: o's bias too (added once, after the all-reduce);
+# odd_vocab: V 383 (rank 1's shard padded), tied; mixtral: the experts split between the
+# ranks (expert parallelism), attention sharded
 @pytest.mark.parametrize(
     ("arch", "adapters"),
-    [("llama",) * 2, ("qwen2",) * 2, ("odd_vocab", "llama"), ("mixtral",) * 2],
+    [
+        ("llama",) * 2,
+        ("qwen2",) * 2,
+        ("qwen3",) * 2,
+        ("qwen3_bias", "qwen3"),
+        ("odd_vocab", "llama"),
+        ("mixtral",) * 2,
+    ],
 )
 def test_tp2_forward_equals_tp1(arch, adapters, request, tmp_path):
     model_dir = str(request.getfixturevalue(f"{arch}_dir"))
