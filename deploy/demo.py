@@ -104,10 +104,10 @@ def build_model(
 ) -> None:
     """Save a random-init HF model (config.json + safetensors) of the given architecture;
     tie_word_embeddings: the lm_head is the embedding (no lm_head.weight is saved);
-    config: further config fields (e.g. head_dim, attention_bias). A Qwen3's per-head q/k
-    norm weights are drawn around 1 and its biases (attention_bias) around 0, where
-    transformers initialises them to ones and zeros, so a model that skipped or
-    misplaced them would not match."""
+    config: further config fields (e.g. head_dim, attention_bias). Biases (Qwen2's q/k/v,
+    a Qwen3's with attention_bias) are drawn around 0 and a Qwen3's per-head q/k norm
+    weights around 1, where transformers initialises them to zeros and ones, so a model
+    that skipped or misplaced them would not match."""
     import transformers
 
     cfg_cls, model_cls = {
@@ -132,13 +132,12 @@ def build_model(
     )
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    if arch == "qwen3":
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(("q_norm.weight", "k_norm.weight")):
-                    p.copy_(1 + 0.3 * torch.randn(p.shape))
-                elif name.endswith(".bias"):
-                    p.copy_(0.3 * torch.randn(p.shape))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(1 + 0.3 * torch.randn(p.shape))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn(p.shape))
     kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
     model.save_pretrained(str(out_dir), safe_serialization=True, **kwargs)
 
