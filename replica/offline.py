@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
+from lora_core.base_shape import BaseShape
 from lora_core.errors import InvalidRequest, LoraFleetError
 from lora_core.identity import AdapterRef
 from lora_core.validate import validate_adapter_dir
@@ -30,9 +32,12 @@ def parse_adapter_args(items: list[str]) -> dict[str, Path]:
     return out
 
 
-def adapter_ref(name: str, path: Path, max_rank: int, version: int = 1) -> AdapterRef:
-    """An identity for a local adapter directory (validated, content-hashed)."""
-    manifest = validate_adapter_dir(path, max_rank=max_rank)
+def adapter_ref(
+    name: str, path: Path, max_rank: int, version: int = 1, base: BaseShape | None = None
+) -> AdapterRef:
+    """An identity for a local adapter directory (validated, content-hashed; with base,
+    also its fit to the base model's shapes, as registration checks it)."""
+    manifest = validate_adapter_dir(path, max_rank=max_rank, base=base)
     return AdapterRef(
         name=name,
         version=version,
@@ -41,6 +46,15 @@ def adapter_ref(name: str, path: Path, max_rank: int, version: int = 1) -> Adapt
         rank=manifest.rank,
         base_model=manifest.base_model,
     )
+
+
+def local_base_shape(model: str) -> BaseShape | None:
+    """The shapes of a model directory's config.json (None when model is no such directory:
+    the engine then says what is wrong with it)."""
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    return BaseShape.from_hf_config(json.loads(config.read_text()))
 
 
 class OfflineJob:
@@ -61,7 +75,10 @@ class OfflineJob:
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=not args.no_prefix_caching,
         )
-        refs = {n: adapter_ref(n, p, args.max_lora_rank) for n, p in adapter_paths.items()}
+        base = local_base_shape(args.model)  # adapters refused before the model loads
+        refs = {
+            n: adapter_ref(n, p, args.max_lora_rank, base=base) for n, p in adapter_paths.items()
+        }
         engine = LLMEngine(config)
         for ref in refs.values():
             engine.adapters.register(ref)

@@ -64,13 +64,12 @@ def _expert_adapters(mixtral_dir: Path, llama_adapters: dict[str, Path], tmp_pat
     return {
         "experts": (
             experts,
-            # one parameter: peft saves them as a set, in no fixed order. Refused when the
-            # adapter is read, before the model (and its shape): what either base allows
+            # one parameter: peft saves them as a set, in no fixed order. Refused before
+            # the model loads, against its config.json's shapes: what a Mixtral allows
             "target_parameters: ['mlp.experts.gate_up_proj'] targets parameters (as peft "
             "does for mixture-of-experts expert weights), which this engine cannot adapt; "
-            "allowed: null or []; LoRA through target_modules on q_proj, k_proj, v_proj, "
-            "o_proj, gate_proj, up_proj, down_proj (a dense base) or q_proj, k_proj, v_proj, "
-            "o_proj (a mixture-of-experts one)",
+            f"allowed: null or []; LoRA through target_modules on {ATTENTION.removeprefix('allowed: ')} "
+            "(attention)",
         ),
         # a Llama adapter of the same sizes: its q/k/v/o would fit, its gate/up/down cannot
         "dense-mlp": (
