@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.tool_calls import AutoCalls, JsonScan, arguments_delta, content
+from router.tool_parsers.json_call import WHITESPACE
 
 MARKER = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
-WHITESPACE = " \t\r\n"
 
 
 @dataclass
