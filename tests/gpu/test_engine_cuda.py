@@ -10,6 +10,7 @@ from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from tests.gpu.engine_runs import run_engine
 
 pytestmark = pytest.mark.gpu
 
@@ -23,30 +24,8 @@ PROMPTS = [
 def _run(
     model_dir, refs, device: str, dtype: str, graphs: bool = True, stacked: bool = False
 ) -> list[list[int]]:
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(model_dir),
-            device=device,
-            dtype=dtype,
-            max_loras=2,
-            max_cpu_loras=3,
-            max_lora_rank=16,
-            cuda_graphs=graphs,
-            lora_stacked=stacked,
-        )
-    )
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    names = [None, *refs]
-    reqs = [(f"{i}-{n}", p, refs.get(n)) for i, p in enumerate(PROMPTS) for n in names]
-    for rid, p, ref in reqs:
-        engine.add_request(rid, engine.tokenizer(p).input_ids, params, ref)
-    out = {rid: [] for rid, _, _ in reqs}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
-    graphs_used = engine.runner.graphs.replays if engine.runner.graphs else 0
-    assert (graphs_used > 0) == (graphs and device == "cuda"), graphs_used
-    return [out[rid] for rid, _, _ in reqs]
+    out = run_engine(model_dir, refs, PROMPTS, device, dtype, graphs=graphs, stacked=stacked)
+    return list(out.values())
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +40,26 @@ def test_cuda_float32_equals_cpu(llama_dir, refs, graphs, stacked):
     cpu = _run(llama_dir, refs, "cpu", "float32")
     cuda = _run(llama_dir, refs, "cuda", "float32", graphs, stacked)
     assert cuda == cpu
+
+
+# (model fixture, adapters fixture): Qwen 2's q/k/v biases; Qwen 3's q/k norms and
+# head_dim 24 (not hidden / heads), without and with biases on q, k, v and o.
+ARCHS = {
+    "qwen2": ("qwen2_dir", "qwen2_adapters"),
+    "qwen3": ("qwen3_dir", "qwen3_adapters"),
+    "qwen3-bias": ("qwen3_bias_dir", "qwen3_adapters"),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_cuda_float32_other_architectures_equal_cpu(request, arch):
+    model_fixture, adapters_fixture = ARCHS[arch]
+    model_dir = request.getfixturevalue(model_fixture)
+    adapters = request.getfixturevalue(adapters_fixture)
+    refs = {n: adapter_ref(n, p, max_rank=16) for n, p in adapters.items()}
+    cpu = run_engine(model_dir, refs, PROMPTS, "cpu")
+    assert run_engine(model_dir, refs, PROMPTS, "cuda", graphs=True) == cpu
+    assert run_engine(model_dir, refs, PROMPTS, "cuda", graphs=False) == cpu
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

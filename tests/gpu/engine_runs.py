@@ -1,0 +1,46 @@
+"""The engine loop the GPU engine tests share: every prompt with the base and each
+adapter in one batch, stepped to the end, with a check that CUDA graphs were (or were
+not) replayed."""
+
+from __future__ import annotations
+
+from replica.config import EngineConfig
+from replica.engine import LLMEngine
+from replica.models.moe import SparseMoE
+from replica.sampling_params import SamplingParams
+from tests.tiny import run_requests
+
+
+def run_engine(
+    model_dir,
+    refs: dict,
+    prompts: list[str],
+    device: str,
+    dtype: str = "float32",
+    *,
+    graphs: bool = True,
+    stacked: bool = False,
+    compute: str | None = None,
+    max_tokens: int = 12,
+    ignore_eos: bool = True,
+) -> dict[str, list[int]]:
+    """{"<prompt index>-<adapter name or None>": greedy token ids}. compute: every MoE
+    block's path (`SparseMoE.compute`), left as configured when None."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir), device=device, dtype=dtype, max_loras=2, max_cpu_loras=3,
+            max_lora_rank=16, cuda_graphs=graphs, lora_stacked=stacked,
+        )
+    )  # fmt: skip
+    if compute is not None:
+        for m in engine.runner.model.modules():
+            if isinstance(m, SparseMoE):
+                m.compute = compute
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
+    reqs = [
+        (f"{i}-{n}", p, params, refs.get(n)) for i, p in enumerate(prompts) for n in (None, *refs)
+    ]
+    out = run_requests(engine, reqs)
+    replays = engine.runner.graphs.replays if engine.runner.graphs else 0
+    assert (replays > 0) == (graphs and device == "cuda"), replays
+    return out
