@@ -1,4 +1,5 @@
-"""Pure tensor functions for segmented (Punica SGMV) LoRA: shrink and expand.
+"""Pure tensor functions for segmented (Punica SGMV) LoRA: shrink and expand; and the
+fused mixture-of-experts layer (`fused_moe`).
 
 `kernels` knows nothing about adapters or requests: only slots and tensors.
 
@@ -47,6 +48,12 @@ with no host sync, so a decode step can be captured in a CUDA graph. Bad argumen
 raise ValueError naming the argument. Slot values outside [-1, L) (a caller's bug,
 not checked: that would need a host sync) count as -1 on every backend.
 
+fused_moe(x, w13, w2, topk_ids, topk_weights, *, out=None) -> [T, H] (docstring below):
+    y[t] = sum_{j: 0 <= e < E_local, e = topk_ids[t, j]}
+               dtype(topk_weights[t, j] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])))
+the experts' weighted outputs summed over the token's local choices, each cast to x's
+dtype first; on Triton with no host sync (CUDA-graph capturable).
+
 Backend: LORAFLEET_KERNELS=auto|triton|reference (auto: Triton on CUDA tensors,
 reference on CPU). `triton` on CPU tensors needs TRITON_INTERPRET=1 (set before
 kernels.triton is imported): the Triton interpreter, as the CPU tests run it.
@@ -57,8 +64,9 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import backend_for
-from kernels.checks import check_expand, check_expand_stacked, check_shrink
+from kernels.checks import check_expand, check_expand_stacked, check_moe, check_shrink
 from kernels.meta import SegmentMeta, build_meta
+from kernels.moe_reference import fused_moe_ref
 from kernels.reference import lora_expand_ref, lora_expand_stacked_ref, lora_shrink_ref
 
 
@@ -186,10 +194,52 @@ def lora_shrink_expand(
     return lora_expand(y, buf, lora_b, token_slots, add_inputs=add_inputs)
 
 
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One rank's experts of a mixture-of-experts layer (Mixtral's) on the tokens routed to them.
+
+    x: [T, H] fp16/bf16/fp32 (any strides); w13: [E_local, 2I, H], expert e's gate rows
+    then its up rows (transformers' gate_up_proj); w2: [E_local, H, I] (down_proj), both
+    of x's dtype; topk_ids: int32/int64 [T, k], the local expert of each of a token's k
+    choices, where an id outside [0, E_local) is another rank's expert and gets no work;
+    topk_weights: float32 [T, k], the choices' routing weights; out: optional [T, H] of
+    x's dtype to write (every row is overwritten). -> out, or a new [T, H] in x's dtype.
+
+    Semantics:
+        y[t] = 0
+        for j < k with 0 <= e = topk_ids[t, j] < E_local:
+            h = silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])
+            y[t] += dtype(topk_weights[t, j] * (w2[e] @ h))
+    Each weighted expert output is cast to x's dtype before the sum, as transformers'
+    MixtralExperts (and replica.models.moe's grouped / dense paths) do; the sum itself
+    accumulates in fp32 on Triton (tokens with k > 2 may differ from a sequential sum
+    in x's dtype by a rounding). Triton: GEMMs accumulate in fp32 and h is rounded to
+    x's dtype once, after SiLU and the product; no host sync, buffers sized by (T, k,
+    E_local) only, so a decode step is captured in a CUDA graph. Reference (CPU): one
+    GEMM pair per expert in x's dtype; it syncs with the host. Bad arguments raise
+    ValueError naming the argument.
+    """
+    check_moe(x, w13, w2, topk_ids, topk_weights, out)
+    if backend_for(x.device) == "triton":
+        from kernels.triton.fused_moe import fused_moe_triton
+
+        return fused_moe_triton(x, w13, w2, topk_ids, topk_weights, out)
+    y = fused_moe_ref(x, w13, w2, topk_ids, topk_weights)
+    return y if out is None else out.copy_(y)
+
+
 __all__ = [
     "SegmentMeta",
     "backend_for",
     "build_meta",
+    "fused_moe",
     "lora_expand",
     "lora_expand_stacked",
     "lora_shrink",

@@ -5,7 +5,8 @@ The Triton launchers refuse bad arguments with a ValueError naming the argument
 ran whatever it was given, so on CPU (the reference's default device) a y one column
 too wide was silently left half-updated, four slices or an int x were computed, and
 a wrong length of token_slots surfaced as a bmm shape error. These checks hold the
-reference to the same contract; they read only metadata (no device sync).
+reference to the same contract; they read only metadata (no device sync). check_moe
+is kernels.fused_moe's, for both backends.
 """
 
 from __future__ import annotations
@@ -119,3 +120,60 @@ def check_expand_stacked(out, n_base, lora_b, token_slots) -> None:
             "the sum of the slices' N_s"
         )
     _slots(token_slots, out.shape[0], num_slots, out.device)
+
+
+def check_moe(x, w13, w2, topk_ids, topk_weights, out) -> None:
+    """The `kernels.fused_moe` contract: x [T, H] float; w13 [E_local, 2I, H] and w2
+    [E_local, H, I] of x's dtype; topk_ids int [T, k]; topk_weights float32 [T, k];
+    out None or [T, H] of x's dtype; all on x's device."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x: a 2-D float tensor [T, H]; got {getattr(x, 'shape', x)!r}")
+    tokens, hidden = x.shape
+    for name, w in (("w13", w13), ("w2", w2)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 3:
+            raise ValueError(f"{name}: a 3-D tensor; got {getattr(w, 'shape', w)!r}")
+        if w.dtype != x.dtype or w.device != x.device:
+            raise ValueError(
+                f"{name} is {w.dtype} on {w.device}; allowed: x's {x.dtype} on {x.device}"
+            )
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    if two_i % 2 or w13.shape[2] != hidden:
+        raise ValueError(
+            f"w13: {list(w13.shape)}; allowed: [E_local, 2I, {hidden}] (gate rows, up rows)"
+        )
+    if tuple(w2.shape) != (experts, hidden, inter):
+        raise ValueError(
+            f"w2: {list(w2.shape)}; allowed: [{experts}, {hidden}, {inter}] (w13's E_local, H, I)"
+        )
+    routing = (
+        ("topk_ids", topk_ids, (torch.int32, torch.int64)),
+        ("topk_weights", topk_weights, (torch.float32,)),
+    )
+    for name, t, dtypes in routing:
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype not in dtypes
+            or t.dim() != 2
+            or t.shape[0] != tokens
+            or t.shape[1] < 1
+            or t.device != x.device
+        ):
+            raise ValueError(
+                f"{name}: {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}; "
+                f"allowed: {'/'.join(str(d).removeprefix('torch.') for d in dtypes)} [{tokens}, k >= 1] on {x.device}"
+            )
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights: {list(topk_weights.shape)}; allowed: topk_ids' {list(topk_ids.shape)}"
+        )
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != (tokens, hidden)
+        or out.dtype != x.dtype
+        or out.device != x.device
+    ):
+        raise ValueError(
+            f"out: {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}; "
+            f"allowed: {x.dtype} [{tokens}, {hidden}] on {x.device}"
+        )

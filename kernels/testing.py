@@ -103,6 +103,56 @@ def slot_map(tokens, num_slots, none_frac, bad_frac, dtype, seed, device="cpu") 
     return slots.to(dtype).to(device)
 
 
+# ||out - oracle|| / ||oracle|| allowed for kernels.fused_moe, by dtype. 16-bit: the
+# intermediate h and each weighted expert output are rounded to x's dtype (and grouped's
+# reference rounds gate, up and the down output too); fp32: exact-precision dots.
+MOE_TOLERANCE: dict[torch.dtype, float] = {
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1e-2,
+}
+
+
+def oracle_moe(x, w13, w2, topk_ids, topk_weights) -> torch.Tensor:
+    """float64 [T, H] on x's device: kernels.fused_moe's sum with no rounding, expert by
+    expert (one float64 copy of one expert's weights at a time); ids outside
+    [0, E_local) add nothing."""
+    num_local, inter = w13.shape[0], w13.shape[1] // 2
+    x64 = x.double()
+    out = torch.zeros_like(x64)
+    for e in range(num_local):
+        hit = topk_ids == e  # [T, k]
+        rows = hit.any(1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        route = (topk_weights.double() * hit).sum(1)[rows, None]  # a repeated pick counts twice
+        gate_up = x64[rows] @ w13[e].double().t()
+        h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        out.index_add_(0, rows, route * (h @ w2[e].double().t()))
+    return out
+
+
+def random_routing(tokens, top_k, num_local, off_frac, device, skip=()):
+    """(topk_ids int64 [T, k], topk_weights float32 [T, k]), fresh: ids drawn from the
+    local experts but `skip` (left with no tokens), ~off_frac of them another rank's
+    (-1 - e or E_local + e); weights positive, summing to 1 per token."""
+    allowed = torch.tensor([e for e in range(num_local) if e not in skip], device=device)
+    ids = allowed[torch.randint(0, len(allowed), (tokens, top_k), device=device)]
+    off = torch.rand(tokens, top_k, device=device) < off_frac
+    other = torch.where(torch.rand(tokens, top_k, device=device) < 0.5, -1 - ids, num_local + ids)
+    w = torch.rand(tokens, top_k, device=device) + 0.1
+    return torch.where(off, other, ids), w / w.sum(1, keepdim=True)
+
+
+def random_moe(tokens, hidden, inter, num_local, top_k, off_frac, dtype, device, skip=()):
+    """(x, w13, w2, topk_ids, topk_weights), fresh values; the routing as random_routing's."""
+    x = torch.randn(tokens, hidden, device=device).to(dtype)
+    w13 = (torch.randn(num_local, 2 * inter, hidden, device=device) * hidden**-0.5).to(dtype)
+    w2 = (torch.randn(num_local, hidden, inter, device=device) * inter**-0.5).to(dtype)
+    ids, w = random_routing(tokens, top_k, num_local, off_frac, device, skip)
+    return x, w13, w2, ids, w
+
+
 def captured(step) -> torch.cuda.CUDAGraph:
     """A CUDA graph of `step()`, run once eagerly first (Triton compiles outside the capture)."""
     step()

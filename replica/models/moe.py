@@ -15,19 +15,26 @@ single collective per layer a row-parallel MLP costs, with no all-to-all.
 Example (E 8, N 2, k 2): rank 1 holds experts 4-7; a token routed to experts 2 and 5
 gets w_5 * expert_5 from rank 1 and w_2 * expert_2 from rank 0.
 
-Two compute paths of the same result (tests compare each with transformers):
-- grouped (eager steps): the (token, expert) pairs of local experts are sorted by
-  expert and each hit expert runs one GEMM pair over its tokens only, so FLOPs are
-  what the routing asks for; it reads the per-expert counts on the host (one sync per
-  layer) and runs a data-dependent number of GEMMs, which a CUDA graph cannot capture.
-- dense (while a CUDA graph is captured: decode): every local expert runs on every
-  token as one batched GEMM pair and its output is scaled by the token's routing
-  weight where the token picked it, dropped elsewhere. No host sync, fixed shapes. Cost: E/k times the expert
-  FLOPs the routing needs, on every rank (4x for Mixtral's 8 experts, top-2), and a
-  transient [E_local, T, 2I] activation; decode batches are small and read every
-  expert's weights anyway once T * k reaches E, so the step stays bound by those
-  reads. A fused MoE kernel (vLLM's fused_moe) would avoid both; none is written yet.
-`SparseMoE.compute` picks: "auto" (the above), or "grouped" / "dense" always.
+Three compute paths of the same result (tests compare each with transformers):
+- fused (CUDA: eager and captured steps): `kernels.fused_moe`, Triton. The (token,
+  expert) pairs are grouped by local expert on the device (padded per-expert blocks,
+  a device-side block count) and two kernels run the gate_up GEMM with SiLU * up in its
+  epilogue and the down GEMM with the routing weight, over the blocks with pairs only:
+  the FLOPs and weight bytes the routing asks for, no host sync, fixed launch shapes,
+  so CUDA graphs capture it.
+- grouped (CPU): the pairs sorted by expert and one GEMM pair per hit expert over its
+  tokens (`kernels.fused_moe`'s torch reference); it reads the per-expert counts on the
+  host (one sync per layer) and runs a data-dependent number of GEMMs, which a CUDA
+  graph cannot capture.
+- dense: every local expert runs on every token as one batched GEMM pair and its output
+  is scaled by the token's routing weight where the token picked it, dropped elsewhere.
+  No host sync, fixed shapes; E/k times the expert FLOPs the routing needs (4x for
+  Mixtral's 8 experts, top-2) and a transient [E_local, T, 2I] activation. It is what
+  auto captures where the kernels run the torch reference (LORAFLEET_KERNELS=reference).
+`SparseMoE.compute` picks: "auto" (fused where the Triton kernels run, i.e. CUDA; else
+grouped, or dense while a CUDA graph is captured), or "fused" / "grouped" / "dense"
+always ("fused" on CPU runs the torch reference unless LORAFLEET_KERNELS=triton with the
+Triton interpreter).
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import backend_for, fused_moe
+from kernels.moe_reference import fused_moe_ref
 from replica.layers.linear import Sliceable, shape_of
 from replica.models.config import ModelConfig
 from replica.parallel import SINGLE, TPGroup
 
-COMPUTE_PATHS = ("auto", "grouped", "dense")
+COMPUTE_PATHS = ("auto", "fused", "grouped", "dense")
 
 
 class Router(nn.Module):
@@ -109,26 +118,16 @@ class LocalExperts(nn.Module):
         target.copy_(loaded[:])
         return {(local, part)}
 
+    def fused(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x: [T, H]; local: int [T, k] local expert of each choice (outside [0, E_local):
+        another rank's); weights: float32 [T, k] -> [T, H] this rank's part
+        (`kernels.fused_moe`: Triton on CUDA, no host sync)."""
+        return fused_moe(x, self.gate_up_proj, self.down_proj, local, weights)
+
     def grouped(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x: [T, H]; local: long [T, k] local expert of each choice (outside
-        [0, E_local): another rank's); weights: float32 [T, k] -> [T, H] this rank's part."""
-        k = local.shape[1]
-        flat = local.reshape(-1)
-        mine = ((flat >= 0) & (flat < self.num_local)).nonzero().squeeze(1)
-        order = mine[torch.argsort(flat[mine], stable=True)]  # (token, choice) pairs by expert
-        counts = torch.bincount(flat[order], minlength=self.num_local).tolist()
-        tokens = order // k
-        xs, ws = x[tokens], weights.reshape(-1)[order]
-        out = torch.empty_like(xs)
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                rows = slice(start, start + n)
-                gate, up = F.linear(xs[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-                down = F.linear(F.silu(gate) * up, self.down_proj[e])
-                out[rows] = (down.float() * ws[rows, None]).to(x.dtype)
-            start += n
-        return torch.zeros_like(x).index_add_(0, tokens, out)
+        """fused's result, one GEMM pair per hit expert (`kernels.fused_moe`'s torch
+        reference on any backend: one host sync)."""
+        return fused_moe_ref(x, self.gate_up_proj, self.down_proj, local, weights)
 
     def dense(self, x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """grouped's result, from every local expert on every token (fixed shapes). An
@@ -153,20 +152,23 @@ class SparseMoE(nn.Module):
         self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok)
         self.experts = LocalExperts(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, tp)
         self.compute = "auto"
-        """"auto" (dense while a CUDA graph is captured, else grouped), "grouped" or "dense"."""
+        """"auto" (fused where the Triton kernels run; else grouped, dense while a CUDA
+        graph is captured), "fused", "grouped" or "dense" (module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.gate(x)
         local = experts - self.experts.first
-        if self._dense(x):
-            y = self.experts.dense(x, local, weights)
-        else:
-            y = self.experts.grouped(x, local, weights)
+        y = getattr(self.experts, self.path(x))(x, local, weights)
         return self.tp.all_reduce(y)
 
-    def _dense(self, x: torch.Tensor) -> bool:
+    def path(self, x: torch.Tensor) -> str:
+        """The compute path this forward of x takes (`compute`, "auto" resolved)."""
         if self.compute not in COMPUTE_PATHS:
             raise ValueError(f"compute={self.compute!r}; allowed: {', '.join(COMPUTE_PATHS)}")
-        if self.compute == "auto":
-            return x.is_cuda and torch.cuda.is_current_stream_capturing()
-        return self.compute == "dense"
+        if self.compute != "auto":
+            return self.compute
+        if x.is_cuda and backend_for(x.device) == "triton":
+            return "fused"
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return "dense"
+        return "grouped"

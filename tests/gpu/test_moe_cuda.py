@@ -1,7 +1,7 @@
 """A Mixtral engine on CUDA: float32 greedy tokens equal the CPU engine's and HF + PEFT's,
 base and adapters (on q/k/v/o) mixed in one batch, with decode replayed from CUDA graphs
-(their capture takes the MoE's dense-masked path, the eager steps the grouped one) and
-eager, and with each compute path forced; bf16 runs stay close."""
+and eager (both take the MoE's fused Triton kernels by default), and with each compute
+path forced (dense-masked captured too; grouped eager only); bf16 runs stay close."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def _run(
     for m in engine.runner.model.modules():
         if isinstance(m, SparseMoE):
             m.compute = compute
+            if compute == "auto" and device == "cuda":
+                assert m.path(torch.zeros(1, device="cuda")) == "fused"
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)  # stops at EOS, as HF does
     reqs = [(f"{i}-{n}", p, refs.get(n)) for i, p in enumerate(PROMPTS) for n in (None, *refs)]
     for rid, p, ref in reqs:
@@ -75,7 +77,7 @@ def expected(models, refs, mixtral_adapters) -> dict:
     return out
 
 
-# The grouped path reads expert counts on the host: it is never captured.
+# The grouped path reads expert counts on the host: it is never captured. auto is fused.
 PATHS = [(True, "auto"), (True, "dense"), (False, "auto"), (False, "grouped"), (False, "dense")]
 
 

@@ -20,16 +20,19 @@ from triton.backends.compiler import GPUTarget
 
 from kernels.meta import FULL_RANK
 from kernels.triton.build_meta import _build_meta_kernel
+from kernels.triton.fused_moe import _down_kernel, _gate_up_kernel, moe_config
 from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
 from kernels.triton.lora_shrink import _shrink_kernel
 from kernels.triton.lora_shrink_stream import _shrink_stream_kernel
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
-ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk"}
+ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk",
+       "stride_wh", "stride_hn", "stride_hi", "stride_wi", "stride_twk"}  # fmt: skip
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "nt1", "nt2", "NB", "T",
-             "L", "MT", "stride_t", "stride_r"}  # fmt: skip
-INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks")
+             "L", "MT", "stride_t", "stride_r", "P"}  # fmt: skip
+INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks",
+            "sorted", "block_expert", "num_blocks")  # fmt: skip
 
 
 def _signature(fn, dtype: str, consts: dict):
@@ -41,7 +44,7 @@ def _signature(fn, dtype: str, consts: dict):
             sig[name], const[name] = "constexpr", 1
         elif name.endswith("_ptr"):
             shrink_out = name == "out_ptr" and "shrink" in fn.__name__  # the fp32 [S, T, R]
-            fp32 = "buf" in name or "part" in name or shrink_out
+            fp32 = "buf" in name or "part" in name or shrink_out or name == "tw_ptr"
             kind = "i32" if name.startswith(INT_PTRS) else "fp32" if fp32 else dtype
             sig[name], attrs[(i,)] = f"*{kind}", [["tt.divisibility", 16]]
         elif name == "scale":
@@ -130,6 +133,24 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
     "build_meta T<=4096": (_build_meta_kernel, dict(FULL=FULL_RANK, HAS_RANKS=True, BM=16,
                            PASSES=4, LOG_TP=12, CT=4096, ONE_CHUNK=True, FB=1024), 16, 1),
 }  # fmt: skip
+
+
+def _moe(tokens: int) -> dict:
+    """The fused MoE kernels at moe_config's tiles for T tokens of Mixtral-8x7B (k 2, E 8)."""
+    cfg = moe_config(tokens, 2, 8)
+    cases = {}
+    for name, fn, g in (
+        ("gate_up", _gate_up_kernel, cfg.gate_up),
+        ("down", _down_kernel, cfg.down),
+    ):
+        consts = dict(TOP_K=2, BLOCK_M=cfg.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
+                      EVEN_K=True, PRECISION="tf32")  # fmt: skip
+        cases[f"moe {name} {cfg.block_m}-row blocks"] = (fn, consts, g.num_warps, g.num_stages)
+    return cases
+
+
+for _tokens in (1, 128, 256, 512):  # moe_config's four block heights
+    CASES.update(_moe(_tokens))
 
 
 if __name__ == "__main__":

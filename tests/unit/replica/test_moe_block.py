@@ -1,5 +1,6 @@
 """The MoE block (replica.models.moe) against transformers' MixtralSparseMoeBlock on fresh
-random weights and inputs: both compute paths, every expert-parallel split (the ranks'
+random weights and inputs: every compute path (fused: the Triton kernels, in the
+interpreter where there is no GPU), every expert-parallel split (the ranks'
 partial outputs summed, as the all-reduce does), and the loader giving each rank exactly
 its experts from either checkpoint naming (and failing when one of them is missing);
 expert counts a config cannot have are refused."""
@@ -7,6 +8,7 @@ expert counts a config cannot have are refused."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -51,11 +53,13 @@ def _ours(block: MixtralSparseMoeBlock, rank: int, size: int) -> tuple[Router, L
     return router, experts
 
 
-@pytest.mark.parametrize("path", ["grouped", "dense"])
+@pytest.mark.parametrize("path", ["grouped", "dense", "fused"])
 @pytest.mark.parametrize(
     ("experts", "top_k", "size"), [(4, 2, 1), (4, 2, 2), (8, 2, 4), (8, 1, 2), (8, 3, 8)]
 )
-def test_expert_parallel_block_equals_transformers(path, experts, top_k, size):
+def test_expert_parallel_block_equals_transformers(monkeypatch, path, experts, top_k, size):
+    if path == "fused" and os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
     block = _hf_block(experts, top_k, seed=experts * 10 + top_k)
     x = torch.randn(37, H, generator=torch.Generator().manual_seed(size))
     with torch.no_grad():
@@ -68,22 +72,37 @@ def test_expert_parallel_block_equals_transformers(path, experts, top_k, size):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_dense_and_grouped_agree_when_no_token_picks_a_local_expert():
+def test_every_path_gives_zeros_when_no_token_picks_a_local_expert(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
     block = _hf_block(4, 1, seed=3)
     router, local = _ours(block, 1, 2)  # experts 2, 3
     x = torch.randn(5, H)
     ids = torch.zeros(5, 1, dtype=torch.long)  # every token routed to expert 0 (rank 0's)
     w = torch.ones(5, 1)
-    for path in ("grouped", "dense"):
+    for path in ("grouped", "dense", "fused"):
         assert getattr(local, path)(x, ids - local.first, w).count_nonzero() == 0
 
 
 def test_unknown_compute_path_is_refused(tmp_path):
     cfg = read_config(make_tiny_mixtral(tmp_path / "m", seed=1))
     moe = SparseMoE(cfg)
-    moe.compute = "fused"
-    with pytest.raises(ValueError, match="compute='fused'; allowed: auto, grouped, dense"):
+    moe.compute = "sparse"
+    with pytest.raises(ValueError, match="compute='sparse'; allowed: auto, fused, grouped, dense"):
         moe(torch.zeros(1, cfg.hidden_size))
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_auto_is_grouped_on_the_cpu(monkeypatch, tmp_path, backend):
+    """Forced paths are taken as named; auto on CPU tensors is grouped on either backend
+    (the fused kernels run there only in the interpreter)."""
+    monkeypatch.setenv("LORAFLEET_KERNELS", backend)
+    moe = SparseMoE(read_config(make_tiny_mixtral(tmp_path / "m", seed=1)))
+    x = torch.zeros(1, moe.gate.weight.shape[1])
+    assert moe.path(x) == "grouped"
+    for path in ("fused", "grouped", "dense"):
+        moe.compute = path
+        assert moe.path(x) == path
 
 
 def test_experts_not_divisible_by_the_group_refused(tmp_path):

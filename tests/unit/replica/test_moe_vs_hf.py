@@ -1,13 +1,14 @@
 """A Mixtral engine in float32 generates HF transformers' (+ PEFT's, for adapters on
 q/k/v/o) greedy tokens, token for token, with base requests and three adapters mixed in
 one batch (two slots, so slots are rewritten): from both checkpoint namings, with 4 and 8
-experts, with each MoE compute path (grouped, dense-masked) forced, and with the
-stacked LoRA layout. An adapter on
-the MLP side is refused by the engine."""
+experts, with each MoE compute path (grouped, dense-masked, fused: the Triton kernels
+in the interpreter where there is no GPU, the torch reference else) forced, and with the
+stacked LoRA layout. An adapter on the MLP side is refused by the engine."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -54,11 +55,15 @@ def _reference(model_dir, adapters: dict, tokenizer) -> dict[str, list[int]]:
 
 # (model, compute path, lora_stacked)
 CASES = [(m, c, False) for m in ("e4", "e4-fused", "e8") for c in ("auto", "grouped", "dense")]
-CASES.append(("e4", "auto", True))
+CASES += [("e4", "auto", True), ("e4", "fused", False)]
 
 
 @pytest.mark.parametrize(("model", "compute", "stacked"), CASES)
-def test_mixed_batch_equals_hf(models, mixtral_adapters, references, model, compute, stacked):
+def test_mixed_batch_equals_hf(
+    monkeypatch, models, mixtral_adapters, references, model, compute, stacked
+):
+    if compute == "fused" and os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.setenv("LORAFLEET_KERNELS", "triton")  # kernels.fused_moe's Triton kernels
     model_dir = models[model]
     engine = small_engine(model_dir, lora_stacked=stacked)
     blocks = [m for m in engine.runner.model.modules() if isinstance(m, SparseMoE)]

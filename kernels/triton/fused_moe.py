@@ -1,0 +1,209 @@
+"""Fused mixture-of-experts: the routed experts' GEMMs over per-expert tiles, two launches.
+
+After the device-side alignment (kernels/moe_align.py: (token, choice) pairs grouped by
+local expert, padded to BLOCK_M rows per block), each program of
+- _gate_up_kernel takes one block (BLOCK_M pairs of one expert) and BLOCK_N columns of
+  the intermediate: h[pair, n] = silu(x[tok] . w13[e, n]) * (x[tok] . w13[e, I + n]), the
+  gate and up GEMMs in two fp32 accumulators, SiLU and product in the epilogue, stored
+  in x's dtype by pair id;
+- _down_kernel takes one block and BLOCK_N columns of H: y[pair, n] = w[pair] *
+  (h[pair] . w2[e, n]) in fp32, cast to x's dtype (each expert's weighted output rounded
+  before the sum, as transformers does) and stored by pair id.
+The k rows of a token are then summed (torch, fp32 accumulation: deterministic). Only
+the experts a block routes to are read, so FLOPs and weight bytes follow the routing.
+Programs past the device-side block count exit at once: the grid is sized for the most
+blocks T * k pairs can fill, so nothing here waits on the host (CUDA-graph capturable).
+Block ids vary fastest in the grid, so the programs running together share a weight tile
+(read once from HBM into L2 when an expert has several blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_align import align_moe
+from kernels.triton.common import DTYPES, cdiv, check_device, dot_precision
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM's tile: BLOCK_N output columns, BLOCK_K reduction step, warps, stages."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """block_m rows per block (the alignment's padding), and each GEMM's tile."""
+
+    block_m: int
+    gate_up: GemmConfig
+    down: GemmConfig
+
+
+CONFIG_OVERRIDE: MoeConfig | None = None
+"""Set by benchmarks/moe_gpu.py --sweep to time other tiles; None: moe_config's."""
+
+
+def moe_config(tokens: int, top_k: int, num_local: int) -> MoeConfig:
+    """Tiles by the mean rows per expert (T * k / E_local). Decode (<= 16 rows an expert)
+    is weight-bound: 16-row blocks, and narrow down tiles so that a handful of blocks still
+    spread H over enough programs to stream w2 at full bandwidth. Not tuned on a GPU yet."""
+    if CONFIG_OVERRIDE is not None:
+        return CONFIG_OVERRIDE
+    per_expert = tokens * top_k / num_local
+    if per_expert <= 16:
+        return MoeConfig(16, GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4))
+    if per_expert <= 32:
+        return MoeConfig(32, GemmConfig(64, 128, 4, 4), GemmConfig(64, 128, 4, 4))
+    if per_expert <= 96:
+        return MoeConfig(64, GemmConfig(64, 64, 4, 4), GemmConfig(128, 64, 8, 4))
+    return MoeConfig(128, GemmConfig(64, 64, 8, 3), GemmConfig(128, 64, 8, 3))
+
+
+@triton.jit
+def _block_rows(sorted_ptr, block_expert_ptr, blk, P, BLOCK_M: tl.constexpr):
+    """(expert int64, pair int64 [BLOCK_M], row mask) of block blk; padding rows read pair 0."""
+    expert = tl.load(block_expert_ptr + blk).to(tl.int64)
+    pair = tl.load(sorted_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_mask = pair < P
+    return expert, tl.where(m_mask, pair, 0).to(tl.int64), m_mask
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    P, H, INTER, up_off,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hp, stride_hn,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Semantics (program = block b of expert e, columns n of the tile):
+    for pair p in b, t = p // TOP_K:
+        h[p, n] = silu(sum_k x[t, k] w13[e, n, k]) * sum_k x[t, k] w13[e, I + n, k]"""
+    blk = tl.program_id(0)
+    if blk >= tl.load(num_blocks_ptr):
+        return
+    expert, pair, m_mask = _block_rows(sorted_ptr, block_expert_ptr, blk, P, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < INTER
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + (pair // TOP_K)[:, None] * stride_xt + offs_k[None, :] * stride_xh
+    g_ptrs = (
+        w_ptr + expert * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
+        + offs_k[:, None] * stride_wh
+    )  # fmt: skip
+    u_ptrs = g_ptrs + up_off  # the up rows: I rows below the gate rows
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, H, BLOCK_K):
+        if EVEN_K:
+            xv = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            gv = tl.load(g_ptrs, mask=n_mask[None, :], other=0.0)
+            uv = tl.load(u_ptrs, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k < H - k
+            xv = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            gv = tl.load(g_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            uv = tl.load(u_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc_g = tl.dot(xv, gv, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(xv, uv, acc_u, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xh
+        g_ptrs += BLOCK_K * stride_wh
+        u_ptrs += BLOCK_K * stride_wh
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    h_ptrs = h_ptr + pair[:, None] * stride_hp + offs_n[None, :] * stride_hn
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    P, H, INTER,
+    stride_hp, stride_hi, stride_we, stride_wn, stride_wi, stride_yp, stride_yn,
+    stride_twt, stride_twk,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Semantics (program = block b of expert e, columns n of H):
+    for pair p in b: y[p, n] = dtype(tw[p // TOP_K, p % TOP_K] * sum_i h[p, i] w2[e, n, i])"""
+    blk = tl.program_id(0)
+    if blk >= tl.load(num_blocks_ptr):
+        return
+    expert, pair, m_mask = _block_rows(sorted_ptr, block_expert_ptr, blk, P, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = h_ptr + pair[:, None] * stride_hp + offs_k[None, :] * stride_hi
+    w_ptrs = (
+        w_ptr + expert * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
+        + offs_k[:, None] * stride_wi
+    )  # fmt: skip
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, INTER, BLOCK_K):
+        if EVEN_K:
+            hv = tl.load(h_ptrs, mask=m_mask[:, None], other=0.0)
+            wv = tl.load(w_ptrs, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k < INTER - k
+            hv = tl.load(h_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            wv = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(hv, wv, acc, input_precision=PRECISION)
+        h_ptrs += BLOCK_K * stride_hi
+        w_ptrs += BLOCK_K * stride_wi
+    tw = tl.load(tw_ptr + (pair // TOP_K) * stride_twt + (pair % TOP_K) * stride_twk, mask=m_mask)
+    y = (acc * tw[:, None]).to(y_ptr.dtype.element_ty)
+    y_ptrs = y_ptr + pair[:, None] * stride_yp + offs_n[None, :] * stride_yn
+    tl.store(y_ptrs, y, mask=m_mask[:, None] & n_mask[None, :])
+
+
+def fused_moe_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """kernels.fused_moe on the Triton kernels (arguments checked by it): -> out [T, H]."""
+    check_device(x, "x")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x is {x.dtype}; allowed: {', '.join(map(str, DTYPES))}")
+    (tokens, hidden), (num_local, two_i, _) = x.shape, w13.shape
+    top_k, inter = topk_ids.shape[1], two_i // 2
+    pairs = tokens * top_k
+    # rows of pairs routed off this rank are never written: zeros, so the sum skips them
+    y = torch.zeros(tokens, top_k, hidden, dtype=x.dtype, device=x.device)
+    if pairs:
+        cfg = moe_config(tokens, top_k, num_local)
+        al = align_moe(topk_ids, num_local, cfg.block_m)
+        grid_m = al.block_expert.shape[0]
+        h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+        precision = dot_precision(x.dtype)
+        g = cfg.gate_up
+        _gate_up_kernel[(grid_m, cdiv(inter, g.block_n))](
+            x, w13, h, al.sorted_ids, al.block_expert, al.num_blocks,
+            pairs, hidden, inter, inter * w13.stride(1),
+            *x.stride(), *w13.stride(), *h.stride(),
+            TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
+            EVEN_K=hidden % g.block_k == 0, PRECISION=precision,
+            num_warps=g.num_warps, num_stages=g.num_stages,
+        )  # fmt: skip
+        d = cfg.down
+        y2 = y.view(pairs, hidden)
+        _down_kernel[(grid_m, cdiv(hidden, d.block_n))](
+            h, w2, y2, topk_weights, al.sorted_ids, al.block_expert, al.num_blocks,
+            pairs, hidden, inter,
+            *h.stride(), *w2.stride(), *y2.stride(), *topk_weights.stride(),
+            TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k,
+            EVEN_K=inter % d.block_k == 0, PRECISION=precision,
+            num_warps=d.num_warps, num_stages=d.num_stages,
+        )  # fmt: skip
+    return torch.sum(y, dim=1, out=out)

@@ -1,0 +1,137 @@
+"""kernels.fused_moe: the Triton kernels in the CPU interpreter (and the torch reference)
+against the float64 oracle on fresh random inputs and small shapes; the device-side
+alignment's index structures; argument refusals.
+
+bf16 is left to tests/gpu (see test_triton_kernels.py: the interpreter's bf16 dots).
+"""
+
+import pytest
+import torch
+
+from kernels import fused_moe
+from kernels.moe_align import align_moe, max_blocks
+from kernels.testing import MOE_TOLERANCE, oracle_moe, random_moe, rel_err
+from kernels.triton.fused_moe import moe_config
+
+CASES = [  # T, H, I, E_local, k, off_frac, experts left without tokens
+    (1, 64, 48, 4, 1, 0.0, ()),  # decode, one choice
+    (1, 64, 48, 4, 2, 0.0, ()),
+    (1, 64, 48, 4, 2, 1.0, ()),  # every choice another rank's: zeros
+    (5, 72, 40, 8, 2, 0.3, (1, 6)),  # H and I not multiples of BLOCK_K
+    (9, 64, 32, 3, 3, 0.2, (0,)),
+    (40, 48, 64, 4, 2, 0.1, (2,)),  # 32-row blocks
+    (70, 32, 48, 2, 2, 0.0, ()),  # 64-row blocks, several per expert
+    (150, 32, 32, 2, 2, 0.1, ()),  # 128-row blocks
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("tokens", "hidden", "inter", "experts", "top_k", "off", "skip"), CASES)
+def test_triton_matches_oracle(
+    triton_backend, dtype, tokens, hidden, inter, experts, top_k, off, skip
+):
+    x, w13, w2, ids, w = random_moe(tokens, hidden, inter, experts, top_k, off, dtype, "cpu", skip)
+    out = torch.full((tokens, hidden), float("nan"), dtype=dtype)  # every row is written
+    assert fused_moe(x, w13, w2, ids, w, out=out) is out
+    want = oracle_moe(x, w13, w2, ids, w)
+    assert rel_err(out, want) < MOE_TOLERANCE[dtype]
+    off_rank = ((ids < 0) | (ids >= experts)).all(1)
+    assert out[off_rank].count_nonzero() == 0 and out.isfinite().all()
+    assert torch.equal(fused_moe(x, w13, w2, ids, w), out)  # a new tensor, same values
+
+
+def test_config_tiers_are_all_exercised():
+    """CASES reach every block height moe_config picks."""
+    heights = {moe_config(t, k, e).block_m for t, _, _, e, k, _, _ in CASES}
+    assert heights == {16, 32, 64, 128}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reference_matches_oracle(dtype):
+    x, w13, w2, ids, w = random_moe(23, 48, 40, 4, 2, 0.3, dtype, "cpu", (3,))
+    out = torch.full((23, 48), float("nan"), dtype=dtype)
+    fused_moe(x, w13, w2, ids, w, out=out)
+    assert rel_err(out, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[dtype]
+
+
+def test_strided_inputs_and_int32_ids(triton_backend):
+    x, w13, w2, ids, w = random_moe(6, 40, 24, 4, 2, 0.2, torch.float32, "cpu")
+    x_t = x.t().contiguous().t()  # [6, 40], strides (1, 6)
+    w_t = w.t().contiguous().t()
+    w13_t = w13.transpose(1, 2).contiguous().transpose(1, 2)  # H-major rows
+    out = fused_moe(x_t, w13_t, w2, ids.int(), w_t)
+    assert rel_err(out, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_no_tokens(monkeypatch, backend):
+    monkeypatch.setenv("LORAFLEET_KERNELS", backend)
+    x, w13, w2, ids, w = random_moe(0, 32, 16, 2, 2, 0.0, torch.float32, "cpu")
+    assert fused_moe(x, w13, w2, ids, w).shape == (0, 32)
+
+
+def test_alignment_worked_example():
+    """kernels/moe_align.py's docstring example, field by field."""
+    al = align_moe(torch.tensor([[0, 5], [1, 0], [0, 1]]), num_experts=2, block_m=2)
+    assert al.sorted_ids.tolist() == [0, 3, 4, 6, 2, 5, 6, 6]
+    assert al.block_expert.tolist() == [0, 0, 1, 2]
+    assert al.num_blocks.tolist() == [3]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "experts", "block_m"),
+    [(1, 2, 8, 16), (7, 2, 4, 4), (33, 3, 5, 8), (64, 2, 2, 16), (50, 1, 16, 4)],
+)
+def test_alignment_groups_every_local_pair_once(tokens, top_k, experts, block_m):
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(-2, experts + 2, (tokens, top_k), generator=gen)
+    pairs = tokens * top_k
+    al = align_moe(ids, experts, block_m)
+    limit = max_blocks(pairs, experts, block_m)
+    assert al.sorted_ids.shape == (limit * block_m,) and al.block_expert.shape == (limit,)
+    flat = ids.reshape(-1)
+    counts = [int((flat == e).sum()) for e in range(experts)]
+    used = sum(-(-c // block_m) for c in counts)
+    assert al.num_blocks.tolist() == [used] and used <= limit
+    rows = al.sorted_ids.view(limit, block_m)
+    for b in range(limit):
+        live = rows[b][rows[b] < pairs]
+        if b >= used:
+            assert al.block_expert[b] == experts and live.numel() == 0
+            continue
+        e = int(al.block_expert[b])
+        assert live.numel() > 0 and (flat[live.long()] == e).all()
+        assert torch.equal(live, live.sort().values)  # token order within an expert
+    got = al.sorted_ids[al.sorted_ids < pairs].sort().values
+    want = ((flat >= 0) & (flat < experts)).nonzero().squeeze(1).int()
+    assert torch.equal(got, want)  # each local pair exactly once
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"x": torch.zeros(3, 8, dtype=torch.long)}, "x: a 2-D float tensor"),
+        ({"w13": torch.zeros(2, 12, 8)}, r"w13 is torch.float32 .*allowed: x's torch.float16"),
+        ({"w13": torch.zeros(2, 11, 8, dtype=torch.float16)}, r"w13: \[2, 11, 8\]; allowed"),
+        ({"w2": torch.zeros(2, 8, 5, dtype=torch.float16)}, r"w2: \[2, 8, 5\]; allowed: \[2, 8, 6\]"),
+        ({"topk_ids": torch.zeros(3, 2)}, r"topk_ids: torch.float32 \(3, 2\); allowed: int32/int64"),
+        ({"topk_weights": torch.ones(3, 2, dtype=torch.float16)}, "topk_weights: torch.float16"),
+        ({"topk_weights": torch.ones(3, 1)}, r"topk_weights: \[3, 1\]; allowed: topk_ids' \[3, 2\]"),
+        ({"out": torch.zeros(3, 8)}, r"out: torch.float32 \(3, 8\); allowed: torch.float16"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_bad_arguments_refused(monkeypatch, backend, change, message):
+    monkeypatch.setenv("LORAFLEET_KERNELS", backend)
+    args = dict(
+        x=torch.zeros(3, 8, dtype=torch.float16),
+        w13=torch.zeros(2, 12, 8, dtype=torch.float16),
+        w2=torch.zeros(2, 8, 6, dtype=torch.float16),
+        topk_ids=torch.zeros(3, 2, dtype=torch.long),
+        topk_weights=torch.ones(3, 2),
+        out=None,
+    )
+    args.update(change)
+    out = args.pop("out")
+    with pytest.raises(ValueError, match=message):
+        fused_moe(*args.values(), out=out)
