@@ -4,6 +4,8 @@ not) replayed."""
 
 from __future__ import annotations
 
+import torch
+
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.models.moe import SparseMoE
@@ -23,19 +25,22 @@ def run_engine(
     compute: str | None = None,
     max_tokens: int = 12,
     ignore_eos: bool = True,
+    moe_path: str | None = None,
 ) -> dict[str, list[int]]:
     """{"<prompt index>-<adapter name or None>": greedy token ids}. compute: every MoE
-    block's path (`SparseMoE.compute`), left as configured when None."""
+    block's path (`SparseMoE.compute`), left as configured when None; moe_path: the path
+    every MoE block must resolve it to on this device, unchecked when None."""
     engine = LLMEngine(
         EngineConfig(
             model=str(model_dir), device=device, dtype=dtype, max_loras=2, max_cpu_loras=3,
             max_lora_rank=16, cuda_graphs=graphs, lora_stacked=stacked,
         )
     )  # fmt: skip
-    if compute is not None:
-        for m in engine.runner.model.modules():
-            if isinstance(m, SparseMoE):
-                m.compute = compute
+    probe = torch.zeros(1, device=device)
+    for m in engine.runner.model.modules():
+        if isinstance(m, SparseMoE):
+            m.compute = compute or m.compute
+            assert moe_path in (None, m.path(probe)), (m.compute, m.path(probe))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     reqs = [
         (f"{i}-{n}", p, params, refs.get(n)) for i, p in enumerate(prompts) for n in (None, *refs)

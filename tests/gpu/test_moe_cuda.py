@@ -8,11 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replica.config import EngineConfig
-from replica.engine import LLMEngine
-from replica.models.moe import SparseMoE
 from replica.offline import adapter_ref
-from replica.sampling_params import SamplingParams
+from tests.gpu.engine_runs import run_engine
 from tests.hf_reference import hf_greedy
 from tests.tiny import make_tiny_mixtral
 
@@ -25,28 +22,11 @@ MAX_NEW = 12
 def _run(
     model_dir, refs, device: str, dtype: str = "float32", graphs: bool = True, compute="auto"
 ) -> dict[str, list[int]]:
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(model_dir), device=device, dtype=dtype, max_loras=2, max_cpu_loras=3,
-            max_lora_rank=16, cuda_graphs=graphs,
-        )
+    return run_engine(
+        model_dir, refs, PROMPTS, device, dtype, graphs=graphs, compute=compute,
+        max_tokens=MAX_NEW, ignore_eos=False,  # stops at EOS, as HF does
+        moe_path="fused" if compute == "auto" and device == "cuda" else None,
     )  # fmt: skip
-    for m in engine.runner.model.modules():
-        if isinstance(m, SparseMoE):
-            m.compute = compute
-            if compute == "auto" and device == "cuda":
-                assert m.path(torch.zeros(1, device="cuda")) == "fused"
-    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)  # stops at EOS, as HF does
-    reqs = [(f"{i}-{n}", p, refs.get(n)) for i, p in enumerate(PROMPTS) for n in (None, *refs)]
-    for rid, p, ref in reqs:
-        engine.add_request(rid, engine.tokenizer(p).input_ids, params, ref)
-    out = {rid: [] for rid, _, _ in reqs}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
-    replays = engine.runner.graphs.replays if engine.runner.graphs else 0
-    assert (replays > 0) == (graphs and device == "cuda"), replays
-    return out
 
 
 @pytest.fixture(scope="module")
