@@ -19,7 +19,7 @@ Block ids vary fastest in the grid, so the programs running together share a wei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -52,20 +52,33 @@ CONFIG_OVERRIDE: MoeConfig | None = None
 """Set by benchmarks/moe_gpu.py --sweep to time other tiles; None: moe_config's."""
 
 
-def moe_config(tokens: int, top_k: int, num_local: int) -> MoeConfig:
-    """Tiles by the mean rows per expert (T * k / E_local). Decode (<= 16 rows an expert)
-    is weight-bound: 16-row blocks, and narrow down tiles so that a handful of blocks still
-    spread H over enough programs to stream w2 at full bandwidth. Not tuned on a GPU yet."""
+def moe_config(tokens: int, top_k: int, num_local: int, itemsize: int = 2) -> MoeConfig:
+    """Tiles by the mean rows per expert (T * k / E_local), from `benchmarks/moe_gpu.py
+    --sweep` on an H100 (Mixtral-8x7B shapes, bf16; results/moe_gpu_sweep_h100.json).
+    Decode (<= 16 rows an expert) is weight-bound: 16-row blocks; with under one row an
+    expert (T = 1), narrow down tiles spread H over enough programs to stream w2 at full
+    bandwidth, with more, 128-column 8-warp down tiles (T = 8: 872 vs 904 us). 17-96
+    rows: 64-row blocks (T = 128: 1034 vs 1074 us with 32-row ones). 4-byte inputs
+    (float32) halve block_k (the 16-bit tiles' pipelined stages would need 240 KB of
+    shared memory; the limit is 227 KB) and take at most 64-row blocks (a 128-row fp32
+    down tile spills registers)."""
     if CONFIG_OVERRIDE is not None:
         return CONFIG_OVERRIDE
     per_expert = tokens * top_k / num_local
-    if per_expert <= 16:
-        return MoeConfig(16, GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4))
-    if per_expert <= 32:
-        return MoeConfig(32, GemmConfig(64, 128, 4, 4), GemmConfig(64, 128, 4, 4))
-    if per_expert <= 96:
-        return MoeConfig(64, GemmConfig(64, 64, 4, 4), GemmConfig(128, 64, 8, 4))
-    return MoeConfig(128, GemmConfig(64, 64, 8, 3), GemmConfig(128, 64, 8, 3))
+    if per_expert < 1:
+        cfg = MoeConfig(16, GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4))
+    elif per_expert <= 16:
+        cfg = MoeConfig(16, GemmConfig(64, 128, 4, 4), GemmConfig(128, 64, 8, 4))
+    elif per_expert <= 96:
+        cfg = MoeConfig(64, GemmConfig(64, 128, 4, 4), GemmConfig(128, 64, 8, 4))
+    else:
+        cfg = MoeConfig(128, GemmConfig(64, 64, 8, 3), GemmConfig(128, 64, 8, 3))
+    if itemsize <= 2:
+        return cfg
+    return MoeConfig(
+        min(cfg.block_m, 64),
+        *(replace(g, block_k=g.block_k // 2) for g in (cfg.gate_up, cfg.down)),
+    )
 
 
 @triton.jit
@@ -182,7 +195,7 @@ def fused_moe_triton(
     # rows of pairs routed off this rank are never written: zeros, so the sum skips them
     y = torch.zeros(tokens, top_k, hidden, dtype=x.dtype, device=x.device)
     if pairs:
-        cfg = moe_config(tokens, top_k, num_local)
+        cfg = moe_config(tokens, top_k, num_local, x.element_size())
         al = align_moe(topk_ids, num_local, cfg.block_m)
         grid_m = al.block_expert.shape[0]
         h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)

@@ -135,24 +135,30 @@ CASES = {  # the planner's choices for Llama-3-8B layers (decode r16 / r64, pref
 }  # fmt: skip
 
 
-def _moe(tokens: int) -> dict:
-    """The fused MoE kernels at moe_config's tiles for T tokens of Mixtral-8x7B (k 2, E 8)."""
-    cfg = moe_config(tokens, 2, 8)
+def _moe(tokens: int, dtype: str) -> dict:
+    """The fused MoE kernels at moe_config's tiles for T tokens of Mixtral-8x7B (k 2, E 8)
+    in dtype (fp32 takes its own, halved block_k)."""
+    cfg = moe_config(tokens, 2, 8, 4 if dtype == "fp32" else 2)
     cases = {}
     for name, fn, g in (
         ("gate_up", _gate_up_kernel, cfg.gate_up),
         ("down", _down_kernel, cfg.down),
     ):
         consts = dict(TOP_K=2, BLOCK_M=cfg.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
-                      EVEN_K=True, PRECISION="tf32")  # fmt: skip
-        cases[f"moe {name} {cfg.block_m}-row blocks"] = (fn, consts, g.num_warps, g.num_stages)
+                      EVEN_K=True, PRECISION="ieee" if dtype == "fp32" else "tf32")  # fmt: skip
+        cases[f"moe {name} T={tokens} {dtype}"] = (fn, consts, g.num_warps, g.num_stages, dtype)
     return cases
 
 
-for _tokens in (1, 128, 256, 512):  # moe_config's four block heights
-    CASES.update(_moe(_tokens))
+# moe_config's four tile choices (under 1, up to 16, up to 96, more rows an expert)
+for _tokens in (1, 8, 128, 512):
+    for _dtype in ("bf16", "fp32"):
+        CASES.update(_moe(_tokens, _dtype))
 
 
 if __name__ == "__main__":
-    out = {name: compile_case(fn, "bf16", c, w, s) for name, (fn, c, w, s) in CASES.items()}
+    out = {
+        name: compile_case(fn, dt[0] if dt else "bf16", c, w, s)
+        for name, (fn, c, w, s, *dt) in CASES.items()
+    }
     print(json.dumps(out))
