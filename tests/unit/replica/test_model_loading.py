@@ -127,13 +127,13 @@ def _hf_argmax(model_dir, ids: list[int], n: int) -> list[int]:
 
 
 def test_unsupported_rope_type_in_rope_parameters_is_refused(tmp_path, llama_dir):
-    model_dir = tmp_path / "yarn"
+    model_dir = tmp_path / "longrope"
     shutil.copytree(llama_dir, model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg.pop("rope_scaling", None)
-    cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}
+    cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "longrope", "factor": 4.0}
     (model_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadFailed, match="'yarn'"):
+    with pytest.raises(ModelLoadFailed, match="'longrope'; allowed: none, 'default', 'linear'"):
         _engine(str(model_dir))
 
 
