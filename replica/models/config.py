@@ -15,21 +15,26 @@ DEFAULT_MAX_POSITIONS = 4096
 
 
 def max_positions(cfg: dict) -> int:
-    """The model's native context length from its config.json."""
-    return int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    """The model's native context length from its config.json: max_position_embeddings,
+    or with yarn RoPE scaling original_max_position_embeddings x factor where that is more
+    (`RopeScaling.context_length`)."""
+    native = int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    scaling = read_rope(cfg)[1]
+    return scaling.context_length(native) if scaling else native
 
 
 def resolve_max_model_len(configured: int, native: int) -> int:
     """The context length served: configured (0 = the model's native length).
 
-    More than the model's max_position_embeddings is refused, as vLLM refuses it:
-    positions past what the model was trained on (and its RoPE scaling covers) give
+    More than the model's context length (`max_positions`) is refused, as vLLM refuses
+    it: positions past what the model was trained on (and its RoPE scaling covers) give
     wrong outputs, and clamping silently would serve less than the operator asked.
     """
     if configured > native:
         raise InvalidRequest(
-            f"max_model_len={configured} exceeds the model's max_position_embeddings="
-            f"{native}; allowed: 1..{native}, or 0 for the model's length"
+            f"max_model_len={configured} exceeds the model's context length={native} (its "
+            "max_position_embeddings, or with yarn RoPE scaling original_max_position_embeddings"
+            f" x factor where more); allowed: 1..{native}, or 0 for the model's length"
         )
     return configured or native
 
@@ -46,6 +51,8 @@ class ModelConfig:
     Mistral layer; Qwen2 and Qwen3 layers from max_window_layers on (or those
     layer_types calls sliding) when use_sliding_window; never Llama. rope_scaling: None
     (plain RoPE) or how the frequencies are scaled (linear, llama3, yarn).
+    max_position_embeddings: the context served at most (`max_positions`: yarn's
+    original x factor where that is more than config.json's).
     num_experts: Mixtral's num_local_experts (0: a dense MLP); num_experts_per_tok: the
     experts each token is routed to (0 when dense); intermediate_size is then each
     expert's.

@@ -45,6 +45,16 @@ class RopeScaling:
     truncate: bool = True
     attention_factor: float = 1.0
 
+    def context_length(self, max_position_embeddings: int) -> int:
+        """The context the model serves: yarn covers original x factor positions (vLLM's
+        rule: Qwen 2.5 / 3 turn yarn on in config.json without raising
+        max_position_embeddings), the others max_position_embeddings."""
+        if self.rope_type != "yarn":
+            return max_position_embeddings
+        return max(
+            max_position_embeddings, int(self.original_max_position_embeddings * self.factor)
+        )
+
 
 def read_rope(cfg: dict) -> tuple[float, RopeScaling | None]:
     """(rope_theta, scaling or None for plain RoPE) of a config.json; refuses a scaling the

@@ -2,8 +2,8 @@
 (replica.layers.norm_rope): for linear, llama3 and yarn in both spellings (transformers
 < 5's rope_theta + rope_scaling, >= 5's rope_parameters) and the fallbacks transformers
 takes, the inverse frequencies, attention factor and rotated q / k equal those of
-transformers' own rotary embedding, bit for bit; and clear refusals of what the engine
-cannot compute as transformers does."""
+transformers' own rotary embedding, bit for bit; the context length yarn covers; and
+clear refusals of what the engine cannot compute as transformers does."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import transformers
 
 from lora_core.errors import ModelLoadFailed
 from replica.layers.norm_rope import RotaryEmbedding
-from replica.models.config import ModelConfig
+from replica.models.config import ModelConfig, max_positions
 from replica.models.rope_config import read_rope
 
 ARCHS = {
@@ -143,6 +143,24 @@ def test_scaled_rope_equals_transformers(tmp_path, arch, spelling, case):
 @pytest.mark.parametrize("case", SPELLED)
 def test_rope_theta_and_dict_precedence_equal_transformers(tmp_path, arch, case):
     _check_against_hf(tmp_path, arch, SPELLED[case])
+
+
+@pytest.mark.parametrize(
+    ("extra", "length"),
+    [
+        ({}, 128),
+        ({"rope_scaling": {**LLAMA3, "factor": 32.0}}, 128),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 128),
+        ({"rope_scaling": {**YARN, "factor": 4.0}}, 128),  # 16 x 4 < max_position_embeddings
+        # Qwen 2.5 / 3 turn yarn on without raising max_position_embeddings
+        ({"rope_scaling": {**YARN, "original_max_position_embeddings": 64}}, 256),
+        ({"rope_parameters": {**YARN, "original_max_position_embeddings": 64}}, 256),
+        ({"rope_scaling": {**YARN, "factor": None, "original_max_position_embeddings": 32}}, 128),
+    ],
+)  # fmt: skip
+def test_context_length(extra, length):
+    cfg = {**BASE, "architectures": ["Qwen2ForCausalLM"], **extra}
+    assert max_positions(cfg) == ModelConfig.from_hf(cfg).max_position_embeddings == length
 
 
 R = "rope_scaling"
