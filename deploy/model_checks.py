@@ -31,7 +31,7 @@ def check_model_fits(engine: EngineConfig) -> int:
     max_len = resolve_max_model_len(engine.max_model_len, model.max_position_embeddings)
     room = kv_cache_room(engine)
     if max_len > room:
-        given = "max_model_len" if engine.max_model_len else "the model's max_position_embeddings"
+        given = "max_model_len" if engine.max_model_len else "the model's"
         raise InvalidRequest(
             f"kv_cache_tokens={engine.kv_cache_tokens}: the KV cache ({room} tokens) cannot "
             f"hold one request of the context length ({given}: {max_len}); allowed: "

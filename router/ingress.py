@@ -60,7 +60,8 @@ class IngressSettings:
     ("" disables them). adapter_roots: where the load endpoint may register adapters
     from (`router.admin.check_adapter_path`; () = anywhere). prefix_cache_scope:
     "tenant" or "shared" (`router.frontend.cache_salt_of`). max_model_len: prompt +
-    output tokens per request at most (0 = the model config's max_position_embeddings).
+    output tokens per request at most (0 = the model's context length:
+    `replica.models.config.max_positions`).
     max_lora_rank: the replicas' largest adapter rank (registration refuses larger).
     max_loras: the replicas' GPU adapter slots; published with the base model so that
     the registry refuses a pin that would leave no evictable slot (None: not published,

@@ -93,6 +93,17 @@ def qwen3_bias_dir(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_yarn_dir(tiny_dir) -> Path:
+    """qwen3_dir's sizes with yarn RoPE scaling (factor 4 over an original context of 8
+    positions, which short test prompts run past); the qwen3 adapters fit it."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    return make_tiny_model(
+        tiny_dir / "qwen3-yarn", "qwen3", seed=10, head_dim=24,
+        rope_parameters={"rope_theta": 10000.0, **yarn},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def odd_vocab_dir(tiny_dir) -> Path:
     """The tiny Llama's sizes with an odd vocabulary (383: no tp > 1 divides it, so the
     last rank's vocab shard is padded) and tied embeddings; the llama adapters fit it."""

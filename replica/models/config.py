@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lora_core.base_shape import SUPPORTED_ARCHITECTURES, BaseShape
 from lora_core.errors import InvalidRequest, ModelLoadFailed
+from replica.models.rope_config import RopeScaling, read_rope
 
 # transformers' LlamaConfig leaves it 2048 and MistralConfig 4096*32; a config.json saved
 # by transformers always names it, so this only fills in a hand-written one.
@@ -14,21 +15,26 @@ DEFAULT_MAX_POSITIONS = 4096
 
 
 def max_positions(cfg: dict) -> int:
-    """The model's native context length from its config.json."""
-    return int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    """The model's native context length from its config.json: max_position_embeddings,
+    or with yarn RoPE scaling original_max_position_embeddings x factor where that is more
+    (`RopeScaling.context_length`)."""
+    native = int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
+    scaling = read_rope(cfg)[1]
+    return scaling.context_length(native) if scaling else native
 
 
 def resolve_max_model_len(configured: int, native: int) -> int:
     """The context length served: configured (0 = the model's native length).
 
-    More than the model's max_position_embeddings is refused, as vLLM refuses it:
-    positions past what the model was trained on (and its RoPE scaling covers) give
+    More than the model's context length (`max_positions`) is refused, as vLLM refuses
+    it: positions past what the model was trained on (and its RoPE scaling covers) give
     wrong outputs, and clamping silently would serve less than the operator asked.
     """
     if configured > native:
         raise InvalidRequest(
-            f"max_model_len={configured} exceeds the model's max_position_embeddings="
-            f"{native}; allowed: 1..{native}, or 0 for the model's length"
+            f"max_model_len={configured} exceeds the model's context length={native} (its "
+            "max_position_embeddings, or with yarn RoPE scaling original_max_position_embeddings"
+            f" x factor where more); allowed: 1..{native}, or 0 for the model's length"
         )
     return configured or native
 
@@ -43,7 +49,10 @@ class ModelConfig:
     head_dim) after the projection, before RoPE. layer_windows: each layer's
     local-attention window (None = full attention), as transformers applies it: every
     Mistral layer; Qwen2 and Qwen3 layers from max_window_layers on (or those
-    layer_types calls sliding) when use_sliding_window; never Llama. rope_scaling: None or the "llama3" scaling dict.
+    layer_types calls sliding) when use_sliding_window; never Llama. rope_scaling: None
+    (plain RoPE) or how the frequencies are scaled (linear, llama3, yarn).
+    max_position_embeddings: the context served at most (`max_positions`: yarn's
+    original x factor where that is more than config.json's).
     num_experts: Mixtral's num_local_experts (0: a dense MLP); num_experts_per_tok: the
     experts each token is routed to (0 when dense); intermediate_size is then each
     expert's.
@@ -59,7 +68,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None
+    rope_scaling: RopeScaling | None
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
@@ -76,7 +85,7 @@ class ModelConfig:
         arch = shape.architecture
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelLoadFailed(f"hidden_act={cfg.get('hidden_act')!r}; allowed: 'silu'")
-        rope_theta, scaling = _rope(cfg)
+        rope_theta, scaling = read_rope(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         qwen3_bias = arch == "Qwen3ForCausalLM" and bool(cfg.get("attention_bias", False))
@@ -173,30 +182,6 @@ def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, .
             "'sliding_attention'"
         )
     return tuple(int(window) if t == "sliding_attention" else None for t in types)
-
-
-def _rope(cfg: dict) -> tuple[float, dict | None]:
-    """(rope_theta, llama3 scaling dict or None) from either config.json spelling.
-
-    transformers < 5 writes `rope_theta` + `rope_scaling`; transformers >= 5 writes one
-    `rope_parameters` dict holding rope_theta, rope_type and the scaling fields (a Llama
-    3.1 checkpoint saved by it has no `rope_scaling` at all, so reading only that key
-    silently ran such a model with unscaled frequencies).
-    """
-    params = cfg.get("rope_parameters") or {}
-    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-        raise ModelLoadFailed(
-            f"rope_parameters={params!r}; allowed: one dict of rope_theta, rope_type and "
-            "its scaling fields"
-        )
-    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
-    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise ModelLoadFailed(f"rope_scaling type {kind!r}; allowed: none, 'default' or 'llama3'")
-    return theta, scaling
 
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES"]

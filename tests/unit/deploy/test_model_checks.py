@@ -34,7 +34,7 @@ def test_a_kv_cache_smaller_than_one_context_is_refused(llama_dir):
         check_model_fits(engine(llama_dir, kv_cache_tokens=32, block_size=16))
     assert str(e.value) == (
         f"kv_cache_tokens=32: the KV cache (32 tokens) cannot hold one request of the "
-        f"context length (the model's max_position_embeddings: {native}); allowed: "
+        f"context length (the model's: {native}); allowed: "
         f"kv_cache_tokens >= {native}, or max_model_len <= 32"
     )
     with pytest.raises(InvalidRequest, match=r"\(max_model_len: 64\)"):
@@ -44,7 +44,7 @@ def test_a_kv_cache_smaller_than_one_context_is_refused(llama_dir):
 def test_a_split_the_heads_do_not_allow_and_a_context_past_the_model_are_refused(llama_dir):
     with pytest.raises(InvalidRequest, match="is not divisible by tensor_parallel_size=3"):
         check_model_fits(engine(llama_dir, tensor_parallel_size=3))
-    with pytest.raises(InvalidRequest, match="exceeds the model's max_position_embeddings"):
+    with pytest.raises(InvalidRequest, match="exceeds the model's context length=1024"):
         check_model_fits(engine(llama_dir, max_model_len=10**6))
 
 

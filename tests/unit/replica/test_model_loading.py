@@ -127,13 +127,13 @@ def _hf_argmax(model_dir, ids: list[int], n: int) -> list[int]:
 
 
 def test_unsupported_rope_type_in_rope_parameters_is_refused(tmp_path, llama_dir):
-    model_dir = tmp_path / "yarn"
+    model_dir = tmp_path / "longrope"
     shutil.copytree(llama_dir, model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg.pop("rope_scaling", None)
-    cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}
+    cfg["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "longrope", "factor": 4.0}
     (model_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadFailed, match="'yarn'"):
+    with pytest.raises(ModelLoadFailed, match="'longrope'; allowed: none, 'default', 'linear'"):
         _engine(str(model_dir))
 
 
@@ -202,3 +202,28 @@ def test_max_model_len_past_the_model_is_refused(llama_dir):
     assert model_max_len(str(llama_dir), native) == native
     assert model_max_len(str(llama_dir), 0) == native
     assert model_max_len(str(llama_dir), 7) == 7
+
+
+def test_yarn_serves_its_original_context_times_factor(tmp_path, llama_dir):
+    """Qwen 2.5 / 3 turn yarn on in config.json without raising max_position_embeddings:
+    the context served is original_max_position_embeddings x factor (vLLM's rule), for the
+    engine and the ingress alike; more is refused."""
+    from router.ingress import model_max_len
+
+    model_dir = tmp_path / "yarn"
+    shutil.copytree(llama_dir, model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg["max_position_embeddings"] = 512
+    cfg["rope_scaling"] = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 512,
+    }
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    assert model_max_len(str(model_dir), 0) == 2048
+    assert _engine(str(model_dir), kv_cache_tokens=2048).max_model_len == 2048
+    with pytest.raises(
+        InvalidRequest, match="max_model_len=2049 exceeds the model's context length=2048"
+    ):
+        _engine(str(model_dir), max_model_len=2049)

@@ -104,6 +104,7 @@ def adapter_paths(llama_adapters) -> list[str]:
 
 # qwen2: q/k/v biases, sharded too; qwen3: per-head q/k norms (replicated), head_dim 24
 # != hidden/heads; qwen3_bias: o's bias too (added once, after the all-reduce);
+# qwen3_yarn: yarn RoPE (every rank's rotary scaled alike) past its original context;
 # odd_vocab: V 383 (rank 1's shard padded), tied; mixtral: the experts split between the
 # ranks (expert parallelism), attention sharded
 @pytest.mark.parametrize(
@@ -113,6 +114,7 @@ def adapter_paths(llama_adapters) -> list[str]:
         ("qwen2",) * 2,
         ("qwen3",) * 2,
         ("qwen3_bias", "qwen3"),
+        ("qwen3_yarn", "qwen3"),
         ("odd_vocab", "llama"),
         ("mixtral",) * 2,
     ],
