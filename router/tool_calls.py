@@ -220,10 +220,11 @@ class AnswerCalls(AutoCalls):
 
 
 def call_of(item: object) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None."""
+    """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None;
+    its arguments are those of the first of the two keys it has ({} when neither)."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
-    arguments = item.get("arguments", item.get("parameters", {}))
+    arguments = next((v for k, v in item.items() if k in ("arguments", "parameters")), {})
     if isinstance(arguments, str):
         return item["name"], arguments
     if not isinstance(arguments, dict):
