@@ -56,10 +56,12 @@ class ToolStream:
         """A fresh call id (readers of formats whose templates check ids override it)."""
         return new_call_id()
 
-    def start_call(self, name: str, arguments: str) -> dict[str, Any]:
-        """A new call's first delta (its index the next), counted in `calls`."""
+    def start_call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
+        """A new call's first delta (its index the next), counted in `calls`; its id
+        `call_id` (one the model wrote), else a fresh one."""
         self.calls += 1
-        return {"tool_calls": [call_delta(self.calls - 1, name, arguments, self.new_id())]}
+        call_id = call_id or self.new_id()
+        return {"tool_calls": [call_delta(self.calls - 1, name, arguments, call_id)]}
 
 
 @dataclass
