@@ -100,6 +100,7 @@ def test_a_pythonic_call_is_sent_once_the_comma_after_it_arrives():
         ("llama3_json", '{"name": "rm", "parameters": {}} and more', 31),
         ("pythonic", "[1] Oslo is sunny, you see", 2),
         ("pythonic", "[rm(a=1), now()] and more", 8),
+        ("pythonic", "[now(x=1).y, now()] and more", 11),  # at the , after it
         ("mistral", '[TOOL_CALLS][{"name": "rm", "arguments": {}}] and more', 43),
     ],
 )
