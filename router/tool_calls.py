@@ -56,10 +56,12 @@ class ToolStream:
         """A fresh call id (readers of formats whose templates check ids override it)."""
         return new_call_id()
 
-    def start_call(self, name: str, arguments: str) -> dict[str, Any]:
-        """A new call's first delta (its index the next), counted in `calls`."""
+    def start_call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
+        """A new call's first delta (its index the next), counted in `calls`; its id
+        `call_id` (one the model wrote), else a fresh one."""
         self.calls += 1
-        return {"tool_calls": [call_delta(self.calls - 1, name, arguments, self.new_id())]}
+        call_id = call_id or self.new_id()
+        return {"tool_calls": [call_delta(self.calls - 1, name, arguments, call_id)]}
 
 
 @dataclass
@@ -220,10 +222,11 @@ class AnswerCalls(AutoCalls):
 
 
 def call_of(item: object) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None."""
+    """(name, arguments JSON) of a {"name", "arguments" or "parameters"} object, else None;
+    its arguments are those of the first of the two keys it has ({} when neither)."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
-    arguments = item.get("arguments", item.get("parameters", {}))
+    arguments = next((v for k, v in item.items() if k in ("arguments", "parameters")), {})
     if isinstance(arguments, str):
         return item["name"], arguments
     if not isinstance(arguments, dict):

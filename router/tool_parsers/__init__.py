@@ -6,7 +6,8 @@ tools stays content.
     hermes        <tool_call>{"name", "arguments"}</tool_call> blocks
     llama3_json   an answer of ";"-separated {"name", "parameters"} objects
     mistral       [TOOL_CALLS] then a JSON array of {"name", "arguments"}, or (v11+
-                  tokenizers) name{...} or name[ARGS]{...}, one [TOOL_CALLS] a call
+                  tokenizers) name{...}, name[ARGS]{...} or name[CALL_ID]id[ARGS]{...},
+                  one [TOOL_CALLS] a call
     pythonic      an answer that is a Python list of calls, [f(a=1), g()]; each call
                   sent once the , or ] after it arrives
 

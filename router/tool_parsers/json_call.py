@@ -10,11 +10,14 @@ array elements are each such objects; their parsers find where one begins):
 
 An object that names no tool a call may name (an unknown name, a second call without
 parallel_tool_calls), that is no JSON object, or whose arguments come before its name is
-read whole at its end (`whole_call`), by the parser that holds it. Once a call was sent
-nothing takes it back: its arguments end as written (cut by the end, invalid JSON
-included), arguments that are no object (a JSON string) are sent whole at the object's
-end, and where the object breaks (or its arguments are neither) the call's text ends
-(`JsonCall.frontier`): its parser makes what follows content.
+read whole at its end (`whole_call`), by the parser that holds it. Of an object's
+duplicate members the first is the call's, read as it arrives or whole alike: its first
+"name", and its first "arguments" or "parameters" (a sent name cannot be taken back;
+json.loads would keep the last). Once a call was sent nothing takes it back: its
+arguments end as written (cut by the end, invalid JSON included), arguments that are no
+object (a JSON string) are sent whole at the object's end, and where the object breaks
+(or its arguments are neither) the call's text ends (`JsonCall.frontier`): its parser
+makes what follows content.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class JsonCall:
     index: int = -1
     """The call's index once its first delta was sent."""
     name_end: int = -1
+    arguments_seen: bool = False
+    """The value of its first "arguments" or "parameters" member began (later ones are
+    skipped: the first is the call's)."""
     arguments_start: int = -1
     arguments_end: int = -1
     sent: int = -1
@@ -158,8 +164,10 @@ class JsonCall:
                 self.stage = "whole"
         elif self.key in ARGUMENT_KEYS and self.index < 0:
             self.stage = "whole"  # arguments before the name: read whole at the end
-        elif self.key in ARGUMENT_KEYS and ch == "{" and self.arguments_start < 0:
-            self.stage, self.arguments_start, self.sent = "arguments", i, i
+        elif self.key in ARGUMENT_KEYS and not self.arguments_seen:
+            self.arguments_seen = True
+            if ch == "{":
+                self.stage, self.arguments_start, self.sent = "arguments", i, i
 
     def _ended(self, calls: AutoCalls, i: int, ch: str) -> list[Delta]:
         """The object's outermost bracket closed at i: by } its end (a sent call's
@@ -189,12 +197,25 @@ class JsonCall:
 
 
 def whole_object(text: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a whole {"name", "arguments"} object's text, else None."""
+    """(name, arguments JSON) of a whole {"name", "arguments"} object's text, else None.
+    Of its duplicate members the first is the call's, as `JsonCall` streams it:
+    '{"name": "f", "name": "g"}' -> ("f", "{}"); nested values keep json's last."""
+    outermost: list[list[tuple[str, Any]]] = []
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        outermost[:] = [pairs]  # the outermost object's members are decoded last
+        return dict(pairs)
+
     try:
-        item = json.loads(text)
-    except ValueError:
+        item = json.loads(text, object_pairs_hook=members)
+    except (ValueError, RecursionError):  # no JSON, or nested deeper than json decodes
         return None
-    return call_of(item)
+    if not isinstance(item, dict):
+        return None
+    first: dict[str, Any] = {}
+    for key, value in outermost[0]:
+        first.setdefault(key, value)
+    return call_of(first)
 
 
 def whole_call(calls: AutoCalls, text: str) -> list[Delta] | None:

@@ -6,7 +6,7 @@ aside): a [ begins the array form, anything else the named form.
                                                             format vLLM's mistral parser
                                                             reads with an HF tokenizer)
     [TOOL_CALLS]f{...}  or  [TOOL_CALLS]f[ARGS]{...}        v11+ tokenizers: Small 3.1 /
-                                                            3.2, Magistral, Devstral; one
+    or  [TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{...}          3.2, Magistral, Devstral; one
                                                             [TOOL_CALLS] per call
 
 [TOOL_CALLS] is a special token, so "auto" requests with this parser keep special tokens
@@ -22,19 +22,25 @@ the last call's text ended ([TOOL_CALLS] included when none was sent), and the r
 read as text: nothing is dropped. A named call streams the same way, and breaks the same
 way (`router.tool_parsers.mistral_named`); after its arguments the text is content
 again, and the next [TOOL_CALLS] begins the next call. Call ids are 9 letters and
-digits, as Mistral's chat templates require of the ids they are sent.
+digits, as Mistral's chat templates require of the ids they are sent: the id a named call
+wrote after [CALL_ID] when it is such (and no earlier call's of the choice), as
+mistral-common reads it, else a fresh one.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.reasoning import tag_tail
 from router.tool_calls import AutoCalls, content
 from router.tool_parsers.json_call import JsonCall
 from router.tool_parsers.mistral_named import MARKER, WHITESPACE, NamedCall
+
+CALL_ID = re.compile("[A-Za-z0-9]{9}")
+"""A Mistral call id: 9 letters and digits."""
 
 
 @dataclass
@@ -63,9 +69,19 @@ class MistralCalls(AutoCalls):
     """The text after a [TOOL_CALLS] while its form is unknown (only whitespace)."""
     array: Array | None = None
     named: NamedCall | None = None
+    ids: set[str] = field(default_factory=set)
+    """The ids of the calls sent."""
 
     def new_id(self) -> str:
         return uuid.uuid4().hex[:9]
+
+    def start_call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
+        """The id the model wrote is the call's when it is 9 letters and digits and no
+        earlier call's; else the call gets a fresh one."""
+        if not CALL_ID.fullmatch(call_id) or call_id in self.ids:
+            call_id = self.new_id()
+        self.ids.add(call_id)
+        return super().start_call(name, arguments, call_id)
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -114,7 +130,7 @@ class MistralCalls(AutoCalls):
         held, self.held = self.held, ""
         if self.named is not None:
             named, self.named = self.named, None
-            return named.end()
+            return named.end(self)
         if self.after is not None:
             after, self.after = self.after, None
             return content(MARKER + after)

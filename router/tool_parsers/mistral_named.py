@@ -1,23 +1,29 @@
 """The call form of Mistral's v11+ tokenizers (Mistral Small 3.1 / 3.2, Magistral,
-Devstral), one [TOOL_CALLS] per call, as vLLM's mistral parser reads it:
+Devstral), one [TOOL_CALLS] per call, as mistral-common's tokenizers write and read it:
 
     [TOOL_CALLS]get_weather{"city": "Oslo"}
     [TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}
+    [TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Oslo"}
 
 read as it arrives (`NamedCall`, from its [TOOL_CALLS] on; whitespace may lead the name):
 
     get_weather              while it begins the name of a tool a call may name
-    { or [ARGS]              the name ended, naming such a tool: the call's first delta
-                             (index, id, name, arguments "")
+    [CALL_ID]a1B2c3D4e       the call's id, letters and digits (`MistralCalls.start_call`
+                             keeps it as the call's id, or gives a fresh one)
+    { or [ARGS]              the name (and id) ended, naming such a tool: the call's first
+                             delta (index, id, name, arguments "")
     {...}                    the arguments' JSON text, as written, as it arrives; the
                              bracket that closes the first ends them, and the call
 
 A name that is no name of a tool a call may name (an unknown name, a second call without
 parallel_tool_calls, no name) breaks the call where that is known (its first character
-that begins no such name, or the { or [ after it): the text from [TOOL_CALLS] up to
-there is content, the rest is read as text. Whitespace between [ARGS] and { is neither. Once the call was sent
-nothing takes it back: after [ARGS], text that is no { (whitespace aside) is content
-from [ARGS]'s end on; arguments the end cut end as written (invalid JSON included).
+that begins no such name, or the { or [ after it), and so does an id that is not letters
+and digits up to [ARGS]: the text from [TOOL_CALLS] up to there is content, the rest is
+read as text. Whitespace between [ARGS] and { is neither. Once the call was sent nothing
+takes it back: after [ARGS], text that is no { (whitespace aside) is content from
+[ARGS]'s end on; arguments the end cut end as written (invalid JSON included). A call the
+end cut before its arguments began (right after its name, its id or [ARGS]) has the
+arguments {}, as vLLM's mistral parser reads a bare `[TOOL_CALLS]now` whole.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from router.tool_calls import AutoCalls, JsonScan, arguments_delta, content
 from router.tool_parsers.json_call import WHITESPACE
 
 MARKER = "[TOOL_CALLS]"
-ARGS = "[ARGS]"
+ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"
 
 
 @dataclass
@@ -41,11 +47,16 @@ class NamedCall:
     at: int = len(MARKER)
     """text[:at] is read."""
     stage: str = "space"
-    """"space" (before the name), "name", "args" (reading [ARGS]), "gap" (after [ARGS],
-    before the arguments' {), "arguments" (streaming them)."""
+    """"space" (before the name), "name", "marker" (reading [ARGS] or [CALL_ID]), "id"
+    (after [CALL_ID]), "gap" (after [ARGS], before the arguments' {), "arguments"
+    (streaming them)."""
     name_start: int = -1
-    args_start: int = -1
-    """Where [ARGS] begins."""
+    name_end: int = -1
+    marker_start: int = -1
+    """Where the marker being read begins."""
+    id_start: int = -1
+    """Where the id begins, after [CALL_ID] (-1: none)."""
+    call_id: str = ""
     index: int = -1
     """The call's index once its first delta was sent."""
     frontier: int = 0
@@ -67,14 +78,13 @@ class NamedCall:
             elif self.stage in ("space", "name"):
                 if not self._name(calls, ch, out):
                     return self._broken(out)
-            elif self.stage == "args":
-                if not ARGS.startswith(self.text[self.args_start : self.at + 1]):
-                    self.at = self.args_start
+            elif self.stage == "marker":
+                if not self._marker(calls, out):
+                    self.at = self.marker_start
                     return self._broken(out)
-                self.at += 1
-                if self.at - self.args_start == len(ARGS):
-                    self._start(calls, out)
-                    self.stage = "gap"
+            elif self.stage == "id":
+                if not self._id(ch):
+                    return self._broken(out)
             elif ch == "{":  # after [ARGS] (and whitespace, which is neither)
                 self.stage, self.frontier = "arguments", self.at
             elif ch in WHITESPACE:
@@ -85,8 +95,17 @@ class NamedCall:
             self._send(out)
         return None
 
-    def end(self) -> list[dict[str, Any]]:
-        """The text ended: what of it was no call (all of it, when none was sent)."""
+    def end(self, calls: AutoCalls) -> list[dict[str, Any]]:
+        """The text ended: a call cut before its arguments began, with arguments {}; else
+        what of the text was no call (all of it, when none was sent)."""
+        if self.stage == "name" and calls.may_call(self.text[self.name_start : self.at]):
+            self.name_end = self.at
+            return [self._start(calls, "{}")]
+        if self.stage == "id":
+            self.call_id = self.text[self.id_start : self.at]
+            return [self._start(calls, "{}")]
+        if self.stage == "gap":
+            return [arguments_delta(self.index, "{}")]
         return content(self.text[self.frontier :])
 
     def _name(self, calls: AutoCalls, ch: str, out: list[dict[str, Any]]) -> bool:
@@ -97,11 +116,12 @@ class NamedCall:
         if ch in "{[":
             if not calls.may_call(name):
                 return False
+            self.name_end = self.at
             if ch == "{":
-                self._start(calls, out)
+                out.append(self._start(calls, ""))
                 self.stage = "arguments"
             else:
-                self.stage, self.args_start = "args", self.at
+                self.stage, self.marker_start = "marker", self.at
                 self.at += 1
             return True
         prefix = name + ch
@@ -110,12 +130,38 @@ class NamedCall:
         self.at += 1
         return True
 
-    def _start(self, calls: AutoCalls, out: list[dict[str, Any]]) -> None:
-        """The name ended: the call's first delta."""
-        name_end = self.at if self.stage == "name" else self.args_start
-        out.append(calls.start_call(self.text[self.name_start : name_end], ""))
+    def _marker(self, calls: AutoCalls, out: list[dict[str, Any]]) -> bool:
+        """One more character of the marker after the name ([ARGS] or [CALL_ID]) or after
+        the id ([ARGS]): whether it reads on."""
+        read = self.text[self.marker_start : self.at + 1]
+        markers = (ARGS,) if self.id_start >= 0 else (ARGS, CALL_ID)
+        if not any(marker.startswith(read) for marker in markers):
+            return False
+        self.at += 1
+        if read == ARGS:
+            out.append(self._start(calls, ""))
+            self.stage = "gap"
+        elif read == CALL_ID:
+            self.stage, self.id_start = "id", self.at
+        return True
+
+    def _id(self, ch: str) -> bool:
+        """One character of the id, or the [ that ends it: whether it reads on."""
+        if ch == "[":
+            self.call_id = self.text[self.id_start : self.at]
+            self.stage, self.marker_start = "marker", self.at
+        elif not (ch.isascii() and ch.isalnum()):
+            return False
+        self.at += 1
+        return True
+
+    def _start(self, calls: AutoCalls, arguments: str) -> dict[str, Any]:
+        """The name (and id) ended: the call's first delta."""
+        name = self.text[self.name_start : self.name_end]
+        first = calls.start_call(name, arguments, self.call_id)
         self.index = calls.calls - 1
         self.frontier = self.at
+        return first
 
     def _send(self, out: list[dict[str, Any]]) -> None:
         """The arguments read since the last delta."""

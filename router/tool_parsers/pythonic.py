@@ -5,13 +5,15 @@ skip_special_tokens false). It is read with `ast`, never run: each call is a pla
 with keyword arguments only, each value a literal (`ast.literal_eval`) JSON can hold;
 anything else is text, as vLLM's pythonic parser leaves it.
 
-Each call is sent whole as soon as the `,` or `]` after it arrives and the answer so far,
-closed there, reads as such a list (a call's `)` alone does not tell: `.x`, `(...)` or
-` if ...` may follow it). An answer that begins with `[` (or <|python_start|>) is held
-until its first call is sent, or it turns out no list of calls of tools a call may name:
-then the whole answer is content, as it came. Once a call was sent, what breaks the list
-(an element that is no such call, a second call without parallel_tool_calls, text after
-the list) is content from where the last call's text (or the list) ended to the end.
+Each call is sent whole as soon as the `,` or `]` after it arrives (at the list's level,
+outside strings and comments) and its element, parsed alone, reads as such a call (a
+call's `)` alone does not tell: `.x`, `(...)` or ` if ...` may follow it); each element
+is parsed once, so an answer is read in time linear in its length. An answer that begins
+with `[` (or <|python_start|>) is held until its first call is sent, or it turns out no
+list of calls of tools a call may name: then the whole answer is content, as it came.
+Once a call was sent, what breaks the list (an element that is no such call, a second
+call without parallel_tool_calls, text after the list) is content from where the last
+call's text (or the list) ended to the end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.tool_calls import AnswerCalls
@@ -30,49 +33,116 @@ UNREADABLE = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError)
 
 
 @dataclass
+class PythonScan:
+    """Where Python source stands, read on from its start: `depth` of the brackets open
+    outside strings and comments. Enough of Python's lexing to find a list's separators
+    and its end: strings (any prefix, triple-quoted or not, a backslash escaping what
+    follows) and comments."""
+
+    depth: int = 0
+    quote: str = ""
+    """The open string's quote: ', ", \'\'\' or \"\"\" ("": outside strings)."""
+    comment: bool = False
+
+    def step(self, text: str, i: int) -> tuple[int, bool]:
+        """Reads on at text[i]: (how many characters it took, 0 while text does not tell
+        yet, as after a quote that may begin or end a triple one; whether text[i] is
+        structure: a bracket or comma outside strings and comments)."""
+        ch = text[i]
+        if self.comment:
+            self.comment = ch not in "\r\n"
+            return 1, False
+        near_end = len(text) - i < 3
+        if self.quote:
+            if ch == "\\":
+                return (2 if i + 1 < len(text) else 0), False
+            if text.startswith(self.quote, i):
+                took, self.quote = len(self.quote), ""
+                return took, False
+            waits = near_end and len(self.quote) == 3 and self.quote.startswith(text[i:])
+            return (0 if waits else 1), False
+        if ch == "#":
+            self.comment = True
+        elif ch in "'\"":
+            if text.startswith(ch * 3, i):
+                self.quote = ch * 3
+                return 3, False
+            if near_end and text[i:] in (ch, ch * 2):
+                return 0, False  # "" may be an empty string or begin a triple quote
+            self.quote = ch
+        elif ch in "([{":
+            self.depth += 1
+            return 1, True
+        elif ch in ")]}":
+            self.depth -= 1
+            return 1, True
+        return 1, ch == ","
+
+
+@dataclass
 class PythonicCalls(AnswerCalls):
-    """An answer that begins with `[` (or <|python_start|>) is a list of calls."""
+    """An answer that begins with `[` (or <|python_start|>) is a list of calls. Each
+    element is parsed alone once the , at the list's level or the ] that closes it
+    arrives (`_element`), so the answer is parsed in linear time; the pieces join into the
+    whole list's parse, as each begins where the list's level begins afresh."""
 
     starts: tuple[str, ...] = ("[", PYTHON_START)
+    stage: str = "lead"
+    """"lead" (before the list's [), "list" (reading its elements), "closed" (its ]
+    read, all its calls sent: what follows is read at the end), or "whole" (no [ after
+    the lead: the answer is read whole at the end)."""
+    scan: PythonScan = field(default_factory=PythonScan)
     scanned: int = 0
-    """answer[:scanned] was looked at for the , and ] that may end a call."""
-    last: str = ""
-    """The last character scanned that is no whitespace."""
+    """answer[:scanned] was scanned."""
+    piece: int = 0
+    """The [ or , after which the next element's text begins, in answer."""
     frontier: int = 0
     """Where the last call's text (or the list, once closed) ends in answer (0: none)."""
-    closed: bool = False
-    """The list closed, all its calls sent: what follows is read at the end."""
 
     def read(self) -> list[dict[str, Any]]:
+        if self.stage == "lead":
+            lead = _lead(self.answer)
+            if lead == len(self.answer):
+                return []
+            self.stage = "list" if self.answer[lead] == "[" else "whole"
+            self.piece = self.scanned = lead
         out: list[dict[str, Any]] = []
-        while self.calls_answer and not self.closed and self.scanned < len(self.answer):
-            at, ch = self.scanned, self.answer[self.scanned]
-            self.scanned += 1
-            if ch == "]" or (ch == "," and self.last == ")"):
-                out += self._list_read(at)
-            if not ch.isspace():
-                self.last = ch
+        while self.calls_answer and self.stage == "list" and self.scanned < len(self.answer):
+            at = self.scanned
+            took, structure = self.scan.step(self.answer, at)
+            if not took:
+                break
+            self.scanned += took
+            if structure and (
+                self.scan.depth == 0 or (self.scan.depth == 1 and self.answer[at] == ",")
+            ):
+                out += self._element(at)
         return out
 
-    def _list_read(self, at: int) -> list[dict[str, Any]]:
-        """The answer up to `at` (a , or ]) closed there: the calls it newly holds when it
-        reads as a list; the answer breaks where it holds no call a call may be."""
-        lead = _lead(self.answer)
-        source = self.answer[lead : at + 1] + ("]" if self.answer[at] == "," else "")
+    def _element(self, at: int) -> list[dict[str, Any]]:
+        """The element before `at` (a , at the list's level, or the bracket that closes
+        it) ended: parsed alone, from the last piece on, as a list of it; its call, when it
+        is one a call may be. Else the answer breaks, at an element that is no such call or
+        text that reads as no list: no later text mends that into calls (a comma at the
+        list's level that ends no element is a lambda's, which is no call)."""
+        comma = self.answer[at] == ","
+        source = "[" + self.answer[self.piece + 1 : at + 1] + ("]" if comma else "")
         items = list_items(source)
         if items is None:
-            return []
+            return self.give_up(self.frontier)
         out = []
-        for node in items[self.calls :]:
+        for node in items:  # one element at most: the piece holds no comma of the list's
             call = _call(node)
             if call is None or not self.may_call(call[0]):
-                return out + self.give_up(self.frontier)
+                return self.give_up(self.frontier)
             out.append(self.start_call(*call))
-            self.frontier = lead + _offset(source, node.end_lineno, node.end_col_offset)
-        if self.answer[at] == "]":
-            if not items:  # [] is no call
-                return self.give_up(0)
-            self.closed, self.frontier = True, at + 1
+            self.frontier = self.piece + _offset(source, node.end_lineno, node.end_col_offset)
+        if comma:
+            self.piece = at
+        elif not self.calls:  # [] is no call
+            return self.give_up(0)
+        else:
+            self.stage, self.frontier = "closed", at + 1
         return out
 
     def read_end(self) -> list[dict[str, Any]]:
@@ -102,9 +172,13 @@ def pythonic_calls(text: str) -> list[tuple[str, str]] | None:
 
 
 def list_items(source: str) -> list[ast.expr] | None:
-    """The elements of a Python list expression's source, else None."""
+    """The elements of a Python list expression's source, else None. The model's text
+    cannot make `ast` warn into the logs (an invalid escape such as "\\d": SyntaxWarning
+    on Python 3.12+, DeprecationWarning before)."""
     try:
-        tree = ast.parse(source, mode="eval")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, mode="eval")
     except UNREADABLE:
         return None
     return tree.body.elts if isinstance(tree.body, ast.List) else None

@@ -74,3 +74,19 @@ def test_mistral_requests_keep_special_tokens_in_their_text(engine):
             status, whole = post(front, "chat", _body(parser, include_stop_str_in_output=True))
         assert status == 200
         assert message_of(whole)[0]["content"] == "Sure. " + tail
+
+
+def test_a_mistral_named_call_keeps_the_id_it_wrote(engine):
+    # [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}: the call's id is the one the model wrote, in
+    # the response and on the stream's first delta of the call alike
+    regex = r"\[TOOL_CALLS\]get_weather\[CALL_ID\]a1B2c3D4e\[ARGS\]\{\"city\": " + CITY + r"\}"
+    body = {**_body("mistral"), "structured_outputs": {"regex": regex}}
+    with served_frontend(engine, tool_call_parser="mistral") as front:
+        status, whole = post(front, "chat", body)
+        assert status == 200
+        status, chunks = post(front, "chat", {**body, "stream": True})
+        assert status == 200
+    for message, finish in (message_of(whole), message_of(chunks)):
+        [call] = message["tool_calls"]
+        assert call["id"] == "a1B2c3D4e" and finish == "tool_calls"
+        assert message["content"] is None and call["function"]["name"] == "get_weather"

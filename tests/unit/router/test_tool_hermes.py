@@ -30,6 +30,9 @@ HERMES = (
 )
 
 
+DEEP = '<tool_call>{"arguments": ' + "[" * 5000 + "]" * 5000 + ', "name": "now"}</tool_call>'
+
+
 def _hermes(parallel: bool = True):
     return lambda: HermesCalls(names=NAMES, parallel=parallel)
 
@@ -87,6 +90,7 @@ def test_a_call_streams_its_name_then_its_arguments_as_they_come():
         ),
         ('<tool_call>{"name": "no', '<tool_call>{"name": "no', []),  # cut before its name
         ('<tool_call>{"name": 3, "arguments": {}}', '<tool_call>{"name": 3, "arguments": {}}', []),
+        (DEEP, DEEP, []),  # deeper than json decodes: no call, as it came
         (  # a </tool_call> quoted in a string is text; a broken block ends at the first
             '<tool_call>{"name": "now", "arguments": {"q": "a </tool_call> b"}}</tool_call>'
             '<tool_call>oops "x</tool_call> <tool_call>{"name": "now", "arguments": {}}</tool_call>',
@@ -170,13 +174,41 @@ def written_json(rng: random.Random, value) -> str:
     return json.dumps(value, ensure_ascii=rng.random() < 0.5, **layout)
 
 
+def repeated_members(rng: random.Random, name: str, arguments: dict) -> tuple[str, str]:
+    """A call object of name and arguments whose members repeat: later "name",
+    "arguments" and "parameters" members (other names, other values) after the first of
+    each, which are the call's. (Its text, the arguments text its call must have.) Its
+    first arguments come after the name (streamed as written) or before it (read whole),
+    as an object or as the JSON text of one (a string)."""
+    written = written_json(rng, arguments)
+    if rng.random() < 0.3:
+        written = json.dumps(written)  # arguments given as a JSON string
+    expected = json.loads(written) if written.startswith('"') else written
+    members = [f'"name": "{name}"', f'"{rng.choice(["arguments", "parameters"])}": {written}']
+    if rng.random() < 0.5:  # arguments first: the object is read whole at its end
+        members.reverse()
+        if not written.startswith('"'):
+            expected = json.dumps(arguments, ensure_ascii=False)
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice(["name", "arguments", "parameters"])
+        if key == "name":
+            value = f'"{rng.choice(["rm", "now", "get_weather"])}"'
+        else:
+            value = rng.choice([json.dumps(random_object(rng)), "7", '"{}"'])
+        first = next(i for i, m in enumerate(members) if m.startswith('"name"') == (key == "name"))
+        members.insert(rng.randint(first + 1, len(members)), f'"{key}": {value}')
+    return "{" + ", ".join(members) + "}", expected
+
+
 def _random_text(rng: random.Random, parallel: bool) -> tuple[str, str, list[tuple[str, str]]]:
     """A random answer: (text, the content it must read into, its calls' (name, arguments
     text)): prose, calls of the tools, blocks that are no call (an unknown name, no JSON,
-    a second call without parallel, arguments before the name)."""
+    a second call without parallel, arguments before the name), calls whose members
+    repeat."""
     text, content, calls = "", "", []
     for _ in range(rng.randint(1, 5)):
-        kind = rng.choice(["prose", "call", "call", "unknown", "no json", "arguments first"])
+        kinds = ["prose", "call", "call", "unknown", "no json", "arguments first", "repeats"]
+        kind = rng.choice(kinds)
         if kind == "prose":
             piece = "".join(
                 rng.choice(STRING_BITS[1:] + ["<tool_", "call>", "ok "]) for _ in range(5)
@@ -198,6 +230,8 @@ def _random_text(rng: random.Random, parallel: bool) -> tuple[str, str, list[tup
             body = f"{sp}not json {written}"
         elif kind == "arguments first":
             body = f'{{"arguments": {written}, "name": "{name}"}}'
+        elif kind == "repeats":
+            body, written = repeated_members(rng, name, arguments)
         block = f"<tool_call>{body}</tool_call>"
         text += block
         if kind in ("unknown", "no json") or (calls and not parallel):

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from tests.unit.router.test_tool_hermes import random_object, written_json
+from tests.unit.router.test_tool_hermes import random_object, repeated_members, written_json
 from tests.unit.router.test_tool_parsers import NAMES, read_every_way, reader
 
 NOW = '{"name": "now", "parameters": {}}'
@@ -62,6 +62,14 @@ def _calls(message: dict) -> list[tuple[str, str]]:
         ('{"name": "now", oops}; ' + NOW, ", oops}; " + NOW, [("now", "")]),
         ('{"name": "now", "parameters": 7}', ', "parameters": 7}', [("now", "")]),
         ('{"name": "now", "parameters": {}]; ' + NOW, "]; " + NOW, [("now", "{}")]),
+        # of repeated members the first is the call's, streamed or read whole alike
+        ('{"name": "now", "name": "rm", "parameters": {"a": 1}, "parameters": {"b": 2}}', None, [("now", '{"a": 1}')]),
+        ('{"parameters": {"a": 1}, "name": "now", "parameters": {"b": 2}}', None, [("now", '{"a": 1}')]),
+        ('{"parameters": {"a": 1}, "arguments": {"b": 2}, "name": "now"}', None, [("now", '{"a": 1}')]),
+        ('{"name": "now", "arguments": "{\\"a\\": 1}", "parameters": {"b": 2}}', None, [("now", '{"a": 1}')]),
+        ('{"name": "now", "arguments": 7, "parameters": {}}', ', "arguments": 7, "parameters": {}}', [("now", "")]),
+        ('{"name": "rm", "name": "now"}', '{"name": "rm", "name": "now"}', []),
+        ('{"arguments": {}, "name": "rm", "name": "now"}', '{"arguments": {}, "name": "rm", "name": "now"}', []),
     ],
 )  # fmt: skip
 def test_llama3_json_answers_read_the_same_in_any_pieces(text, content, calls, seed):
@@ -78,12 +86,14 @@ def test_llama3_json_without_parallel_calls_keeps_the_second_as_content():
 def _random_answer(rng: random.Random, parallel: bool) -> tuple[str, str | None, list]:
     """A random answer: (text, the content it must read into, its calls' (name, arguments
     text)): objects that are calls, and ones that are no call (an unknown name, no JSON,
-    a second call without parallel), arguments before the name; text after them."""
+    a second call without parallel), arguments before the name, members repeated; text
+    after them."""
     text = rng.choice(["", " ", "\n", "<|python_tag|>", " <|python_tag|>\n"])
     calls: list[tuple[str, str]] = []
     frontier, broken = 0, False
     for k in range(rng.randint(1, 4)):
-        kind = rng.choice(["call", "call", "call", "unknown", "no json", "arguments first"])
+        kinds = ["call", "call", "call", "unknown", "no json", "arguments first", "repeats"]
+        kind = rng.choice(kinds)
         name, arguments = rng.choice(sorted(NAMES)), random_object(rng)
         written, key = written_json(rng, arguments), rng.choice(["parameters", "arguments"])
         sp = rng.choice(["", " ", "\n"])
@@ -94,6 +104,8 @@ def _random_answer(rng: random.Random, parallel: bool) -> tuple[str, str | None,
             item = "{oops: " + written + "}"
         elif kind == "arguments first":
             item, written = f'{{"{key}": {written}, "name": "{name}"}}', json.dumps(arguments)
+        elif kind == "repeats":
+            item, written = repeated_members(rng, name, arguments)
         text += rng.choice([";", "; ", "\n;\n", " ", ""]) if k else ""
         text += item
         if broken:

@@ -13,8 +13,10 @@ import re
 
 import pytest
 
-from tests.unit.router.test_tool_hermes import random_object
+from router.chat_reader import joined
+from tests.unit.router.test_tool_hermes import random_object, repeated_members
 from tests.unit.router.test_tool_parsers import NAMES, by_character, read_every_way, reader
+from tests.unit.router.test_tools import stream_pieces
 
 NOW = '{"name": "now", "arguments": {}}'
 
@@ -80,9 +82,27 @@ def _calls(message: dict) -> list[tuple[str, str]]:
         ("[TOOL_CALLS]now {}", "[TOOL_CALLS]now {}", []),
         ("[TOOL_CALLS]now[ARX]{} [TOOL_CALLS]now{}", "[TOOL_CALLS]now[ARX]{} ", [("now", "{}")]),
         ("[TOOL_CALLS]now[TOOL_CALLS]now{}", "[TOOL_CALLS]now", [("now", "{}")]),
-        ("[TOOL_CALLS]now", "[TOOL_CALLS]now", []),  # the end cut the name
-        ("[TOOL_CALLS]now[AR", "[TOOL_CALLS]now[AR", []),
+        ("[TOOL_CALLS]now[AR", "[TOOL_CALLS]now[AR", []),  # the end cut the marker
+        ("[TOOL_CALLS]now[CALL_", "[TOOL_CALLS]now[CALL_", []),
         ("[TOOL_CALLS] \n", "[TOOL_CALLS] \n", []),
+        # the end right after a call's name, id or [ARGS]: a call with arguments {}
+        ("[TOOL_CALLS]now", None, [("now", "{}")]),
+        ("ok [TOOL_CALLS] get_weather", "ok ", [("get_weather", "{}")]),
+        ("[TOOL_CALLS]now[ARGS] \n", None, [("now", "{}")]),
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e", None, [("now", "{}")]),
+        ("[TOOL_CALLS]now[CALL_ID]", None, [("now", "{}")]),
+        ('[TOOL_CALLS]now{"a": 1}[TOOL_CALLS]get_weather', None, [("now", '{"a": 1}'), ("get_weather", "{}")]),
+        ("[TOOL_CALLS]rm", "[TOOL_CALLS]rm", []),
+        ("[TOOL_CALLS]no", "[TOOL_CALLS]no", []),  # a prefix of "now": no name yet
+        ("[TOOL_CALLS]now ", "[TOOL_CALLS]now ", []),
+        # [CALL_ID]: the call's id between its name and [ARGS]
+        ('[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "a"}', None, [("get_weather", '{"city": "a"}')]),
+        ("[TOOL_CALLS]now[CALL_ID]x[ARGS] {}[TOOL_CALLS]now[CALL_ID][ARGS]{}", None, [("now", "{}")] * 2),
+        ("[TOOL_CALLS]now[CALL_ID]a1-B2[ARGS]{} x", "[TOOL_CALLS]now[CALL_ID]a1-B2[ARGS]{} x", []),
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e{} x", "[TOOL_CALLS]now[CALL_ID]a1B2c3D4e{} x", []),
+        ("[TOOL_CALLS]now[CALL_ID]a[CALL_ID]b[ARGS]{}", "[TOOL_CALLS]now[CALL_ID]a[CALL_ID]b[ARGS]{}", []),
+        ("[TOOL_CALLS]now[CALL_ID]a[AR[TOOL_CALLS]now{}", "[TOOL_CALLS]now[CALL_ID]a[AR", [("now", "{}")]),
+        ("[TOOL_CALLS]rm[CALL_ID]a1B2c3D4e[ARGS]{}", "[TOOL_CALLS]rm[CALL_ID]a1B2c3D4e[ARGS]{}", []),
         # once sent, a call stays: what breaks it after is content, cut arguments as written
         ('[TOOL_CALLS]now[ARGS] "a" x', ' "a" x', [("now", "")]),
         ('[TOOL_CALLS]now{"a": [1', None, [("now", '{"a": [1')]),
@@ -100,6 +120,8 @@ def test_mistral_calls_read_the_same_in_any_pieces(text, content, calls, seed):
         (f"[TOOL_CALLS][{NOW}, {NOW}]", f", {NOW}]"),
         ('[TOOL_CALLS]now{}[TOOL_CALLS]now[ARGS]{"a": 1}', '[TOOL_CALLS]now[ARGS]{"a": 1}'),
         (f"[TOOL_CALLS]now{{}}[TOOL_CALLS][{NOW}]", f"[TOOL_CALLS][{NOW}]"),
+        ("[TOOL_CALLS]now{}[TOOL_CALLS]now", "[TOOL_CALLS]now"),
+        ("[TOOL_CALLS]now{}[TOOL_CALLS]now[CALL_ID]a1B2c3D4e", "[TOOL_CALLS]now[CALL_ID]a1B2c3D4e"),
     ],
 )
 def test_mistral_without_parallel_calls_keeps_the_second_as_content(text, content):
@@ -107,7 +129,7 @@ def test_mistral_without_parallel_calls_keeps_the_second_as_content(text, conten
     assert _calls(message) == [("now", "{}")] and message["content"] == content
 
 
-@pytest.mark.parametrize("separator", ["", "[ARGS]"])
+@pytest.mark.parametrize("separator", ["", "[ARGS]", "[CALL_ID]a1B2c3D4e[ARGS]"])
 def test_a_named_call_streams_its_name_then_its_arguments_as_they_come(separator):
     arguments = '{"city": "Oslo }\\"", "days": [1, {"x": "]"}]}'
     text = f"Sure.[TOOL_CALLS]get_weather{separator}{arguments}[TOOL_CALLS]now{separator}{{}}"
@@ -125,6 +147,44 @@ def test_a_named_call_streams_its_name_then_its_arguments_as_they_come(separator
     second_at, second = next((i, c) for i, c in sent if c.get("id") and c["index"] == 1)
     assert second_at == text.rindex("now") + len("now" + separator) - ends
     assert second["function"]["name"] == "now"
+    if "[CALL_ID]" in separator:  # the id it wrote; the second call wrote it again
+        assert first["id"] == "a1B2c3D4e" != second["id"]
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [  # the id a call wrote after [CALL_ID] is its id when it is 9 letters and digits
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]{}", ["a1B2c3D4e"]),
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e", ["a1B2c3D4e"]),  # cut before [ARGS]: {}
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]", ["a1B2c3D4e"]),
+        ("[TOOL_CALLS]now[CALL_ID]a1B2[ARGS]{}", [None]),  # too short: a fresh one
+        ("[TOOL_CALLS]now[CALL_ID]a1B2c3D4e5[ARGS]{}", [None]),
+        ("[TOOL_CALLS]now[CALL_ID][ARGS]{}", [None]),
+        (  # no two calls of a choice share an id
+            "[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]{}[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]{}"
+            "[TOOL_CALLS]now[CALL_ID]zzzzzzzzz[ARGS]{}[TOOL_CALLS]now{}",
+            ["a1B2c3D4e", None, "zzzzzzzzz", None],
+        ),
+    ],
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_named_calls_id_is_the_one_it_wrote(text, ids, seed):
+    for message in _every_message(text, seed):
+        got = [c["id"] for c in message["tool_calls"]]
+        assert [i if want else None for i, want in zip(got, ids, strict=True)] == ids
+        assert len(set(got)) == len(got)
+        assert all(re.fullmatch("[A-Za-z0-9]{9}", i) for i in got)
+
+
+def _every_message(text: str, seed: int, parallel: bool = True) -> list[dict]:
+    """The messages of text read whole, in random pieces and a character at a time
+    (`read_every_way` compares them without their ids)."""
+    make = reader("mistral", parallel)
+    whole = make()
+    messages = [joined(whole.feed(text) + whole.end())]
+    messages.append(stream_pieces(make(), text, seed)[1])
+    messages.append(joined([d for _, d in by_character(make, text)]))
+    return messages
 
 
 def _prose(rng: random.Random, bits: list[str], marker: str) -> str:
@@ -132,17 +192,20 @@ def _prose(rng: random.Random, bits: list[str], marker: str) -> str:
     return text.replace(marker, "")
 
 
-def _array(rng: random.Random, parallel: bool, calls: list) -> tuple[str, str]:
+def _array(rng: random.Random, parallel: bool, calls: list, ids: list) -> tuple[str, str]:
     """A random [TOOL_CALLS] array: (its text, the content it must read into); its calls
-    appended to calls."""
+    appended to calls (fresh ids: None in ids). Its elements' members may repeat."""
     array, frontier, broken = f"[TOOL_CALLS]{rng.choice(['', ' '])}[", 0, False
     for k in range(rng.randint(1, 3)):
         name = rng.choice(sorted(NAMES) + ["rm"])
         arguments = json.dumps(random_object(rng), ensure_ascii=rng.random() < 0.5)
-        sep = rng.choice([", ", ",", ",\n"]) if k else ""
-        array += sep + f'{{"name": "{name}", "arguments": {arguments}}}'
+        element = f'{{"name": "{name}", "arguments": {arguments}}}'
+        if rng.random() < 0.25:
+            element, arguments = repeated_members(rng, name, json.loads(arguments))
+        array += (rng.choice([", ", ",", ",\n"]) if k else "") + element
         if not broken and name in NAMES and (parallel or not calls):
             calls.append((name, arguments))
+            ids.append(None)
             frontier = len(array)
         else:  # no call: the array is content from the last call's end
             broken = True
@@ -150,10 +213,13 @@ def _array(rng: random.Random, parallel: bool, calls: list) -> tuple[str, str]:
     return array, (array[frontier:] if broken else "")
 
 
-def _named(rng: random.Random, parallel: bool, calls: list, last: bool) -> tuple[str, str]:
-    """Random named calls ([TOOL_CALLS]name{...} or name[ARGS]{...}): (their text, the
-    content it must read into); their calls appended to calls. Arguments may be broken
-    (a ] closes them), and cut when `last`."""
+def _named(
+    rng: random.Random, parallel: bool, calls: list, ids: list, last: bool
+) -> tuple[str, str]:
+    """Random named calls ([TOOL_CALLS]name{...}, name[ARGS]{...} or
+    name[CALL_ID]id[ARGS]{...}): (their text, the content it must read into); their calls
+    appended to calls, and the ids they must have to ids (None: a fresh one). Arguments
+    may be broken (a ] closes them), and cut when `last` (to nothing: {})."""
     text, content = "", ""
     for _ in range(rng.randint(1, 3)):
         name = rng.choice(sorted(NAMES) + ["rm", "no"])
@@ -162,11 +228,15 @@ def _named(rng: random.Random, parallel: bool, calls: list, last: bool) -> tuple
             arguments = arguments[:-1] + "]"
         cut = last and rng.random() < 0.3
         if cut:
-            arguments = arguments[: rng.randint(1, len(arguments) - 1)]
-        call = f"[TOOL_CALLS]{rng.choice(['', ' '])}{name}{rng.choice(['', '[ARGS]', '[ARGS] '])}"
+            arguments = arguments[: rng.randint(0, len(arguments) - 1)]
+        call_id = "".join(rng.choice("aZ09") for _ in range(rng.choice([9, 9, 9, 4, 0])))
+        separator = rng.choice(["", "[ARGS]", "[ARGS] ", f"[CALL_ID]{call_id}[ARGS]"])
+        call = f"[TOOL_CALLS]{rng.choice(['', ' '])}{name}{separator}"
         text += call + arguments
         if name in NAMES and (parallel or not calls):
-            calls.append((name, arguments))
+            calls.append((name, arguments or "{}"))
+            kept = "[CALL_ID]" in separator and len(call_id) == 9 and call_id not in ids
+            ids.append(call_id if kept else None)
         else:
             content += call + arguments
         if cut:
@@ -180,7 +250,7 @@ def test_random_mistral_answers_stream_as_they_read_whole(seed, parallel):
     # arrays and named calls (both forms), prose between: whole, in random pieces and
     # a character at a time they read into the same content and calls
     rng = random.Random(seed)
-    text, content, calls = "", "", []
+    text, content, calls, ids = "", "", [], []
     bits = ["[", "]", "[TOOL_", "CALLS]", "{", "x", " ", "\n", "é", '"']
     groups = rng.randint(1, 3)
     for g in range(groups):
@@ -188,11 +258,14 @@ def test_random_mistral_answers_stream_as_they_read_whole(seed, parallel):
         if (text + prose).count("[TOOL_CALLS]") > text.count("[TOOL_CALLS]"):
             prose = " " + prose
         if rng.random() < 0.5:
-            calls_text, calls_content = _array(rng, parallel, calls)
+            calls_text, calls_content = _array(rng, parallel, calls, ids)
         else:
-            calls_text, calls_content = _named(rng, parallel, calls, g == groups - 1)
+            calls_text, calls_content = _named(rng, parallel, calls, ids, g == groups - 1)
         text += prose + calls_text
         content += prose + calls_content
     message = read_every_way(reader("mistral", parallel), text, seed)[1]
     assert _calls(message) == calls
     assert message["content"] == (content if content.strip() else None)
+    for message in _every_message(text, seed, parallel):  # the ids the calls wrote
+        got = [c["id"] for c in message.get("tool_calls", ())]
+        assert [i if want else None for i, want in zip(got, ids, strict=True)] == ids

@@ -100,6 +100,7 @@ def test_a_pythonic_call_is_sent_once_the_comma_after_it_arrives():
         ("llama3_json", '{"name": "rm", "parameters": {}} and more', 31),
         ("pythonic", "[1] Oslo is sunny, you see", 2),
         ("pythonic", "[rm(a=1), now()] and more", 8),
+        ("pythonic", "[now(x=1).y, now()] and more", 11),  # at the , after it
         ("mistral", '[TOOL_CALLS][{"name": "rm", "arguments": {}}] and more', 43),
     ],
 )
@@ -113,9 +114,10 @@ def test_text_that_is_no_call_streams_once_it_is_known(parser, text, known_at):
 NOISE = ["{", "}", "[", "]", '"', "\\", ",", ":", ";", " ", "\n", "x", "1", "é", "#", "'", ")", "a=1",
          '"name": ', '"now"', '"rm"', '"arguments": ', '"parameters": ', "now(", "rm(",
          "<|python_tag|>", "<|python_end|>", "[TOOL_CALLS]", "<tool_call>", "</tool_call>",
-         "[ARGS]", "[AR", "now{", "no"]  # fmt: skip
+         "[ARGS]", "[AR", "now{", "no", "[CALL_ID]", "[CALL_", "a1B2c3D4e", '"""', "lambda a, b: 1"]  # fmt: skip
 STARTS = ["", "{", "[", '{"name": "now", ', "[now(", "[now(), ", "[TOOL_CALLS][", "<tool_call>",
-          "[TOOL_CALLS]now", "[TOOL_CALLS]now[ARGS]", "[TOOL_CALLS]get_weather{"]  # fmt: skip
+          "[TOOL_CALLS]now", "[TOOL_CALLS]now[ARGS]", "[TOOL_CALLS]get_weather{",
+          "[TOOL_CALLS]now[CALL_ID]", '{"name": "now", "name": ']  # fmt: skip
 
 
 @pytest.mark.parametrize("parallel", [True, False])
