@@ -132,14 +132,21 @@ def build_model(
     )
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
+    vary_biases_and_norms(model)
+    kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
+    model.save_pretrained(str(out_dir), safe_serialization=True, **kwargs)
+
+
+def vary_biases_and_norms(model: torch.nn.Module) -> None:
+    """Draw a random-init model's biases around 0 and its per-head q/k norm weights around
+    1 (from torch's global generator), where transformers initialises them to zeros and
+    ones: a model that skipped or misplaced them would then not match."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.copy_(1 + 0.3 * torch.randn(p.shape))
             elif name.endswith(".bias"):
                 p.copy_(0.3 * torch.randn(p.shape))
-    kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
-    model.save_pretrained(str(out_dir), safe_serialization=True, **kwargs)
 
 
 def write_peft_adapter(

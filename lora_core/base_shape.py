@@ -2,8 +2,9 @@
 
 Module names are PEFT's: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
 They pack into the model's fused layers as groups: qkv = (q, k, v), o = (o,),
-gate_up = (gate, up), down = (down,). A mixture-of-experts model (Mixtral) has no dense
-MLP: only its attention groups (qkv, o) take LoRA; its router and experts take none.
+gate_up = (gate, up), down = (down,). A mixture-of-experts model (Mixtral, Qwen2-MoE,
+Qwen3-MoE) takes LoRA on its attention groups (qkv, o) only: its router, experts, Qwen2-MoE's
+shared expert and the dense MLPs of a Qwen MoE's mlp_only_layers take none.
 """
 
 from __future__ import annotations
@@ -31,8 +32,24 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
-MOE_ARCHITECTURES = ("MixtralForCausalLM",)
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# The config.json field holding a mixture-of-experts model's expert count. transformers 5
+# writes a Qwen3-MoE's under num_local_experts (its config's attribute_map), the hub's
+# Qwen3-MoE checkpoints under num_experts: both are read.
+EXPERTS_FIELD = {
+    "MixtralForCausalLM": "num_local_experts",
+    "Qwen2MoeForCausalLM": "num_experts",
+    "Qwen3MoeForCausalLM": "num_experts",
+}
+# What of a mixture-of-experts model's MLP side takes no LoRA (refusals name it).
+MOE_PARTS = {
+    "MixtralForCausalLM": "router and experts",
+    "Qwen2MoeForCausalLM": "router, experts, shared expert and dense MLP layers",
+    "Qwen3MoeForCausalLM": "router, experts and dense MLP layers",
+}
 # A config.json without head_dim: hidden_size / num_attention_heads, except Qwen3, whose
 # config class defaults it to 128 (what transformers then builds, whatever the hidden size).
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
@@ -43,9 +60,10 @@ ATTENTION_GROUPS: tuple[str, ...] = ("qkv", "o")
 class BaseShape:
     """num_layers decoder layers; each projection's (in_features, out_features).
 
-    num_experts: 0 for a dense MLP; a mixture-of-experts model's num_local_experts
-    (intermediate is then each expert's size). Defaults to 0 so records stored before
-    it existed still read.
+    num_experts: 0 for a dense MLP; a mixture-of-experts model's expert count (its
+    EXPERTS_FIELD); intermediate is then the config's intermediate_size (a Mixtral's
+    experts', a Qwen MoE's dense MLP layers'), which no adapter reaches. Defaults to 0 so
+    records stored before it existed still read.
     """
 
     architecture: str
@@ -60,7 +78,7 @@ class BaseShape:
     @property
     def lora_groups(self) -> tuple[str, ...]:
         """The groups adapters may target: all of GROUPS, or only attention's (qkv, o)
-        for a mixture-of-experts model (its experts take no LoRA)."""
+        for a mixture-of-experts model (its MLP side takes no LoRA: MOE_PARTS)."""
         return ATTENTION_GROUPS if self.num_experts else tuple(GROUPS)
 
     @property
@@ -78,9 +96,7 @@ class BaseShape:
             )
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        experts = int(cfg["num_local_experts"]) if arch in MOE_ARCHITECTURES else 0
-        if arch in MOE_ARCHITECTURES and experts < 1:
-            raise ModelLoadFailed(f"num_local_experts={experts}; allowed: >= 1 for {arch}")
+        experts = _num_experts(cfg, arch)
         return cls(
             architecture=arch,
             num_layers=int(cfg["num_hidden_layers"]),
@@ -91,6 +107,11 @@ class BaseShape:
             intermediate=int(cfg["intermediate_size"]),
             num_experts=experts,
         )
+
+    @property
+    def moe_parts(self) -> str:
+        """What of this mixture-of-experts model takes no LoRA, e.g. "router and experts"."""
+        return MOE_PARTS[self.architecture]
 
     def module_shape(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a PEFT module name."""
@@ -124,3 +145,17 @@ class BaseShape:
         if group in ROW_PARALLEL_GROUPS:
             return h // tp_size, outs
         return h, tuple(n // tp_size for n in outs)
+
+
+def _num_experts(cfg: dict, arch: str) -> int:
+    """A mixture-of-experts config's expert count (>= 1, refused otherwise); 0 for a dense
+    architecture."""
+    if arch not in MOE_ARCHITECTURES:
+        return 0
+    field = EXPERTS_FIELD[arch]
+    value = cfg.get(field, cfg.get("num_local_experts"))
+    if value is None:
+        raise KeyError(field)
+    if int(value) < 1:
+        raise ModelLoadFailed(f"{field}={value}; allowed: >= 1 for {arch}")
+    return int(value)

@@ -25,7 +25,7 @@ PARENT: dict[str, str] = {
 _KEY_RE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)")
 _TENSOR_RE = re.compile(r"(?P<key>.+)\.lora_(?P<ab>[AB])\.weight")
 # Every other module a Llama/Mistral/Qwen2/Qwen3 model has (Qwen3's per-head q/k norms
-# included): targets may not match these (a Mixtral's router and experts: moe_keys).
+# included): targets may not match these (a mixture-of-experts model's MLP side: moe_keys).
 _TOP_LEVEL = (
     "model",
     "model.embed_tokens",
@@ -81,21 +81,31 @@ def supported_keys(num_layers: int, modules: tuple[str, ...] = MODULES) -> list[
     return [module_key(i, m) for i in range(num_layers) for m in modules]
 
 
-def moe_keys(num_layers: int, num_experts: int) -> list[str]:
-    """The MLP-side keys of a Mixtral model that no LoRA may target: the router and experts
-    under both the transformers >= 5 names (mlp.gate, fused mlp.experts) and the older
-    per-expert ones (block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w2/w3), and
-    the dense projections a Llama has there but Mixtral lacks."""
+def moe_keys(num_layers: int, num_experts: int, architecture: str) -> list[str]:
+    """The MLP-side keys of a mixture-of-experts model that no LoRA may target, per layer
+    transformers >= 5's names first: the router (mlp.gate) and fused experts
+    (mlp.experts), Qwen2-MoE's shared expert (mlp.shared_expert and its projections,
+    mlp.shared_expert_gate), the dense projections mlp.gate_proj/up_proj/down_proj (a
+    Qwen MoE's mlp_only_layers; a Mixtral has none, a same-sized Llama adapter's would
+    target them); then the older per-expert names (Mixtral: block_sparse_moe.gate,
+    block_sparse_moe.experts.<e>.w1/w2/w3; Qwen: mlp.experts.<e>.gate_proj/up_proj/down_proj)."""
+    dense = ("gate_proj", "up_proj", "down_proj")
     keys = []
     for i in range(num_layers):
-        layer = f"model.layers.{i}"
-        keys += [
-            f"{layer}.mlp.{m}" for m in ("gate", "experts", "gate_proj", "up_proj", "down_proj")
-        ]
-        moe = f"{layer}.block_sparse_moe"
-        keys += [moe, f"{moe}.gate", f"{moe}.experts"]
-        for e in range(num_experts):
-            keys += [f"{moe}.experts.{e}"] + [f"{moe}.experts.{e}.w{j}" for j in (1, 2, 3)]
+        mlp = f"model.layers.{i}.mlp"
+        keys += [f"{mlp}.gate", f"{mlp}.experts"]
+        if architecture == "Qwen2MoeForCausalLM":
+            shared = f"{mlp}.shared_expert"
+            keys += [shared, f"{shared}_gate"] + [f"{shared}.{m}" for m in dense]
+        keys += [f"{mlp}.{m}" for m in dense]
+        if architecture == "MixtralForCausalLM":
+            moe = f"model.layers.{i}.block_sparse_moe"
+            keys += [moe, f"{moe}.gate", f"{moe}.experts"]
+            for e in range(num_experts):
+                keys += [f"{moe}.experts.{e}"] + [f"{moe}.experts.{e}.w{j}" for j in (1, 2, 3)]
+        else:
+            for e in range(num_experts):
+                keys += [f"{mlp}.experts.{e}"] + [f"{mlp}.experts.{e}.{m}" for m in dense]
     return keys
 
 

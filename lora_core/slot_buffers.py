@@ -178,7 +178,8 @@ class SlotBuffers:
                 elif any(sw is not None for sw in slices):  # validation refuses these
                     raise AdapterIncompatible(
                         f"layers[{layer}].{group}",
-                        f"{self.base.architecture} has no {group} layer to adapt",
+                        f"{self.base.architecture} is a mixture-of-experts model whose "
+                        f"{self.base.moe_parts} take no LoRA",
                         f"adapters of {', '.join(self.base.lora_modules)}",
                     )
         self.slot_ranks[slot] = weights.rank

@@ -248,12 +248,12 @@ def _check_targets(spec: LoraSpec, num_layers: int, base: BaseShape | None) -> s
     """The (layer, module) pairs the config targets; refuses targets the base lacks."""
     allowed = ", ".join(base.lora_modules) if base is not None else _MODULES_ALLOWED
     if base is not None and base.num_experts:
-        for key in moe_keys(num_layers, base.num_experts):
+        for key in moe_keys(num_layers, base.num_experts, base.architecture):
             if spec.targets(key):
                 raise AdapterIncompatible(
                     "target_modules",
                     f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
-                    "whose router and experts take no LoRA",
+                    f"whose {base.moe_parts} take no LoRA",
                     f"{allowed} (attention)",
                 )
     for key in unsupported_keys(num_layers):

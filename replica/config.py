@@ -35,8 +35,9 @@ class EngineConfig:
         Above 1 the engine's process is rank 0 (driver) and starts one worker process
         per further rank: on CUDA rank r uses device index (device's index) + r, so the
         process must see that many GPUs; on CPU the ranks share the CPU (gloo), for
-        tests. The model's attention heads, kv heads and intermediate size (a Mixtral's
-        expert count instead) must divide by it.
+        tests. The model's attention heads, kv heads and intermediate size (a
+        mixture-of-experts model's expert count instead, and the intermediate size of its
+        dense MLP layers and shared expert if it has any) must divide by it.
     tp_step_timeout_s: with tensor_parallel_size > 1, how long the driver waits for
         the workers in one step's or one adapter write's collectives. A worker that
         does not answer in time (hung, stopped) fails that step's requests and the

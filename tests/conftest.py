@@ -54,11 +54,12 @@ def pytest_sessionstart(session) -> None:
 
 from tests.tiny import (  # noqa: E402 - after the atexit hook
     ADAPTER_SPECS,
-    MIXTRAL_ADAPTER_SPECS,
+    MOE_ADAPTER_SPECS,
     make_peft_adapter,
     make_think_model,
     make_tiny_mixtral,
     make_tiny_model,
+    make_tiny_qwen_moe,
 )
 
 
@@ -148,9 +149,41 @@ def mixtral_dir(tiny_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def mixtral_adapters(mixtral_dir, tiny_dir) -> dict[str, Path]:
+    return _moe_adapters(mixtral_dir, tiny_dir / "mixtral-adapters")
+
+
+def _moe_adapters(model_dir: Path, out_dir: Path) -> dict[str, Path]:
     return {
-        name: make_peft_adapter(
-            mixtral_dir, tiny_dir / "mixtral-adapters" / name, seed=20 + i, **spec
-        )
-        for i, (name, spec) in enumerate(MIXTRAL_ADAPTER_SPECS.items())
+        name: make_peft_adapter(model_dir, out_dir / name, seed=20 + i, **spec)
+        for i, (name, spec) in enumerate(MOE_ADAPTER_SPECS.items())
     }
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_dir(tiny_dir) -> Path:
+    """A tiny Qwen3-MoE: 3 layers, the middle one a dense MLP (mlp_only_layers), 4 experts,
+    top-2 not renormalised (norm_topk_prob false, the config's default), head_dim 24 !=
+    hidden/heads (checkpoint in transformers' per-expert naming)."""
+    return make_tiny_qwen_moe(
+        tiny_dir / "qwen3-moe", "qwen3_moe", seed=11, num_hidden_layers=3, mlp_only_layers=[1],
+        head_dim=24,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_adapters(qwen3_moe_dir, tiny_dir) -> dict[str, Path]:
+    return _moe_adapters(qwen3_moe_dir, tiny_dir / "qwen3-moe-adapters")
+
+
+@pytest.fixture(scope="session")
+def qwen2_moe_dir(tiny_dir) -> Path:
+    """A tiny Qwen2-MoE: 3 layers, the last one a dense MLP (mlp_only_layers), 4 experts,
+    top-2 not renormalised, a shared expert, q/k/v biases."""
+    return make_tiny_qwen_moe(
+        tiny_dir / "qwen2-moe", "qwen2_moe", seed=12, num_hidden_layers=3, mlp_only_layers=[2]
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen2_moe_adapters(qwen2_moe_dir, tiny_dir) -> dict[str, Path]:
+    return _moe_adapters(qwen2_moe_dir, tiny_dir / "qwen2-moe-adapters")

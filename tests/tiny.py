@@ -37,27 +37,80 @@ def make_tiny_mixtral(
     weights are written in its in-memory naming instead (mlp.gate, mlp.experts.gate_up_proj
     [E, 2I, H], mlp.experts.down_proj [E, H, I]), which its loader reads too."""
     import transformers
-    from safetensors.torch import save_file
 
     if (out_dir / "config.json").exists():
         return out_dir
-    build_tokenizer(out_dir, 384)
     cfg = transformers.MixtralConfig(
+        **_tiny_config(), intermediate_size=TINY["intermediate"], num_local_experts=experts,
+        num_experts_per_tok=top_k,
+    )  # fmt: skip
+    return _save_moe(out_dir, transformers.MixtralForCausalLM, cfg, seed, fused)
+
+
+# A Qwen MoE's sizes beyond TINY's: experts of 48 features (moe_intermediate_size), the
+# dense MLPs (mlp_only_layers) TINY's 128, Qwen2-MoE's shared expert 96: all different,
+# so a size taken for another fails to load.
+QWEN_MOE = dict(moe_intermediate_size=48, shared_expert_intermediate_size=96)
+
+
+def make_tiny_qwen_moe(
+    out_dir: Path,
+    arch: str = "qwen3_moe",
+    seed: int = 0,
+    experts: int = 4,
+    top_k: int = 2,
+    fused: bool = False,
+    **config,
+) -> Path:
+    """A tiny random Qwen3-MoE (arch "qwen3_moe") or Qwen2-MoE ("qwen2_moe", with its
+    shared expert and q/k/v biases) + the tiny tokenizer in out_dir: TINY's sizes,
+    `experts` experts of QWEN_MOE's sizes, top_k per token; config: further fields
+    (num_hidden_layers, mlp_only_layers, decoder_sparse_step, norm_topk_prob, head_dim,
+    ...). transformers 5 saves the experts per expert (mlp.experts.<e>.gate_proj/up_proj/
+    down_proj); fused: in its in-memory naming instead (mlp.experts.gate_up_proj /
+    down_proj). Biases are drawn around 0 and q/k norm weights around 1 (transformers'
+    zeros and ones would hide one skipped)."""
+    import transformers
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    cfg_cls, model_cls = {
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+    }[arch]
+    sizes = dict(QWEN_MOE)
+    if arch == "qwen3_moe":
+        del sizes["shared_expert_intermediate_size"]
+    fields = {**_tiny_config(), "intermediate_size": TINY["intermediate"], **sizes, **config}
+    cfg = cfg_cls(**fields, num_experts=experts, num_experts_per_tok=top_k)
+    return _save_moe(out_dir, model_cls, cfg, seed, fused)
+
+
+def _tiny_config() -> dict:
+    return dict(
         vocab_size=384,
         hidden_size=TINY["hidden"],
         num_hidden_layers=TINY["layers"],
         num_attention_heads=TINY["heads"],
         num_key_value_heads=TINY["kv_heads"],
-        intermediate_size=TINY["intermediate"],
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
         max_position_embeddings=1024,
         initializer_range=0.08,
         bos_token_id=0,
         eos_token_id=0,
     )
+
+
+def _save_moe(out_dir: Path, model_cls, cfg, seed: int, fused: bool) -> Path:
+    """A model_cls(cfg) of weights drawn from seed, saved (fused: in its in-memory naming)
+    with the tiny tokenizer in out_dir."""
+    from safetensors.torch import save_file
+
+    from deploy.demo import vary_biases_and_norms
+
+    build_tokenizer(out_dir, 384)
     torch.manual_seed(seed)
-    model = transformers.MixtralForCausalLM(cfg).eval()
+    model = model_cls(cfg).eval()
+    vary_biases_and_norms(model)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     if fused:
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -141,8 +194,9 @@ ADAPTER_SPECS: dict[str, dict] = {
 }
 
 
-# Adapters of a Mixtral: its attention projections only (the experts take no LoRA).
-MIXTRAL_ADAPTER_SPECS: dict[str, dict] = {
+# Adapters of a mixture-of-experts model: its attention projections only (its MLP side
+# takes no LoRA).
+MOE_ADAPTER_SPECS: dict[str, dict] = {
     "qv8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
     "attn16rs": dict(
         r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]

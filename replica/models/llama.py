@@ -1,15 +1,16 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) and Mixtral, written for the engine.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) and its mixture-of-experts kin
+(Mixtral, Qwen2-MoE, Qwen3-MoE), written for the engine.
 
 Pure model code: no LoRA, no scheduling. LoRA is a pass (`lora_core.layers.apply_lora`)
 that replaces the fused projections. Tensor parallelism is built in, Megatron style:
 with a `TPGroup` of size tp, each rank's attention holds num_heads/tp q heads and
 num_kv_heads/tp kv heads (qkv column-parallel, o row-parallel), its MLP
-intermediate/tp features (gate_up column-parallel, down row-parallel), or for Mixtral
-E/tp whole experts (`replica.models.moe`: expert parallelism); the embedding and
+intermediate/tp features (gate_up column-parallel, down row-parallel), or in a
+mixture-of-experts layer E/tp whole experts (`replica.models.moe`: expert parallelism); the embedding and
 the lm_head are vocab-parallel (`replica.layers.vocab`: each rank holds V/tp rows, V
 padded up to a multiple of tp; the embedding all-reduces, the lm_head gathers its logit
 shards to rank 0); the norms are replicated, so every rank's hidden states are whole
-(Qwen3's per-head q/k norms too: each rank applies the whole [head_dim] weight to its
+(Qwen3's and Qwen3-MoE's per-head q/k norms too: each rank applies the whole [head_dim] weight to its
 own heads).
 Inputs are flattened batches: input_ids: long [T], positions: long [T], plus
 paged-attention metadata.
@@ -18,14 +19,14 @@ paged-attention metadata.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from replica.layers.attention import AttentionMetadata, paged_attention
-from replica.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from replica.layers.linear import QKVParallelLinear, RowParallelLinear
 from replica.layers.norm_rope import RMSNorm, RotaryEmbedding
 from replica.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from replica.models.config import ModelConfig
+from replica.models.mlp import MLP
 from replica.models.moe import SparseMoE
 from replica.parallel import SINGLE, TPGroup
 
@@ -67,29 +68,16 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.q_size))
 
 
-class MLP(nn.Module):
-    """This rank's intermediate/tp features of gate, up and down."""
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
-        super().__init__()
-        self.intermediate = tp.shard(cfg.intermediate_size, "intermediate_size")
-        self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, (cfg.intermediate_size,) * 2, tp=tp
-        )
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp=tp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup = SINGLE):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SparseMoE(cfg, tp) if cfg.num_experts else MLP(cfg, tp)
+        if cfg.moe_layers[layer]:
+            self.mlp = SparseMoE(cfg, tp)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
 
     def forward(self, x, positions, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
@@ -113,7 +101,7 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The decoder plus the LM head; one class serves all five architectures.
+    """The decoder plus the LM head; one class serves all seven architectures.
 
     tp: the TP group this copy is rank `tp.rank` of. Every rank holds a V/tp shard of the
     lm_head (tied: the embedding's shard) and computes its shard of the logits; only the

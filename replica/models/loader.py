@@ -1,16 +1,19 @@
-"""Load a Llama-family (Llama, Mistral, Qwen2, Qwen3) or Mixtral model from a local HF
-directory or a cached hub id.
+"""Load a Llama-family (Llama, Mistral, Qwen2, Qwen3) or mixture-of-experts (Mixtral,
+Qwen2-MoE, Qwen3-MoE) model from a local HF directory or a cached hub id.
 
 Weights come only from safetensors (one file or a sharded index); q/k/v and gate/up
 checkpoint tensors are copied into their slices of the fused layers. Every linear
 layer's tensor, the embedding's and the lm_head's go through their module's
 `weight_loader`, which reads only this TP rank's shard (rows of the vocabulary for the
 embedding and the lm_head); the norms (Qwen3's per-head q_norm / k_norm included) are
-replicated, read whole by every rank. Mixtral's experts go through `LocalExperts.weight_loader`,
+replicated, read whole by every rank. Experts go through `LocalExperts.weight_loader`,
 which reads only this rank's experts, from either checkpoint naming transformers loads:
 fused `mlp.experts.gate_up_proj` [E, 2I, H] / `mlp.experts.down_proj` [E, H, I], or
-per-expert `block_sparse_moe.experts.<e>.w1 / w3` (gate / up, [I, H]) and `.w2` (down,
-[H, I]) with the router at `block_sparse_moe.gate` (what transformers 5 still saves).
+per expert (what transformers 5 still saves): a Mixtral's
+`block_sparse_moe.experts.<e>.w1 / w3` (gate / up, [I, H]) and `.w2` (down, [H, I]) with
+the router at `block_sparse_moe.gate`, a Qwen MoE's `mlp.experts.<e>.gate_proj / up_proj /
+down_proj`. A Qwen2-MoE's shared expert (`mlp.shared_expert.gate_proj / up_proj /
+down_proj`) loads as a dense MLP, its `mlp.shared_expert_gate` replicated.
 """
 
 from __future__ import annotations
@@ -38,9 +41,20 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-# Mixtral's per-expert checkpoint tensors: w1 gate, w3 up (parts of gate_up_proj), w2 down.
-_EXPERT_RE = re.compile(r"(.+)\.block_sparse_moe\.experts\.(\d+)\.w([123])\.weight")
-_EXPERT_PART = {"1": ("gate_up_proj", 0), "3": ("gate_up_proj", 1), "2": ("down_proj", 0)}
+# Per-expert checkpoint tensors: Mixtral's w1 gate, w3 up (parts of gate_up_proj), w2
+# down; a Qwen MoE's gate_proj, up_proj, down_proj.
+_EXPERT_RE = re.compile(
+    r"(.+)\.(?:block_sparse_moe\.experts\.(\d+)\.(w[123])"
+    r"|mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj))\.weight"
+)
+_EXPERT_PART = {
+    "w1": ("gate_up_proj", 0),
+    "w3": ("gate_up_proj", 1),
+    "w2": ("down_proj", 0),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+    "down_proj": ("down_proj", 0),
+}
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -95,9 +109,9 @@ def _target(name: str) -> tuple[str, int | None, int]:
     0); for one expert's tensor (parameter name, its global expert index, its part)."""
     expert = _EXPERT_RE.fullmatch(name)
     if expert is not None:
-        prefix, index, w = expert.groups()
-        attr, part = _EXPERT_PART[w]
-        return f"{prefix}.mlp.experts.{attr}", int(index), part
+        prefix, mixtral_index, w, qwen_index, proj = expert.groups()
+        attr, part = _EXPERT_PART[w or proj]
+        return f"{prefix}.mlp.experts.{attr}", int(mixtral_index or qwen_index), part
     name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
     parts = name.split(".")
     if len(parts) >= 2 and parts[-2] in _FUSED:

@@ -1,10 +1,17 @@
-"""Mixtral's sparse mixture-of-experts block, expert-parallel across the TP group.
+"""The sparse mixture-of-experts block of Mixtral, Qwen2-MoE and Qwen3-MoE, expert-parallel
+across the TP group.
 
-Semantics (transformers' MixtralSparseMoeBlock, x: [T, H]):
+Semantics (transformers' MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and
+Qwen3MoeSparseMoeBlock, x: [T, H]):
     p = softmax(float32(x @ gate^T))                   # [T, E] router probabilities
-    w, e = topk(p, k); w /= w.sum(-1)                   # [T, k] renormalised weights
+    w, e = topk(p, k)                                   # [T, k]
+    w /= w.sum(-1)                                      # Mixtral; Qwen if norm_topk_prob
+    w = float32(dtype(w))                               # Qwen: rounded to x's dtype
     y[t] = sum_j w[t, j] * down_e (silu(gate_e x_t) * up_e x_t),  e = e[t, j]
-each expert's weighted output cast back to x's dtype before the sum, as transformers does.
+    y += sigmoid(x @ shared_expert_gate^T) * shared_expert(x)    # Qwen2-MoE
+each expert's weighted output cast back to x's dtype before the sum, as transformers does
+(a Qwen weight rounded to x's dtype times a float32 output, rounded once, is exactly the
+product transformers takes in x's dtype).
 
 Expert parallelism: with a `TPGroup` of size N, rank r holds experts
 [r * E/N, (r+1) * E/N) whole (E must divide by N) and the router replicated. Hidden
@@ -14,6 +21,11 @@ them (0 for the others) and one all-reduce sums the ranks' partial [T, H]: the s
 single collective per layer a row-parallel MLP costs, with no all-to-all.
 Example (E 8, N 2, k 2): rank 1 holds experts 4-7; a token routed to experts 2 and 5
 gets w_5 * expert_5 from rank 1 and w_2 * expert_2 from rank 0.
+Qwen2-MoE's shared expert is a dense MLP split as one (gate_up column-, down
+row-parallel): rank r's down projection gives a partial sum over its intermediate
+features, which joins the routed experts' partial before the same one all-reduce. Its
+gate is replicated and computed on the whole x on every rank, so each rank scales its
+partial by the whole sigmoid gate: sum_r g * s_r = g * s.
 
 Three compute paths of the same result (tests compare each with transformers):
 - fused (CUDA: eager and captured steps): `kernels.fused_moe`, Triton. The (token,
@@ -45,26 +57,38 @@ from torch import nn
 
 from kernels import backend_for, fused_moe
 from kernels.moe_reference import fused_moe_ref
-from replica.layers.linear import Sliceable, shape_of
+from replica.layers.linear import Linear, Sliceable, shape_of
 from replica.models.config import ModelConfig
+from replica.models.mlp import MLP
 from replica.parallel import SINGLE, TPGroup
 
 COMPUTE_PATHS = ("auto", "fused", "grouped", "dense")
 
 
 class Router(nn.Module):
-    """The replicated router: weight [E, H] (the checkpoint's mlp.gate.weight)."""
+    """The replicated router: weight [E, H] (the checkpoint's mlp.gate.weight).
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int):
+    normalize: the top-k weights are renormalised to sum to 1 (Mixtral; a Qwen MoE's
+    norm_topk_prob). cast: they are rounded to x's dtype (Qwen MoE routers)."""
+
+    def __init__(
+        self, hidden: int, num_experts: int, top_k: int, normalize: bool = True, cast: bool = False
+    ):
         super().__init__()
         self.top_k = top_k
+        self.normalize = normalize
+        self.cast = cast
         self.weight = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, H] -> (weights float32 [T, k] summing to 1 per token, experts long [T, k])."""
+        """x: [T, H] -> (weights float32 [T, k], experts long [T, k])."""
         probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        return weights / weights.sum(dim=-1, keepdim=True), experts
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.cast:
+            weights = weights.to(x.dtype).float()
+        return weights, experts
 
 
 class LocalExperts(nn.Module):
@@ -143,23 +167,40 @@ class LocalExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """The MoE block of one decoder layer: router `gate` (replicated) and this rank's
-    `experts`; forward x: [T, H] -> [T, H], summed over the TP group."""
+    """The MoE block of one decoder layer: router `gate` (replicated), this rank's
+    `experts` and, for Qwen2-MoE, this rank's shard of `shared_expert` with its
+    replicated `shared_expert_gate` [1, H]; forward x: [T, H] -> [T, H], summed over
+    the TP group."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
         self.tp = tp
-        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok)
-        self.experts = LocalExperts(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, tp)
+        h = cfg.hidden_size
+        self.gate = Router(
+            h, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.moe_weights_cast
+        )
+        self.experts = LocalExperts(cfg.num_experts, h, cfg.moe_intermediate_size, tp)
+        self.shared_expert = None
+        self.shared_expert_gate = None
+        if cfg.shared_expert_intermediate_size:
+            shared = cfg.shared_expert_intermediate_size
+            self.shared_expert = MLP(h, shared, tp, "shared_expert_intermediate_size")
+            self.shared_expert_gate = Linear(h, (1,), bias=False)
         self.compute = "auto"
         """"auto" (fused where the Triton kernels run; else grouped, dense while a CUDA
         graph is captured), "fused", "grouped" or "dense" (module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] -> this rank's partial [T, H] (forward before the all-reduce)."""
         weights, experts = self.gate(x)
         local = experts - self.experts.first
         y = getattr(self.experts, self.path(x))(x, local, weights)
-        return self.tp.all_reduce(y)
+        if self.shared_expert is not None:
+            y += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert.partial(x)
+        return y
 
     def path(self, x: torch.Tensor) -> str:
         """The compute path this forward of x takes (`compute`, "auto" resolved)."""

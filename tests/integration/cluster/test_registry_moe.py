@@ -1,6 +1,7 @@
-"""Registering adapters of a Mixtral base (real Redis): where the base's shape is known
-(the cluster's published served base, or a shape stored under `--base-model`), an adapter
-reaching the router or the experts is refused at registration, before anything is
+"""Registering adapters of a mixture-of-experts base (Mixtral, Qwen2-MoE; real Redis):
+where the base's shape is known (the cluster's published served base, or a shape stored
+under `--base-model`), an adapter reaching the router, the experts (or a Qwen2-MoE's
+shared expert) is refused at registration, before anything is
 stored, with the same message the engine gives (REST, the registry and the admin CLI);
 q/k/v/o adapters register. With no shape known, validation has no base to check against:
 a dense-MLP adapter registers, and the replica refuses it when it loads it."""
@@ -103,3 +104,28 @@ def test_cli_refuses_where_the_shape_is_known(registry: Registry, redis_url, ser
     registry.set_served(served)
     res = _cli(redis_url, "adapters", "register", "bad", str(path))
     assert (res.returncode, res.stderr) == (1, f"lorafleet: error: {message}\n")
+
+
+def test_a_qwen2_moe_base_refuses_its_shared_expert_and_dense_mlps(
+    registry: Registry, redis_url, qwen2_moe_dir, qwen2_moe_adapters, tmp_path
+):
+    """The same refusal for a Qwen2-MoE served base, naming its shared expert's gate (what
+    peft's "all-linear" adapts besides attention) and what takes no LoRA there."""
+    served = ServedBase.from_model_dir(
+        "qwen2-moe", str(qwen2_moe_dir), max_lora_rank=16, max_loras=2
+    )
+    registry.set_served(served)
+    path = make_peft_adapter(
+        qwen2_moe_dir, tmp_path / "all", r=4, lora_alpha=8, target_modules="all-linear"
+    )
+    before = dump_redis(redis_url)
+    with pytest.raises(AdapterIncompatible) as e:
+        registry.register_adapter("bad", str(path), served=served)
+    assert str(e.value) == (
+        "target_modules: matches 'model.layers.0.mlp.shared_expert_gate': Qwen2MoeForCausalLM "
+        "is a mixture-of-experts model whose router, experts, shared expert and dense MLP "
+        f"layers take no LoRA; allowed: {ATTENTION} (attention)"
+    )
+    assert dump_redis(redis_url) == before
+    rec = registry.register_adapter("qv8", str(qwen2_moe_adapters["qv8"]), served=served)
+    assert (rec.base_model, rec.target_modules) == ("qwen2-moe", ("q_proj", "v_proj"))

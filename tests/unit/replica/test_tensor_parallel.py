@@ -1,8 +1,8 @@
 """Tensor parallelism at the model-forward level: two gloo ranks (processes) running the
 tiny Llama sharded 2 ways, with LoRA in mixed slots, give the logits and greedy tokens
 of the unsharded model (also with an odd, padded vocabulary and tied embeddings: the
-logit shards gathered to rank 0; and for the tiny Mixtral, each rank holding half the
-experts whole); sharded slot buffers hold half the adapter bytes; head counts that do
+logit shards gathered to rank 0; and for the tiny Mixtral, Qwen3-MoE and Qwen2-MoE,
+each rank holding half the experts whole); sharded slot buffers hold half the adapter bytes; head counts that do
 not divide are refused."""
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ SLOT_ADAPTERS = {
     "qwen2": ADAPTERS,
     "qwen3": ADAPTERS,
     "mixtral": ("qv8", "attn16rs", "pattern"),
+    "qwen3_moe": ("qv8", "attn16rs", "pattern"),
+    "qwen2_moe": ("qv8", "attn16rs", "pattern"),
 }
 # (prompt length, slot, first step): slot -1 is the base model; the last sequence joins
 # at step 2, so that step mixes its prefill with the others' decode tokens.
@@ -106,7 +108,10 @@ def adapter_paths(llama_adapters) -> list[str]:
 # != hidden/heads; qwen3_bias: o's bias too (added once, after the all-reduce);
 # qwen3_yarn: yarn RoPE (every rank's rotary scaled alike) past its original context;
 # odd_vocab: V 383 (rank 1's shard padded), tied; mixtral: the experts split between the
-# ranks (expert parallelism), attention sharded
+# ranks (expert parallelism), attention sharded; qwen3_moe: the same with q/k norms and a
+# dense MLP layer (mlp_only_layers) split by features; qwen2_moe: with its shared expert
+# split as a dense MLP, each rank's gated partial joining its experts' before the one
+# all-reduce
 @pytest.mark.parametrize(
     ("arch", "adapters"),
     [
@@ -117,6 +122,8 @@ def adapter_paths(llama_adapters) -> list[str]:
         ("qwen3_yarn", "qwen3"),
         ("odd_vocab", "llama"),
         ("mixtral",) * 2,
+        ("qwen3_moe",) * 2,
+        ("qwen2_moe",) * 2,
     ],
 )
 def test_tp2_forward_equals_tp1(arch, adapters, request, tmp_path):
