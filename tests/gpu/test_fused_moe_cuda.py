@@ -38,11 +38,11 @@ def mixtral() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CASES = [  # T, k, local experts (of the 8), share of ids off this rank
-    (1, 2, 8, 0.0),  # decode, 16-row blocks
-    (7, 2, 8, 0.0),
+    (1, 2, 8, 0.0),  # decode, 16-row blocks, narrow down tiles
+    (7, 2, 8, 0.0),  # 16-row blocks, wide down tiles
     (64, 2, 8, 0.0),
-    (128, 2, 8, 0.0),  # 32-row blocks
-    (256, 2, 8, 0.0),  # 64-row blocks
+    (128, 2, 8, 0.0),  # 64-row blocks
+    (256, 2, 8, 0.0),
     (512, 2, 8, 0.0),  # 128-row blocks
     (16, 1, 8, 0.0),
     (33, 2, 4, 0.5),  # rank 0 of 2: experts 0-3 local
@@ -63,7 +63,9 @@ def test_bf16_mixtral_layer_matches_oracle(mixtral, tokens, top_k, num_local, of
 
 
 def test_block_heights_all_exercised():
-    assert {moe_config(t, k, n).block_m for t, k, n, _ in CASES} == {16, 32, 64, 128}
+    """CASES reach each of moe_config's four bf16 tile choices, every block height."""
+    configs = {moe_config(t, k, n) for t, k, n, _ in CASES}
+    assert len(configs) == 4 and {c.block_m for c in configs} == {16, 64, 128}
 
 
 def test_skewed_routing_matches_oracle(mixtral):
