@@ -194,7 +194,7 @@ def fused_moe_triton(
     pairs = tokens * top_k
     # rows of pairs routed off this rank are never written: zeros, so the sum skips them
     y = torch.zeros(tokens, top_k, hidden, dtype=x.dtype, device=x.device)
-    if pairs:
+    if pairs and num_local:  # no local experts: every pair is another rank's
         cfg = moe_config(tokens, top_k, num_local, x.element_size())
         al = align_moe(topk_ids, num_local, cfg.block_m)
         grid_m = al.block_expert.shape[0]

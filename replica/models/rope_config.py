@@ -17,6 +17,9 @@ from lora_core.errors import ModelLoadFailed
 
 SCALED_TYPES = ("linear", "llama3", "yarn")
 ALLOWED_TYPES = "none, 'default', 'linear', 'llama3' or 'yarn'"
+# rope_theta of a config.json that names none: its config class's default_theta, 10000
+# but for Mixtral's (1e6, as every Mixtral checkpoint has it).
+_DEFAULT_THETA = {"MixtralForCausalLM": 1e6}
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ def read_rope(cfg: dict) -> tuple[float, RopeScaling | None]:
         )
     theta = rope.get("rope_theta")
     if theta is None:
-        where_theta, theta = "config.json", cfg.get("rope_theta", 10000.0)
+        arch = (cfg.get("architectures") or [""])[0]
+        where_theta, theta = "config.json", cfg.get("rope_theta", _DEFAULT_THETA.get(arch, 1e4))
     else:
         where_theta = where
     theta = _number(where_theta, "rope_theta", theta, "a number > 0", lambda v: v > 0)

@@ -70,6 +70,17 @@ def test_no_tokens(monkeypatch, backend):
     assert fused_moe(x, w13, w2, ids, w).shape == (0, 32)
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_no_local_experts_gives_zeros(monkeypatch, backend):
+    """E_local = 0 (w13 [0, 2I, H]): every id is another rank's, so every row is 0, as
+    the reference computes it (the Triton launcher divided by E_local for its tiles)."""
+    monkeypatch.setenv("LORAFLEET_KERNELS", backend)
+    x = torch.randn(20, 32)
+    ids = torch.zeros(20, 2, dtype=torch.long)
+    out = fused_moe(x, torch.zeros(0, 32, 32), torch.zeros(0, 32, 16), ids, torch.ones(20, 2))
+    assert out.shape == (20, 32) and out.count_nonzero() == 0
+
+
 def test_alignment_worked_example():
     """kernels/moe_align.py's docstring example, field by field."""
     al = align_moe(torch.tensor([[0, 5], [1, 0], [0, 1]]), num_experts=2, block_m=2)

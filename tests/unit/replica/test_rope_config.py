@@ -209,3 +209,27 @@ def test_plain_rope_has_no_scaling():
     for extra in ({}, {"rope_scaling": None}, {"rope_parameters": {"rope_type": "default"}}):
         assert read_rope({**BASE, **extra}) == (10000.0, None)
     assert read_rope({"rope_theta": 5e5}) == (5e5, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "model_type"),
+    [
+        ("LlamaForCausalLM", "llama"),
+        ("MistralForCausalLM", "mistral"),
+        ("Qwen2ForCausalLM", "qwen2"),
+        ("Qwen3ForCausalLM", "qwen3"),
+        ("MixtralForCausalLM", "mixtral"),
+        ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    ],
+)
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0}])
+def test_a_config_without_rope_theta_takes_its_class_default(tmp_path, name, model_type, scaling):
+    """No rope_theta anywhere: transformers takes the config class's default_theta (a
+    Mixtral's 1e6, not 10000)."""
+    cfg = {**BASE, "architectures": [name], "model_type": model_type}
+    if scaling:
+        cfg["rope_scaling"] = scaling
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hf = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    assert read_rope(cfg)[0] == hf.rope_parameters["rope_theta"]
