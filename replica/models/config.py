@@ -15,6 +15,9 @@ DEFAULT_MAX_POSITIONS = 4096
 # num_experts_per_tok of a config.json that leaves it out: its config class's default.
 _DEFAULT_TOP_K = {"MixtralForCausalLM": 2, "Qwen2MoeForCausalLM": 4, "Qwen3MoeForCausalLM": 8}
 _QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# rms_norm_eps of a config.json that leaves it out: its config class's default (1e-6 but
+# for Mixtral's).
+_DEFAULT_EPS = {"MixtralForCausalLM": 1e-5}
 
 
 def max_positions(cfg: dict) -> int:
@@ -122,7 +125,7 @@ class ModelConfig:
             num_heads=shape.num_heads,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", _DEFAULT_EPS.get(arch, 1e-6))),
             rope_theta=rope_theta,
             rope_scaling=scaling,
             max_position_embeddings=max_positions(cfg),

@@ -1,5 +1,6 @@
-"""ModelConfig.from_hf for Qwen3: what transformers' Qwen3 config and modeling code
-build from a config.json (head_dim, attention_bias, q/k norms, sliding layers)."""
+"""ModelConfig.from_hf: what transformers' config and modeling code build from a
+config.json (Qwen3's head_dim, attention_bias, q/k norms, sliding layers; each class's
+rms_norm_eps default)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,26 @@ def test_attention_bias_and_qk_norm(arch, extra, qkv_bias, o_bias, qk_norm) -> N
 )
 def test_qwen3_sliding_layers(extra, windows) -> None:
     assert _cfg("Qwen3ForCausalLM", **extra).layer_windows == windows
+
+
+@pytest.mark.parametrize(
+    ("arch", "model_type"),
+    [
+        ("LlamaForCausalLM", "llama"),
+        ("MistralForCausalLM", "mistral"),
+        ("MixtralForCausalLM", "mixtral"),
+        ("Qwen2ForCausalLM", "qwen2"),
+        ("Qwen3ForCausalLM", "qwen3"),
+        ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    ],
+)
+def test_a_config_without_rms_norm_eps_takes_its_class_default(arch, model_type):
+    """transformers fills a missing rms_norm_eps from the config class (a Mixtral's 1e-5)."""
+    import transformers
+
+    hf = transformers.AutoConfig.for_model(model_type)
+    moe = {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2}
+    moe |= {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}
+    extra = moe if arch.endswith(("MoeForCausalLM", "MixtralForCausalLM")) else {}
+    assert _cfg(arch, **extra).rms_norm_eps == hf.rms_norm_eps
