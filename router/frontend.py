@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from lora_core.errors import (
     AdapterDraining,
@@ -35,6 +36,7 @@ from replica.serve_protocol import GenerateCall
 from router import admission
 from router.admission import Admitted
 from router.auth import AdapterResolver
+from router.call_ids import template_call_ids
 from router.choices import choice_params
 from router.errors import unwrap
 from router.logprobs import TokenTable
@@ -185,6 +187,19 @@ class Frontend(PromptEncoder):
         self.resolver = resolver
         self.dispatch = dispatch
         self.token_table = TokenTable(tokenizer)
+
+    async def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[int, ...]:
+        """PromptEncoder's, the messages' call ids first made fit for the template of the
+        model tool_call_parser reads (`router.call_ids.template_call_ids`: a Mistral
+        template refuses ids other than 9 letters and digits), for chat, gRPC's chat
+        and /tokenize alike."""
+        messages = template_call_ids(messages, self.tool_call_parser)
+        return await super().encode_chat(messages, tools, options)
 
     def thinking_first(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> SamplingParams:
         """A chat's params, with structured_after set to "</think>"'s token ids when the

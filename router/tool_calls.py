@@ -10,13 +10,10 @@ reader cannot read as a call stays content: nothing is dropped.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+from router.call_ids import CallIds
 
 
 def call_delta(index: int, name: str, arguments: str, call_id: str) -> dict[str, Any]:
@@ -41,6 +38,9 @@ class ToolStream:
 
     calls: int = 0
     """Calls sent so far."""
+    ids: CallIds = field(default_factory=CallIds)
+    """The calls' ids, in the shape the served model's template takes
+    (`router.call_ids`)."""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -52,15 +52,11 @@ class ToolStream:
         """A choice that stopped having called tools finishes with "tool_calls" (OpenAI's)."""
         return "tool_calls" if engine == "stop" and self.calls else engine
 
-    def new_id(self) -> str:
-        """A fresh call id (readers of formats whose templates check ids override it)."""
-        return new_call_id()
-
     def start_call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
         """A new call's first delta (its index the next), counted in `calls`; its id
-        `call_id` (one the model wrote), else a fresh one."""
+        `call_id` (one the model wrote) when `ids` takes it, else a fresh one."""
         self.calls += 1
-        call_id = call_id or self.new_id()
+        call_id = self.ids.next(call_id)
         return {"tool_calls": [call_delta(self.calls - 1, name, arguments, call_id)]}
 
 

@@ -16,7 +16,7 @@
 A grammar-forced output always parses (a length cut aside), so a "required" or named
 request never falls back to text silently. `router.tool_calls` reads the generated text
 into the chat message's deltas: text as `content`, each call as a `tool_calls` entry with
-an id of its own.
+an id of its own, in the shape the cluster's parser's model takes (`router.call_ids`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 from lora_core.errors import InvalidRequest
 from replica.structured_spec import StructuredOutput, checked, parse_json_schema
+from router.call_ids import CallIds, mistral_style
 from router.tool_calls import CallArray, NamedCall, ToolStream
 from router.tool_parsers import READERS, SPECIAL_MARKERS
 
@@ -138,13 +139,17 @@ class ToolPlan:
 
     def stream(self, parser: str | None) -> ToolStream | None:
         """A reader of one choice's generated text (None: plain text). parser: the
-        cluster's tool_call_parser, which tool_choice "auto" needs (`check_parser`)."""
+        cluster's tool_call_parser, which tool_choice "auto" needs (`check_parser`) and
+        whose model's template the calls' ids are made for, forced calls' too
+        (`router.call_ids`)."""
+        ids = CallIds(mistral=mistral_style(parser))
         if self.choice == "function":
-            return NamedCall(name=self.name or "")
+            return NamedCall(ids=ids, name=self.name or "")
         if self.choice == "required":
-            return CallArray()
+            return CallArray(ids=ids)
         if self.choice == "auto" and self.tools and parser in READERS:
-            return READERS[parser](names={t.name for t in self.tools}, parallel=self.parallel)
+            names = {t.name for t in self.tools}
+            return READERS[parser](ids=ids, names=names, parallel=self.parallel)
         return None
 
     def keeps_special_tokens(self, parser: str | None) -> bool:

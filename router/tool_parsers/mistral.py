@@ -29,18 +29,14 @@ mistral-common reads it, else a fresh one.
 
 from __future__ import annotations
 
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.call_ids import CallIds
 from router.reasoning import tag_tail
 from router.tool_calls import AutoCalls, content
 from router.tool_parsers.json_call import JsonCall
 from router.tool_parsers.mistral_named import MARKER, WHITESPACE, NamedCall
-
-CALL_ID = re.compile("[A-Za-z0-9]{9}")
-"""A Mistral call id: 9 letters and digits."""
 
 
 @dataclass
@@ -69,19 +65,9 @@ class MistralCalls(AutoCalls):
     """The text after a [TOOL_CALLS] while its form is unknown (only whitespace)."""
     array: Array | None = None
     named: NamedCall | None = None
-    ids: set[str] = field(default_factory=set)
-    """The ids of the calls sent."""
-
-    def new_id(self) -> str:
-        return uuid.uuid4().hex[:9]
-
-    def start_call(self, name: str, arguments: str, call_id: str = "") -> dict[str, Any]:
-        """The id the model wrote is the call's when it is 9 letters and digits and no
-        earlier call's; else the call gets a fresh one."""
-        if not CALL_ID.fullmatch(call_id) or call_id in self.ids:
-            call_id = self.new_id()
-        self.ids.add(call_id)
-        return super().start_call(name, arguments, call_id)
+    ids: CallIds = field(default_factory=lambda: CallIds(mistral=True))
+    """Mistral's ids: the id the model wrote is the call's when it is 9 letters and
+    digits and no earlier call's; else the call gets a fresh one."""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

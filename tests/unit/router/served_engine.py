@@ -19,10 +19,12 @@ def served_frontend(
     max_model_len: int | None = None,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    tokenizer=None,
 ) -> Iterator[Frontend]:
     """A Frontend (no auth, base model BASE) whose requests engine runs; max_model_len:
     the Frontend's context (default the engine's); tool_call_parser, reasoning_parser:
-    the Frontend's."""
+    the Frontend's; tokenizer: the Frontend's (default the engine's; one of the same
+    vocabulary with another chat template, say)."""
     front_end = AsyncEngine(engine.config, engine)
 
     async def dispatch(call):  # as replica.deployment calls it
@@ -37,7 +39,7 @@ def served_frontend(
     try:
         max_len = max_model_len or engine.max_model_len
         yield Frontend(
-            engine.tokenizer,
+            tokenizer or engine.tokenizer,
             resolver,
             dispatch,
             max_len,
