@@ -1,13 +1,25 @@
-"""Engine decode throughput on the GPU: a random-weight Llama-3-8B-shaped model in bf16.
+"""Engine decode throughput on the GPU: a random-weight Llama-3-8B-shaped model in bf16
+(or with --shape mixtral a Mixtral-8x7B-shaped mixture-of-experts model).
 
     python benchmarks/engine_gpu.py [--out benchmarks/results/engine_gpu_h200.json]
+    python benchmarks/engine_gpu.py --shape mixtral [--layers 8] [--moe-path fused] ...
 
 Measures decode tokens/s at 32 and 128 concurrent sequences for base-only and for 8
-and 32 distinct rank-16 adapters on all seven projections. Adapter weights are
+and 32 distinct rank-16 adapters on all seven projections (a mixtral's on q/k/v/o
+only: lorafleet's MoE models take LoRA on attention alone). Adapter weights are
 random and written straight into the engine's GPU slots (loading is not what is
 timed). The floor printed beside each figure is the base-only run at the same
 concurrency, and the HBM floor of one decode step (weights + adapters + KV read
-once at the copy bandwidth measured in the same run).
+once at the copy bandwidth measured in the same run; of a mixtral's experts only those
+the step's tokens reach in expectation under uniform top-2 routing, which the random
+router roughly gives: `benchmarks/engine_shapes.py`).
+
+--shape mixtral: 8 layers by default (their experts are 22.5 GB). --moe-path sets every
+MoE block's `SparseMoE.compute`: auto (fused on CUDA), fused (Triton), dense (every
+expert on every token, fixed shapes) or grouped (one GEMM pair per hit expert; it syncs
+with the host, so only with --eager). Each result row names its shape ("llama" or
+"mixtral"); a mixtral's also its expected experts touched per layer.
+--smoke runs either shape at tiny sizes on the CPU, eagerly.
 """
 
 from __future__ import annotations
@@ -24,11 +36,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.engine_shapes import (  # noqa: E402
+    DEFAULT_LAYERS,
+    MODEL_NAMES,
+    SHAPES,
+    SMOKE,
+    expected_experts,
+    set_moe_path,
+    step_weight_bytes,
+)
 from lora_core.identity import AdapterRef  # noqa: E402
 from replica.block_manager import BlockManager  # noqa: E402
 from replica.model_runner import ModelRunner  # noqa: E402
 from replica.models.config import ModelConfig  # noqa: E402
 from replica.models.llama import CausalLM  # noqa: E402
+from replica.models.moe import COMPUTE_PATHS  # noqa: E402
 from replica.sampler import sample  # noqa: E402
 from replica.sampling_params import SamplingParams  # noqa: E402
 from replica.scheduler import Scheduler  # noqa: E402
@@ -36,29 +58,6 @@ from replica.sequence import Sequence  # noqa: E402
 from replica.structured import Grammars, restrict  # noqa: E402
 from replica.structured_spec import StructuredOutput  # noqa: E402
 
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-    "eos_token_id": 128001,
-}
-
-
-SMOKE = {
-    "vocab_size": 512,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 DEVICE = torch.device("cuda")
 PROFILE = False
 GRAPHS = True
@@ -132,7 +131,7 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
         p.data.normal_(0, 0.02)
     buffers = SlotBuffers(cfg.base_shape, max_loras, rank, torch.bfloat16, DEVICE)
     for layer in range(cfg.num_layers):
-        for group in ("qkv", "o", "gate_up", "down"):
+        for group in cfg.base_shape.lora_groups:  # qkv and o alone for a MoE model
             for t in buffers.a(layer, group) + buffers.b(layer, group):
                 t.normal_(0, 0.02)
     buffers.slot_ranks.fill_(rank)
@@ -258,7 +257,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama",
+                    help="llama: Llama-3-8B; mixtral: Mixtral-8x7B (8 experts, top-2)")  # fmt: skip
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers (default: llama 32, mixtral 8)")  # fmt: skip
+    ap.add_argument("--moe-path", choices=COMPUTE_PATHS, default="auto",
+                    help="every MoE block's SparseMoE.compute (mixtral); grouped needs --eager")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--profile", action="store_true", help="print a torch.profiler table per configuration"
@@ -308,7 +312,16 @@ def main() -> None:
     structured = [0] + [int(k) for k in args.structured.split(",") if k]
     PROFILE = args.profile
     GRAPHS = not args.eager and not args.smoke
-    hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
+    if args.moe_path != "auto" and args.shape != "mixtral":
+        ap.error(f"--moe-path {args.moe_path}: the {args.shape} shape has no MoE layers; "
+                 "allowed with --shape mixtral")  # fmt: skip
+    if args.moe_path == "grouped" and GRAPHS:
+        ap.error("--moe-path grouped reads the per-expert token counts on the host, which a "
+                 "CUDA graph cannot capture; allowed with --eager (or --smoke), else take "
+                 "auto, fused or dense")  # fmt: skip
+    if args.layers is None:
+        args.layers = DEFAULT_LAYERS[args.shape]
+    hf = {**SHAPES[args.shape], "num_hidden_layers": args.layers}
     if args.smoke:
         DEVICE = torch.device("cpu")
         hf.update(SMOKE)
@@ -320,6 +333,7 @@ def main() -> None:
         GRAMMARS = Grammars(tok, cfg.vocab_size, [tok.eos_token_id])
     bw = copy_bandwidth()
     model, ctx, buffers = build(cfg, 32, args.rank)
+    set_moe_path(model, args.moe_path)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     per_adapter = buffers.nbytes / 32
     rows = []
@@ -340,14 +354,19 @@ def main() -> None:
         ]
         ctx_tokens = seqs * (args.prompt_len + args.steps)
         kv_bytes = ctx_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
-        floor_s = (weight_bytes + n * per_adapter + kv_bytes) / bw
+        floor_s = (step_weight_bytes(model, seqs) + n * per_adapter + kv_bytes) / bw
         step_ms = statistics.median(r["step_ms"] for r in mine)
         rows.append({
             "decode_tokens_per_s": seqs / step_ms * 1e3, "step_ms": step_ms,
             "step_ms_per_round": [round(r["step_ms"], 3) for r in mine],
             "graph_replays": mine[0]["graph_replays"], "num_seqs": seqs,
             "distinct_adapters": n, "structured_rows": key[2], "hbm_floor_step_ms": floor_s * 1e3,
+            "shape": args.shape,
         })  # fmt: skip
+        if cfg.num_experts:
+            rows[-1]["expected_experts_per_layer"] = expected_experts(
+                cfg.num_experts, cfg.num_experts_per_tok, seqs
+            )
     base = {
         r["num_seqs"]: r["decode_tokens_per_s"]
         for r in rows
@@ -358,6 +377,10 @@ def main() -> None:
     print(
         f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.1f} GB; adapter {per_adapter / 1e6:.1f} MB"
     )
+    if cfg.num_experts:
+        print(f"{cfg.num_experts} experts top-{cfg.num_experts_per_tok} per layer, moe path "
+              f"{args.moe_path}; HBM floor: the experts a step touches in expectation "
+              "(expected_experts_per_layer) + the other weights, adapters and KV")  # fmt: skip
     print(
         f"{'seqs':>5} {'adapters':>8} {'grammar':>7} {'tok/s':>9} {'step ms':>8} {'HBM floor ms':>12} {'vs base':>8}"
     )
@@ -374,7 +397,8 @@ def main() -> None:
                     "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
                     "torch": torch.__version__,
                     "copy_bandwidth_Bps": bw,
-                    "model": "Llama-3-8B shape, random bf16 weights",
+                    "model": MODEL_NAMES[args.shape],
+                    **({"moe_path": args.moe_path} if cfg.num_experts else {}),
                     "layers": args.layers,
                     "rank": args.rank,
                     "prompt_len": args.prompt_len,
