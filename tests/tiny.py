@@ -8,9 +8,12 @@ LoRA adapters saved by `peft` itself.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from deploy.demo import build_model, build_tokenizer
 
@@ -220,3 +223,23 @@ def run_requests(engine, requests) -> dict[str, list[int]]:
         for o in engine.step():
             out[o.request_id] += o.new_token_ids
     return out
+
+
+def with_mlp_lora(src: Path, dst: Path, layers: int, hidden: int, intermediate: int) -> Path:
+    """A copy of the rank-8 q/v adapter src at dst that also puts LoRA on every layer's
+    dense MLP projections (gate_proj, up_proj, down_proj), as a same-sized dense model's
+    adapter would: what a mixture-of-experts base must refuse. -> dst."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(dst / "adapter_model.safetensors"))
+    sizes = {"gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
+             "down_proj": (intermediate, hidden)}  # fmt: skip
+    for layer in range(layers):
+        for module, (n_in, n_out) in sizes.items():
+            key = f"base_model.model.model.layers.{layer}.mlp.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(8, n_in)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, 8)
+    save_file(tensors, str(dst / "adapter_model.safetensors"))
+    return dst

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from lora_core.errors import AdapterIncompatible
 from replica.models.moe import SparseMoE
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from tests.hf_reference import hf_greedy
-from tests.tiny import make_tiny_mixtral, run_requests
+from tests.tiny import make_tiny_mixtral, run_requests, with_mlp_lora
 from tests.unit.replica.engines import small_engine
 
 MAX_NEW = 8
@@ -87,19 +84,7 @@ def test_engine_refuses_an_adapter_on_the_experts(mixtral_dir, mixtral_adapters,
     """Validated without the base (adapter_ref, as the registry may), an adapter with
     LoRA on a dense MLP's projections (what a Llama's would be) reaches the engine, which
     refuses it against its Mixtral and serves the next request as before."""
-    path = tmp_path / "mlp"
-    shutil.copytree(mixtral_adapters["qv8"], path)
-    cfg = json.loads((path / "adapter_config.json").read_text())
-    cfg["target_modules"] = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-    tensors = load_file(str(path / "adapter_model.safetensors"))
-    prefix = "base_model.model.model.layers"
-    for layer in range(2):
-        for module, (n_in, n_out) in {"gate_proj": (64, 128), "up_proj": (64, 128),
-                                      "down_proj": (128, 64)}.items():  # fmt: skip
-            tensors[f"{prefix}.{layer}.mlp.{module}.lora_A.weight"] = torch.randn(8, n_in)
-            tensors[f"{prefix}.{layer}.mlp.{module}.lora_B.weight"] = torch.randn(n_out, 8)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
+    path = with_mlp_lora(mixtral_adapters["qv8"], tmp_path / "mlp", 2, 64, 128)
     engine = small_engine(mixtral_dir)
     good = adapter_ref("good", mixtral_adapters["qv8"], max_rank=16)
     before = run_requests(engine, [("a", PROMPTS[0], GREEDY, good)])

@@ -10,11 +10,8 @@ engine and is refused there."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from lora_core.errors import AdapterIncompatible
 from replica.models.mlp import MLP
@@ -22,7 +19,7 @@ from replica.models.moe import SparseMoE
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from tests.hf_reference import hf_greedy
-from tests.tiny import make_tiny_qwen_moe, run_requests
+from tests.tiny import make_tiny_qwen_moe, run_requests, with_mlp_lora
 from tests.unit.replica.engines import small_engine
 
 MAX_NEW = 8
@@ -95,19 +92,7 @@ def test_engine_refuses_an_adapter_on_the_mlps(qwen3_moe_dir, qwen3_moe_adapters
     LoRA on dense MLP projections (what a same-sized Qwen3's would be; layer 1 has them:
     mlp_only_layers) reaches the engine, which refuses it against its Qwen3-MoE, naming
     what takes no LoRA, and serves the next request as before."""
-    path = tmp_path / "mlp"
-    shutil.copytree(qwen3_moe_adapters["qv8"], path)
-    cfg = json.loads((path / "adapter_config.json").read_text())
-    cfg["target_modules"] = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-    tensors = load_file(str(path / "adapter_model.safetensors"))
-    prefix = "base_model.model.model.layers"
-    for layer in range(3):
-        for module, (n_in, n_out) in {"gate_proj": (64, 128), "up_proj": (64, 128),
-                                      "down_proj": (128, 64)}.items():  # fmt: skip
-            tensors[f"{prefix}.{layer}.mlp.{module}.lora_A.weight"] = torch.randn(8, n_in)
-            tensors[f"{prefix}.{layer}.mlp.{module}.lora_B.weight"] = torch.randn(n_out, 8)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
+    path = with_mlp_lora(qwen3_moe_adapters["qv8"], tmp_path / "mlp", 3, 64, 128)
     engine = small_engine(qwen3_moe_dir)
     good = adapter_ref("good", qwen3_moe_adapters["qv8"], max_rank=16)
     before = run_requests(engine, [("a", PROMPTS[0], GREEDY, good)])
