@@ -167,11 +167,12 @@ class LoraAutoscalingPolicy:
         if want != self._last_logged:
             # Serve ticks every 0.1 s; log when the wish changes, not on every tick.
             self._last_logged = want
+            # the replicas wanted as a whole number: a desired 1.001 asks for 2, which
+            # "%.2f" alone would print as 1.00
             log.info(
-                "lorafleet autoscaling: %d replicas, want %.2f (%s; %s)",
-                current,
+                "lorafleet autoscaling: %d replicas, want %d (%s; desired %.3f; %s)",
+                *want,
                 d.desired,
-                d.reason,
                 ", ".join(f"{k} {v:.2f}" for k, v in d.demands.items()),
             )
         return d.desired, {"lorafleet_reason": d.reason}

@@ -161,8 +161,8 @@ def test_adapter_demand_grows_the_fleet_and_idle_shrinks_it(scaling):
 
     # the controller's log names the signal that asked for the second replica
     def adapters_asked() -> bool:  # the log file may lag the controller by a moment
-        wishes = re.findall(r"1 replicas, want (\d+\.\d+) \(adapters;", controller_log())
-        return any(float(w) > 1.0 for w in wishes)
+        wishes = re.findall(r"1 replicas, want (\d+) \(adapters;", controller_log())
+        return any(int(w) > 1 for w in wishes)
 
     wait_for(adapters_asked, 15, "a controller log line: 1 replica, adapters want > 1")
     wait_for(lambda: running_replicas() == 1, 90, "scaling back down to 1 replica")
