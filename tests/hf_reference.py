@@ -34,3 +34,17 @@ def hf_greedy(model_dir, adapter_path, prompt_ids: list[int], **generate) -> lis
             input_ids=x, attention_mask=torch.ones_like(x), do_sample=False, **generate
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def hf_greedy_batch(model_dir, adapters: dict, tokenizer, prompts: list[str], max_new_tokens: int):
+    """HF's greedy tokens of every prompt with the base and each adapter {name: path}, keyed
+    as `tests.tiny.mixed_requests` names its requests ("<name or base>-<prompt index>")."""
+    want = {}
+    for i, prompt in enumerate(prompts):
+        ids = tokenizer(prompt).input_ids
+        for name in (None, *adapters):
+            path = adapters[name] if name else None
+            want[f"{name or 'base'}-{i}"] = hf_greedy(
+                model_dir, path, ids, max_new_tokens=max_new_tokens
+            )
+    return want

@@ -213,6 +213,16 @@ MOE_ADAPTER_SPECS: dict[str, dict] = {
 }
 
 
+def mixed_requests(prompts: list[str], params, refs: dict) -> list[tuple]:
+    """Every prompt with the base and each adapter ref {name: ref} -> run_requests'
+    requests, named "<name or base>-<prompt index>"."""
+    return [
+        (f"{name or 'base'}-{i}", prompt, params, refs[name] if name else None)
+        for i, prompt in enumerate(prompts)
+        for name in (None, *refs)
+    ]
+
+
 def run_requests(engine, requests) -> dict[str, list[int]]:
     """Add requests [(rid, prompt, params, adapter ref or None)] to an LLMEngine and step
     it until all finish -> {rid: generated token ids}."""

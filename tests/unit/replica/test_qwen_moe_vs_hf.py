@@ -18,8 +18,8 @@ from replica.models.mlp import MLP
 from replica.models.moe import SparseMoE
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
-from tests.hf_reference import hf_greedy
-from tests.tiny import make_tiny_qwen_moe, run_requests, with_mlp_lora
+from tests.hf_reference import hf_greedy, hf_greedy_batch
+from tests.tiny import make_tiny_qwen_moe, mixed_requests, run_requests, with_mlp_lora
 from tests.unit.replica.engines import small_engine
 
 MAX_NEW = 8
@@ -53,16 +53,6 @@ def references() -> dict:
     return {}
 
 
-def _reference(model_dir, adapters: dict, tokenizer) -> dict[str, list[int]]:
-    want = {}
-    for i, prompt in enumerate(PROMPTS):
-        ids = tokenizer(prompt).input_ids
-        for name in (None, *adapters):
-            path = adapters[name] if name else None
-            want[f"{name or 'base'}-{i}"] = hf_greedy(model_dir, path, ids, max_new_tokens=MAX_NEW)
-    return want
-
-
 @pytest.mark.parametrize("compute", ["grouped", "dense"])
 @pytest.mark.parametrize("model", ["q3", "q3-norm-step2-fused", "q2", "q2-norm-step2-fused"])
 def test_mixed_batch_equals_hf(models, references, request, model, compute):
@@ -75,15 +65,10 @@ def test_mixed_batch_equals_hf(models, references, request, model, compute):
     for layer in layers:
         layer.mlp.compute = compute
     refs = {n: adapter_ref(n, p, max_rank=16) for n, p in adapters.items()}
-    requests = [
-        (f"{name or 'base'}-{i}", prompt, GREEDY, refs[name] if name else None)
-        for i, prompt in enumerate(PROMPTS)
-        for name in (None, *refs)
-    ]
-    got = run_requests(engine, requests)
+    got = run_requests(engine, mixed_requests(PROMPTS, GREEDY, refs))
     assert engine.stats().adapter_loads > 2  # three adapters through two slots
     if model not in references:
-        references[model] = _reference(model_dir, adapters, engine.tokenizer)
+        references[model] = hf_greedy_batch(model_dir, adapters, engine.tokenizer, PROMPTS, MAX_NEW)
     assert got == references[model]
 
 
