@@ -126,7 +126,7 @@ CACHE_SALT_ALLOWED = (
 
 def check_cache_salt(salt: str | None) -> str | None:
     """cache_salt (vLLM's): a request shares prefix-cache blocks only with requests of the
-    same salt (`router.frontend.cache_salt_of`)."""
+    same salt (`router.prepared.cache_salt_of`)."""
     if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
         raise ValueError(f"got a string of {len(salt)} characters; {CACHE_SALT_ALLOWED}")
     return salt

@@ -59,7 +59,7 @@ class IngressSettings:
     registry. auth: require tenant API keys. admin_key: key of the admin endpoints
     ("" disables them). adapter_roots: where the load endpoint may register adapters
     from (`router.admin.check_adapter_path`; () = anywhere). prefix_cache_scope:
-    "tenant" or "shared" (`router.frontend.cache_salt_of`). max_model_len: prompt +
+    "tenant" or "shared" (`router.prepared.cache_salt_of`). max_model_len: prompt +
     output tokens per request at most (0 = the model's context length:
     `replica.models.config.max_positions`).
     max_lora_rank: the replicas' largest adapter rank (registration refuses larger).

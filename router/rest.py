@@ -49,7 +49,7 @@ from router.chat_reader import ChatReader, reader_of
 from router.choices import batch_of, batch_usage, total_usage
 from router.errors import error_json, openai_error_body, status_for, unwrap
 from router.fanout import all_or_first_error, close_all, merge_streams
-from router.frontend import Frontend, Prepared
+from router.frontend import Frontend
 from router.logprobs import LogprobReader
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import (
@@ -63,6 +63,7 @@ from router.openai_responses import (
     sse,
     usage_chunk,
 )
+from router.prepared import Prepared
 from router.prompt_logprobs import prompt_logprobs_json
 
 

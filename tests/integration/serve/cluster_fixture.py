@@ -7,6 +7,7 @@ Tenants: "ops" (owns everything private, key OPS), "t1" (owns t1-private; key T1
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -45,9 +46,13 @@ class Cluster:
     base: str
     stop_redis: object = None
     metrics: str = ""
+    app: str = APP
+    """The Serve application the gRPC calls name (`start_app_beside`)."""
+    namespace: str = "lorafleet"
+    """The app's registry namespace."""
 
     def registry(self) -> Registry:
-        return Registry(self.redis_url)
+        return Registry(self.redis_url, self.namespace)
 
     def grpc_stub(self):
         """An Inference stub on a new channel to the cluster's gRPC proxy."""
@@ -58,8 +63,8 @@ class Cluster:
         return pb_grpc.InferenceStub(grpc.insecure_channel(self.grpc))
 
     def grpc_auth(self, key: str = "ops") -> tuple[tuple[str, str], ...]:
-        """gRPC metadata carrying the API key of `key` (a name in `keys`)."""
-        return (("authorization", f"Bearer {self.keys[key]}"),)
+        """gRPC metadata carrying the API key of `key` (a name in `keys`) and the app."""
+        return (("authorization", f"Bearer {self.keys[key]}"), ("application", self.app))
 
     def replica_actors(self) -> dict[str, ray.actor.ActorHandle]:
         """Serve replica id -> actor handle of each live LoraReplica."""
@@ -127,21 +132,8 @@ def start_cluster(tmp: Path, **overrides) -> Cluster:
         raise
 
 
-def _start_on(tmp: Path, redis_url: str, stop_redis: Callable[[], None], **overrides) -> Cluster:
-    demo = ensure_demo(tmp / "demo")
-    adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra")
-    adapters["t1-private"] = adapters.pop("extra-4")
-    reg = Registry(redis_url)
-    keys = register_tenants(reg, adapters)
-    reg.close()
-    metrics_port = free_port()
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
-    if ray.is_initialized():  # a previous module's Ray: this module needs its own options
-        ray.shutdown()
-    ray.init(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
-    )
-    http_port, grpc_port = start_serve()
+def cluster_args(**overrides) -> ClusterArgs:
+    """The test cluster's args (2 CPU replicas, auth on, short ticks), with overrides."""
     args = dict(
         auth=True,
         admin_key=ADMIN_KEY,
@@ -158,7 +150,25 @@ def _start_on(tmp: Path, redis_url: str, stop_redis: Callable[[], None], **overr
     args.update(overrides)
     if "autoscaling" in overrides:
         del args["num_replicas"]
-    cfg = ClusterArgs(**args)
+    return ClusterArgs(**args)
+
+
+def _start_on(tmp: Path, redis_url: str, stop_redis: Callable[[], None], **overrides) -> Cluster:
+    demo = ensure_demo(tmp / "demo")
+    adapters = dict(demo.adapters) | make_extra_adapters(tmp / "extra")
+    adapters["t1-private"] = adapters.pop("extra-4")
+    reg = Registry(redis_url)
+    keys = register_tenants(reg, adapters)
+    reg.close()
+    metrics_port = free_port()
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "500")
+    if ray.is_initialized():  # a previous module's Ray: this module needs its own options
+        ray.shutdown()
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port
+    )
+    http_port, grpc_port = start_serve()
+    cfg = cluster_args(**overrides)
     serve.run(bind_app(cfg, str(demo.model_dir), redis_url), name=APP, route_prefix="/")
     cluster = Cluster(
         http=f"http://127.0.0.1:{http_port}",
@@ -173,6 +183,44 @@ def _start_on(tmp: Path, redis_url: str, stop_redis: Callable[[], None], **overr
     )
     wait_registered(cluster, cfg.autoscaling.min_replicas if cfg.autoscaling else cfg.num_replicas)
     return cluster
+
+
+def start_app_beside(cluster: Cluster, app: str, **overrides) -> Cluster:
+    """A second app on `cluster`'s Serve, for tests of cluster args the first app lacks:
+    at route prefix /<app>, its replicas in registry namespace <app> (the first app's
+    routers never see them), auth off (every key passes; model: the base), the test
+    cluster's args with overrides. While two apps run, Serve's gRPC proxy takes only
+    calls that name theirs (`Cluster.grpc_auth`): stop it with `stop_app_beside` before
+    calls to the first app that name none."""
+    cfg = cluster_args(auth=False, admin_key="", namespace=app, **overrides)
+    beside = dataclasses.replace(
+        cluster, http=f"{cluster.http}/{app}", keys={"ops": "unused"}, app=app, namespace=app
+    )
+    try:
+        serve.run(bind_app(cfg, str(cluster.demo.model_dir), cluster.redis_url), name=app,
+                  route_prefix=f"/{app}")  # fmt: skip
+        wait_registered(beside, cfg.num_replicas)
+    except BaseException:  # the fixture never gets the app to stop: stop it here
+        stop_app_beside(cluster, app)
+        raise
+    return beside
+
+
+def stop_app_beside(cluster: Cluster, app: str, timeout_s: float = 30.0) -> None:
+    """Deletes `start_app_beside`'s app and waits until the gRPC proxy lists only the
+    first one (it learns of the deletion a moment later)."""
+    import grpc
+    from ray.serve.generated import serve_pb2, serve_pb2_grpc
+
+    serve.delete(app)
+    listing = serve_pb2_grpc.RayServeAPIServiceStub(grpc.insecure_channel(cluster.grpc))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        apps = listing.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10)
+        if list(apps.application_names) == [cluster.app]:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"Serve's gRPC proxy still lists {app} {timeout_s} s after its deletion")
 
 
 def start_serve(attempts: int = 3) -> tuple[int, int]:

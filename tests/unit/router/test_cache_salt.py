@@ -8,9 +8,10 @@ from lora_core.errors import InvalidRequest
 from replica.sampling_params import SamplingParams
 from router.auth import AdapterResolver
 from router.body_parse import parse_body
-from router.frontend import Frontend, cache_salt_of
+from router.frontend import Frontend
 from router.grpc_service import cache_salt_of_request
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
+from router.prepared import cache_salt_of
 from router.proto import lorafleet_pb2 as pb
 from tests.unit.router.test_frontend_auth import (
     BASE,

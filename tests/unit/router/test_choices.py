@@ -10,9 +10,9 @@ from replica.sampling_params import SamplingParams
 from replica.serve_protocol import GenerateCall
 from router.body_parse import parse_body
 from router.choices import MAX_N, N_ALLOWED, choice_params, choice_seed, total_usage
-from router.frontend import Prepared
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_responses import Usage
+from router.prepared import Prepared
 
 COMPLETION = {"model": "a", "prompt": "x"}
 CHAT = {"model": "a", "messages": [{"role": "user", "content": "x"}]}
