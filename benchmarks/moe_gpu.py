@@ -6,7 +6,8 @@ on every token) and the grouped path (one GEMM pair per hit expert, a host sync)
 
 At T in {1, 8, 32, 128, 512} tokens, routed by a random router (softmax top-2 of random
 logits): fused and dense under CUDA-graph replay (as decode runs them), fused eager too
-(its alignment's dozen small launches included), grouped eager (it cannot be captured).
+(all five of its launches: the alignment's two, the two GEMMs, the sum), grouped eager
+(it cannot be captured).
 Floor: the weights of the experts the routing touches plus x read and y written once, at
 the copy bandwidth measured in the same run; each figure is printed with its ratio to it.
 --sweep also times other tile configs of the fused kernels (kernels.triton.fused_moe
