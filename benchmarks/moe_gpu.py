@@ -9,8 +9,9 @@ the default), qwen3-moe (Qwen3-30B-A3B: H 2048, I 768, 128 experts, top-8) or qw
 
 At T in {1, 8, 32, 128, 512} tokens (and 2048 for the Qwen shapes), routed by a random
 router (softmax top-k of random logits): fused and dense under CUDA-graph replay (as
-decode runs them), fused eager too (its alignment's dozen small launches included),
-grouped eager (it cannot be captured). Dense is skipped past E x T = 65536 expert rows.
+decode runs them), fused eager too (all five of its launches: the alignment's two, the
+two GEMMs, the sum), grouped eager (it cannot be captured). Dense is skipped past
+E x T = 65536 expert rows.
 Floor: the weights of the experts the routing touches plus x read and y written once, at
 the copy bandwidth measured in the same run; each figure is printed with its ratio to it.
 --sweep also times other tile configs of the fused kernels (kernels.triton.fused_moe

@@ -2,9 +2,11 @@
 
 The fused MoE kernels (kernels/triton/fused_moe.py) run one program per BLOCK_M rows of
 one expert. This groups the T * k pairs by local expert, pads each expert's run to a
-multiple of BLOCK_M and says which expert each block belongs to, with torch ops that
-never synchronise with the host: every size is a function of (T, k, E_local, BLOCK_M),
-not of the routing, so a decode step doing this is captured in a CUDA graph as is.
+multiple of BLOCK_M and says which expert each block belongs to, never synchronising
+with the host: every size is a function of (T, k, E_local, BLOCK_M), not of the routing,
+so a decode step doing this is captured in a CUDA graph as is. On the Triton backend it
+is two launches (kernels/triton/moe_align.py); `align_moe_ref`, the CPU path and the
+reference it is tested on, is a dozen torch ops.
 
 Pair p is (token p // k, choice p % k), expert topk_ids[t, j]; ids outside [0, E_local)
 (another rank's experts) take no row. Worked example (T 3, k 2, E_local 2, BLOCK_M 2;
@@ -21,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.backend import backend_for
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -44,8 +48,24 @@ class MoeAlignment:
 
 
 def align_moe(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
-    """topk_ids: int [T, k] local expert ids (outside [0, num_experts): no work) ->
-    MoeAlignment; pairs of one expert keep their order (token-major)."""
+    """topk_ids: int32/int64 [T, k] (any strides) local expert ids (outside
+    [0, num_experts): no work) -> MoeAlignment; pairs of one expert keep their order
+    (token-major). Triton (two launches) or `align_moe_ref` by the kernels backend."""
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"topk_ids: {topk_ids.dtype} {tuple(topk_ids.shape)}; allowed: int32/int64 [T, k]"
+        )
+    if num_experts < 1 or block_m < 1:
+        raise ValueError(f"num_experts {num_experts}, block_m {block_m}; allowed: both >= 1")
+    if backend_for(topk_ids.device) == "triton":
+        from kernels.triton.moe_align import align_moe_triton
+
+        return align_moe_triton(topk_ids, num_experts, block_m)
+    return align_moe_ref(topk_ids, num_experts, block_m)
+
+
+def align_moe_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+    """align_moe in torch ops (about a dozen launches): the CPU path and the reference."""
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     pairs = flat.numel()

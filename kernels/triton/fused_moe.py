@@ -1,7 +1,9 @@
-"""Fused mixture-of-experts: the routed experts' GEMMs over per-expert tiles, two launches.
+"""Fused mixture-of-experts: the routed experts' GEMMs over per-expert tiles; five
+launches per call in all (two for the alignment, two GEMMs, the sum), whatever T.
 
-After the device-side alignment (kernels/moe_align.py: (token, choice) pairs grouped by
-local expert, padded to BLOCK_M rows per block), each program of
+After the device-side alignment (kernels/moe_align.py, here its two launches in
+kernels/triton/moe_align.py: (token, choice) pairs grouped by local expert, padded to
+BLOCK_M rows per block), each program of
 - _gate_up_kernel takes one block (BLOCK_M pairs of one expert) and BLOCK_N columns of
   the intermediate: h[pair, n] = silu(x[tok] . w13[e, n]) * (x[tok] . w13[e, I + n]), the
   gate and up GEMMs in two fp32 accumulators, SiLU and product in the epilogue, stored
@@ -9,8 +11,10 @@ local expert, padded to BLOCK_M rows per block), each program of
 - _down_kernel takes one block and BLOCK_N columns of H: y[pair, n] = w[pair] *
   (h[pair] . w2[e, n]) in fp32, cast to x's dtype (each expert's weighted output rounded
   before the sum, as transformers does) and stored by pair id.
-The k rows of a token are then summed (torch, fp32 accumulation: deterministic). Only
-the experts a block routes to are read, so FLOPs and weight bytes follow the routing.
+The k rows of a token are then summed (kernels/triton/moe_sum.py: the local pairs' rows
+only, in fp32, choice by choice: deterministic; y is never zero-filled, as the rows of
+other ranks' pairs are never read). Only the experts a block routes to are read, so
+FLOPs and weight bytes follow the routing.
 Programs past the device-side block count exit at once: the grid is sized for the most
 blocks T * k pairs can fill, so nothing here waits on the host (CUDA-graph capturable).
 Block ids vary fastest in the grid, so the programs running together share a weight tile
@@ -25,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_align import align_moe
 from kernels.triton.common import DTYPES, cdiv, check_device, dot_precision
+from kernels.triton.moe_align import align_moe_triton
+from kernels.triton.moe_sum import moe_sum
 
 
 @dataclass(frozen=True)
@@ -192,11 +197,13 @@ def fused_moe_triton(
     (tokens, hidden), (num_local, two_i, _) = x.shape, w13.shape
     top_k, inter = topk_ids.shape[1], two_i // 2
     pairs = tokens * top_k
-    # rows of pairs routed off this rank are never written: zeros, so the sum skips them
-    y = torch.zeros(tokens, top_k, hidden, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    # one row per pair; those of other ranks' pairs are never written, and never read
+    y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     if pairs and num_local:  # no local experts: every pair is another rank's
         cfg = moe_config(tokens, top_k, num_local, x.element_size())
-        al = align_moe(topk_ids, num_local, cfg.block_m)
+        al = align_moe_triton(topk_ids, num_local, cfg.block_m)
         grid_m = al.block_expert.shape[0]
         h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         precision = dot_precision(x.dtype)
@@ -210,13 +217,12 @@ def fused_moe_triton(
             num_warps=g.num_warps, num_stages=g.num_stages,
         )  # fmt: skip
         d = cfg.down
-        y2 = y.view(pairs, hidden)
         _down_kernel[(grid_m, cdiv(hidden, d.block_n))](
-            h, w2, y2, topk_weights, al.sorted_ids, al.block_expert, al.num_blocks,
+            h, w2, y, topk_weights, al.sorted_ids, al.block_expert, al.num_blocks,
             pairs, hidden, inter,
-            *h.stride(), *w2.stride(), *y2.stride(), *topk_weights.stride(),
+            *h.stride(), *w2.stride(), *y.stride(), *topk_weights.stride(),
             TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k,
             EVEN_K=inter % d.block_k == 0, PRECISION=precision,
             num_warps=d.num_warps, num_stages=d.num_stages,
         )  # fmt: skip
-    return torch.sum(y, dim=1, out=out)
+    return moe_sum(y, topk_ids, num_local, out)

@@ -1,12 +1,14 @@
 """kernels.fused_moe on CUDA at Mixtral-8x7B's layer shapes (H 4096, I 14336, 8 experts,
-top-2) against the float64 oracle, every block height the launcher picks, expert-parallel
-ids, skewed routing; and the fused path captured in a CUDA graph and replayed on new
-routings (run with -m gpu)."""
+top-2) and a Qwen3-MoE one (128 experts, top-8) against the float64 oracle, every block
+height the launcher picks, expert-parallel ids, skewed routing; the fused path captured
+in a CUDA graph and replayed on new routings; its Triton alignment equal to the torch one
+(eager and replayed in a graph) and its final sum bit for bit (run with -m gpu)."""
 
 import pytest
 import torch
 
 from kernels import fused_moe
+from kernels.moe_align import align_moe_ref
 from kernels.testing import (
     MOE_TOLERANCE,
     captured,
@@ -16,6 +18,8 @@ from kernels.testing import (
     rel_err,
 )
 from kernels.triton.fused_moe import moe_config
+from kernels.triton.moe_align import align_moe_triton
+from kernels.triton.moe_sum import moe_sum
 
 pytestmark = [
     pytest.mark.gpu,
@@ -112,3 +116,75 @@ def test_captured_graph_replays_new_routings(mixtral, tokens):
             assert out.count_nonzero() == 0
         else:
             assert rel_err(out, want) < MOE_TOLERANCE[BF16]
+
+
+ROUTINGS = [(8, 2), (128, 8)]  # (E, k): Mixtral-8x7B, Qwen3-MoE
+FIELDS = ("sorted_ids", "block_expert", "num_blocks")
+
+
+def assert_same_alignment(got, want):
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == torch.int32 and torch.equal(a, b), f"{name}:\n{a}\n!=\n{b}"
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 512, 8192])
+@pytest.mark.parametrize(("experts", "top_k"), ROUTINGS)
+def test_triton_alignment_equals_torch(tokens, experts, top_k):
+    """The two-launch alignment equals the torch one field by field at every block height,
+    on fresh routings (some ids another rank's, some experts idle, all on one expert),
+    int64 and strided int32 ids; T = 8192 at top-8 is 65536 pairs."""
+    for off, skip in ((0.0, ()), (0.2, (1, 3)), (0.0, tuple(range(1, experts)))):
+        ids, _ = random_routing(tokens, top_k, experts, off, "cuda", skip)
+        strided = torch.zeros(tokens, top_k, 2, dtype=torch.int32, device="cuda")
+        strided[..., 1] = ids
+        for block_m in (16, 64, 128):
+            want = align_moe_ref(ids, experts, block_m)
+            assert_same_alignment(align_moe_triton(ids, experts, block_m), want)
+            assert_same_alignment(align_moe_triton(strided[..., 1], experts, block_m), want)
+
+
+@pytest.mark.parametrize("tokens", [8, 512])
+@pytest.mark.parametrize(("experts", "top_k"), ROUTINGS)
+def test_captured_alignment_replays_new_routings(tokens, experts, top_k):
+    """One capture of the Triton alignment, replayed on fresh ids copied into its static
+    input, its outputs poisoned before each replay: each equals the torch alignment."""
+    ids = torch.zeros(tokens, top_k, dtype=torch.long, device="cuda")
+    held = {}
+    graph = captured(lambda: held.update(al=align_moe_triton(ids, experts, 16)))
+    al = held["al"]
+    for off, skip in ((0.0, ()), (0.3, (0,)), (0.0, tuple(range(1, experts))), (1.0, ())):
+        ids.copy_(random_routing(tokens, top_k, experts, off, "cuda", skip)[0])
+        for name in FIELDS:
+            getattr(al, name).fill_(-7)
+        graph.replay()
+        assert_same_alignment(al, align_moe_ref(ids, experts, 16))
+
+
+@pytest.mark.parametrize(("tokens", "top_k"), [(1, 2), (300, 2), (7, 8), (4096, 8)])
+def test_sum_bit_for_bit(tokens, top_k):
+    """moe_sum on CUDA (bf16): the fp32 sum over choices 0, 1, ... of the local pairs'
+    rows, rounded once, bit for bit; the other rows NaN and unread. At top-2 it is the
+    zero-filled torch.sum it replaces, bit for bit."""
+    ids, _ = random_routing(tokens, top_k, 4, 0.3, "cuda")
+    local = (ids >= 0) & (ids < 4)
+    y = torch.randn(tokens, top_k, H, device="cuda").to(BF16)
+    y = y.masked_fill(~local[..., None], float("nan"))
+    out = torch.full((tokens, H), float("nan"), dtype=BF16, device="cuda")
+    moe_sum(y.view(-1, H), ids, 4, out)
+    acc = torch.zeros(tokens, H, device="cuda")
+    for j in range(top_k):
+        acc += torch.where(local[:, j, None], y[:, j].float(), 0.0)
+    assert torch.equal(out, acc.to(BF16))
+    if top_k == 2:
+        assert torch.equal(out, torch.sum(torch.where(local[..., None], y, 0.0), dim=1))
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 512])
+def test_bf16_qwen3_moe_layer_matches_oracle(tokens):
+    """A Qwen3-30B-A3B-shaped layer (H 2048, I 768, 128 experts, top-8; 1.2 GB of
+    weights), some ids another rank's and some experts idle, against the float64 oracle."""
+    x, w13, w2, ids, w = random_moe(tokens, 2048, 768, 128, 8, 0.1, BF16, "cuda", (5, 77))
+    out = torch.full((tokens, 2048), float("nan"), dtype=BF16, device="cuda")
+    fused_moe(x, w13, w2, ids, w, out=out)
+    assert rel_err(out, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[BF16]

@@ -19,20 +19,24 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from kernels.meta import FULL_RANK
+from kernels.moe_align import max_blocks
 from kernels.triton.build_meta import _build_meta_kernel
 from kernels.triton.fused_moe import _down_kernel, _gate_up_kernel, moe_config
 from kernels.triton.lora_expand import _expand_kernel
 from kernels.triton.lora_fused import _fused_kernel
 from kernels.triton.lora_shrink import _shrink_kernel
 from kernels.triton.lora_shrink_stream import _shrink_stream_kernel
+from kernels.triton.moe_align import _count_kernel, _place_kernel, plan
+from kernels.triton.moe_sum import _moe_sum_kernel, tiles
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk",
-       "stride_wh", "stride_hn", "stride_hi", "stride_wi", "stride_twk"}  # fmt: skip
+       "stride_wh", "stride_hn", "stride_hi", "stride_wi", "stride_twk", "stride_k",
+       "stride_ik", "stride_on"}  # fmt: skip
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "nt1", "nt2", "NB", "T",
-             "L", "MT", "stride_t", "stride_r", "P"}  # fmt: skip
+             "L", "MT", "stride_t", "stride_r", "P", "E", "NC", "ROWS", "MB", "stride_it"}  # fmt: skip
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks",
-            "sorted", "block_expert", "num_blocks")  # fmt: skip
+            "sorted", "block_expert", "num_blocks", "counts")  # fmt: skip
 
 
 def _signature(fn, dtype: str, consts: dict):
@@ -46,6 +50,7 @@ def _signature(fn, dtype: str, consts: dict):
             shrink_out = name == "out_ptr" and "shrink" in fn.__name__  # the fp32 [S, T, R]
             fp32 = "buf" in name or "part" in name or shrink_out or name == "tw_ptr"
             kind = "i32" if name.startswith(INT_PTRS) else "fp32" if fp32 else dtype
+            kind = "i64" if name == "ids_ptr" else kind  # MoE routing ids (int64)
             sig[name], attrs[(i,)] = f"*{kind}", [["tt.divisibility", 16]]
         elif name == "scale":
             sig[name] = "fp32"
@@ -154,6 +159,19 @@ def _moe(tokens: int, dtype: str) -> dict:
 for _tokens in (1, 8, 128, 512):
     for _dtype in ("bf16", "fp32"):
         CASES.update(_moe(_tokens, _dtype))
+
+
+# the MoE alignment's two launches and the final sum at Mixtral-8x7B (E 8, top-2) and
+# Qwen3-MoE (E 128, top-8) routings: decode, a long prefill; 256 experts (launched with
+# the default 4 warps, 3 stages)
+for _tokens, _k, _e in ((1, 2, 8), (8192, 2, 8), (1, 8, 128), (8192, 8, 128), (512, 8, 256)):
+    _p = plan(_tokens * _k, _e, max_blocks(_tokens * _k, _e, 16), _k)
+    _name = f"T={_tokens} k={_k} E={_e}"
+    CASES[f"moe align count {_name}"] = (_count_kernel, _p.count, 4, 3)
+    CASES[f"moe align place {_name}"] = (_place_kernel, _p.place, 4, 3)
+for _tokens, _k in ((1, 2), (8192, 8)):
+    _bt, _bn = tiles(_tokens, 4096)
+    CASES[f"moe sum T={_tokens} k={_k}"] = (_moe_sum_kernel, dict(TOP_K=_k, BT=_bt, BN=_bn), 4, 3)
 
 
 if __name__ == "__main__":

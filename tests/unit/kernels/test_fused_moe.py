@@ -1,6 +1,7 @@
 """kernels.fused_moe: the Triton kernels in the CPU interpreter (and the torch reference)
-against the float64 oracle on fresh random inputs and small shapes; the device-side
-alignment's index structures; argument refusals.
+against the float64 oracle on fresh random inputs and small shapes, with the pair buffers
+poisoned; the final sum over a token's choices bit for bit; argument refusals. The
+alignment is tested in test_moe_align.py.
 
 bf16 is left to tests/gpu (see test_triton_kernels.py: the interpreter's bf16 dots).
 """
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from kernels import fused_moe
-from kernels.moe_align import align_moe, max_blocks
-from kernels.testing import MOE_TOLERANCE, oracle_moe, random_moe, rel_err
+from kernels.testing import MOE_TOLERANCE, oracle_moe, random_moe, random_routing, rel_err
 from kernels.triton.fused_moe import moe_config
+from kernels.triton.moe_sum import moe_sum
 
 CASES = [  # T, H, I, E_local, k, off_frac, experts left without tokens
     (1, 64, 48, 4, 1, 0.0, ()),  # decode, one choice
@@ -28,8 +29,9 @@ CASES = [  # T, H, I, E_local, k, off_frac, experts left without tokens
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("tokens", "hidden", "inter", "experts", "top_k", "off", "skip"), CASES)
 def test_triton_matches_oracle(
-    triton_backend, dtype, tokens, hidden, inter, experts, top_k, off, skip
+    triton_backend, poisoned, dtype, tokens, hidden, inter, experts, top_k, off, skip
 ):
+    """The pair rows of other ranks' pairs are left NaN (poisoned): the sum never reads them."""
     x, w13, w2, ids, w = random_moe(tokens, hidden, inter, experts, top_k, off, dtype, "cpu", skip)
     out = torch.full((tokens, hidden), float("nan"), dtype=dtype)  # every row is written
     assert fused_moe(x, w13, w2, ids, w, out=out) is out
@@ -44,6 +46,37 @@ def test_config_tiers_are_all_exercised():
     """CASES reach each of moe_config's four tile choices, every block height."""
     configs = {moe_config(t, k, e) for t, _, _, e, k, _, _ in CASES}
     assert len(configs) == 4 and {c.block_m for c in configs} == {16, 64, 128}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_matches_reference(monkeypatch, dtype):
+    x, w13, w2, ids, w = random_moe(30, 48, 40, 6, 4, 0.2, dtype, "cpu", (2,))
+    monkeypatch.setenv("LORAFLEET_KERNELS", "reference")
+    want = fused_moe(x, w13, w2, ids, w)
+    monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    assert rel_err(fused_moe(x, w13, w2, ids, w), want) < MOE_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "hidden"), [(1, 1, 40), (5, 2, 600), (11, 3, 64), (9, 8, 24)]
+)
+def test_sum_adds_local_pairs_in_choice_order(dtype, tokens, top_k, hidden):
+    """moe_sum = the fp32 sum over choices 0, 1, ... of the local pairs' rows, rounded
+    once, bit for bit, into a strided out; rows of other ranks' pairs are NaN and unread.
+    Where torch.sum over a zero-filled y adds in the same order (fp16 on CPU; fp32 up to
+    4 choices), it is that sum bit for bit: the zero fill it replaces."""
+    ids, _ = random_routing(tokens, top_k, 4, 0.3, "cpu")
+    local = (ids >= 0) & (ids < 4)
+    y = torch.randn(tokens, top_k, hidden).to(dtype).masked_fill(~local[..., None], float("nan"))
+    out = torch.full((hidden, tokens), float("nan"), dtype=dtype).t()  # strides (1, T)
+    assert moe_sum(y.view(-1, hidden), ids, 4, out) is out
+    acc = torch.zeros(tokens, hidden)
+    for j in range(top_k):
+        acc += torch.where(local[:, j, None], y[:, j].float(), 0.0)
+    assert torch.equal(out, acc.to(dtype))
+    if dtype == torch.float16 or top_k <= 4:
+        assert torch.equal(out, torch.sum(torch.where(local[..., None], y, 0.0), dim=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -79,43 +112,6 @@ def test_no_local_experts_gives_zeros(monkeypatch, backend):
     ids = torch.zeros(20, 2, dtype=torch.long)
     out = fused_moe(x, torch.zeros(0, 32, 32), torch.zeros(0, 32, 16), ids, torch.ones(20, 2))
     assert out.shape == (20, 32) and out.count_nonzero() == 0
-
-
-def test_alignment_worked_example():
-    """kernels/moe_align.py's docstring example, field by field."""
-    al = align_moe(torch.tensor([[0, 5], [1, 0], [0, 1]]), num_experts=2, block_m=2)
-    assert al.sorted_ids.tolist() == [0, 3, 4, 6, 2, 5, 6, 6]
-    assert al.block_expert.tolist() == [0, 0, 1, 2]
-    assert al.num_blocks.tolist() == [3]
-
-
-@pytest.mark.parametrize(
-    ("tokens", "top_k", "experts", "block_m"),
-    [(1, 2, 8, 16), (7, 2, 4, 4), (33, 3, 5, 8), (64, 2, 2, 16), (50, 1, 16, 4)],
-)
-def test_alignment_groups_every_local_pair_once(tokens, top_k, experts, block_m):
-    gen = torch.Generator().manual_seed(tokens)
-    ids = torch.randint(-2, experts + 2, (tokens, top_k), generator=gen)
-    pairs = tokens * top_k
-    al = align_moe(ids, experts, block_m)
-    limit = max_blocks(pairs, experts, block_m)
-    assert al.sorted_ids.shape == (limit * block_m,) and al.block_expert.shape == (limit,)
-    flat = ids.reshape(-1)
-    counts = [int((flat == e).sum()) for e in range(experts)]
-    used = sum(-(-c // block_m) for c in counts)
-    assert al.num_blocks.tolist() == [used] and used <= limit
-    rows = al.sorted_ids.view(limit, block_m)
-    for b in range(limit):
-        live = rows[b][rows[b] < pairs]
-        if b >= used:
-            assert al.block_expert[b] == experts and live.numel() == 0
-            continue
-        e = int(al.block_expert[b])
-        assert live.numel() > 0 and (flat[live.long()] == e).all()
-        assert torch.equal(live, live.sort().values)  # token order within an expert
-    got = al.sorted_ids[al.sorted_ids < pairs].sort().values
-    want = ((flat >= 0) & (flat < experts)).nonzero().squeeze(1).int()
-    assert torch.equal(got, want)  # each local pair exactly once
 
 
 @pytest.mark.parametrize(
