@@ -30,6 +30,31 @@ from router.tool_calls import AnswerCalls
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
 UNREADABLE = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError)
 """What `ast` and `json` raise on text that is not a literal (or too deep, too large)."""
+SOURCE = "<pythonic tool call>"
+"""The file name `ast` parses the model's text under: the module of the warnings it
+raises on it (an invalid escape such as "\\d": SyntaxWarning on Python 3.12+,
+DeprecationWarning before; a literal such as "1if": SyntaxWarning)."""
+
+_QUIET = ("ignore", None, Warning, re.compile(re.escape(SOURCE) + r"\Z"), 0)
+"""The warnings filter (as `warnings.filters` holds it) that ignores SOURCE's warnings."""
+
+
+def quiet_source() -> None:
+    """The model's text cannot make `ast` warn into the logs: one filter in the
+    process-wide list ignores SOURCE's warnings and no others'. It is put there once, at
+    import, and again only where it went missing (an import inside a
+    warnings.catch_warnings() block, as pytest's collection is, loses it at the block's
+    end). Never warnings.catch_warnings() around each parse: that swaps the process-wide
+    list in and out, so parsers on two threads (the router reads choices on several)
+    interleave their saves and restores, and can leave "ignore everything" installed for
+    good or drop a filter another thread added. A filter put in front of this one after
+    it (warnings.simplefilter("always") at run time) still wins; -W and PYTHONWARNINGS,
+    set at start, do not."""
+    if _QUIET not in warnings.filters:
+        warnings.filterwarnings("ignore", module=_QUIET[3].pattern)
+
+
+quiet_source()
 
 
 @dataclass
@@ -186,13 +211,11 @@ def pythonic_calls(text: str) -> list[tuple[str, str]] | None:
 
 
 def list_items(source: str) -> list[ast.expr] | None:
-    """The elements of a Python list expression's source, else None. The model's text
-    cannot make `ast` warn into the logs (an invalid escape such as "\\d": SyntaxWarning
-    on Python 3.12+, DeprecationWarning before)."""
+    """The elements of a Python list expression's source, else None; parsed as SOURCE,
+    whose warnings are ignored."""
+    quiet_source()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(source, mode="eval")
+        tree = ast.parse(source, filename=SOURCE, mode="eval")
     except UNREADABLE:
         return None
     return tree.body.elts if isinstance(tree.body, ast.List) else None
