@@ -32,6 +32,7 @@ from replica.structured_spec import (
     MAX_WHITESPACE,
     format_nodes,
     load_spec_json,
+    tag_grammar,
     xgrammar_reason,
 )
 
@@ -152,11 +153,12 @@ def _schema(node: dict, where: str) -> dict:
 
 
 def _compiles(fmt: object, where: str) -> None:
-    """ValueError naming where unless xgrammar builds fmt's grammar."""
-    import xgrammar as xgr
-
+    """ValueError naming where unless xgrammar builds fmt's grammar. Built from the text
+    the request's grammar builds it from again (`structural_tag_grammar`): a schema's, and
+    the whole format form's (what `structural_tag_text` returns), so kept
+    (`tag_grammar`), not built twice."""
     try:
-        xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
+        tag_grammar(json.dumps({"type": "structural_tag", "format": fmt}))
     except RuntimeError as e:
         raise ValueError(f"{where}: {xgrammar_reason(e)}") from None
 

@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
@@ -51,6 +52,8 @@ whitespace itself takes 5.5 us instead of 1.1 where a key starts and 265 us inst
 179 inside a string (`benchmarks/structured_fill_cpu.py`, one thread)."""
 MAX_WHITESPACE = 64
 """The largest bound a StructuredOutput takes."""
+TAG_GRAMMARS = 64
+"""Structural tag texts whose grammars a process keeps (`tag_grammar`)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,18 @@ def format_nodes(fmt: object, path: str = "") -> Iterator[tuple[str, dict]]:
         stack.extend(reversed(children))
 
 
+@lru_cache(maxsize=TAG_GRAMMARS)
+def tag_grammar(text: str) -> Any:
+    """The `xgrammar.Grammar` of a structural tag's JSON text (RuntimeError where xgrammar
+    refuses it), built once while kept. The ingress builds a tag's JSON schemas and the
+    whole tag from their texts to check each (`replica.structural_tag`, naming the part at
+    fault), then the request's grammar (`structural_tag_grammar`) from the same texts:
+    each was built twice per request. A Grammar is immutable: callers share it."""
+    import xgrammar as xgr
+
+    return xgr.Grammar.from_structural_tag(text)
+
+
 def structural_tag_grammar(text: str) -> Any:
     """The grammar of a structural tag's JSON text (the format form), its JSON schemas'
     bounded strings JSON: each schema format whose own grammar has them
@@ -193,8 +208,6 @@ def structural_tag_grammar(text: str) -> Any:
     schemas' grammars are patched: a regex or grammar format in the same tag may hold a
     rule of the very text xgrammar writes for a bounded string's character, which must
     stay as written."""
-    import xgrammar as xgr
-
     tag = json.loads(text)
     if not isinstance(tag, dict) or "format" not in tag:
         raise ValueError(
@@ -203,14 +216,12 @@ def structural_tag_grammar(text: str) -> Any:
         )
     for _, node in format_nodes(tag["format"]):
         if node.get("type") == "json_schema":
-            own = xgr.Grammar.from_structural_tag(
-                json.dumps({"type": "structural_tag", "format": node})
-            )
+            own = tag_grammar(json.dumps({"type": "structural_tag", "format": node}))
             escaped = json_strings_escaped(own)
             if escaped is not own:
                 node.clear()
                 node.update(type="grammar", grammar=str(escaped))
-    return xgr.Grammar.from_structural_tag(json.dumps(tag))
+    return tag_grammar(json.dumps(tag))
 
 
 def choice_ebnf(choices: Iterable[str]) -> str:

@@ -10,6 +10,7 @@ reader cannot read as a call stays content: nothing is dropped.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,68 @@ class NamedCall(ToolStream):
         return engine
 
 
+BLOCK = 1024
+"""Characters a `Text` seals into a block: appending a piece copies at most this much."""
+
+
+class Text:
+    """A reader's text while it grows at its end, in time and space linear in its length.
+    (A str attribute grown by `+=` copies all of itself on each piece: an answer streamed
+    a character at a time was read in time quadratic in its length.) Sealed blocks of
+    BLOCK characters (more where one piece was more), then an open tail: appending copies
+    at most the tail; text[i] and text[a:b] (a str) cost the characters taken, plus a
+    bisect where they reach before the tail. Indexes and slices are a str's (no steps).
+
+    Example (BLOCK 4): "ab", "cde", "f" appended -> blocks ["abcde"] at [0], tail "f"."""
+
+    def __init__(self, text: str = "") -> None:
+        self._blocks: list[str] = []
+        self._starts: list[int] = []  # where each block begins in the text
+        self._tail = ""
+        self._tail_start = 0
+        self += text
+
+    def __len__(self) -> int:
+        return self._tail_start + len(self._tail)
+
+    def __str__(self) -> str:
+        return self[:]
+
+    def __iadd__(self, piece: str) -> Text:
+        self._tail += piece
+        if len(self._tail) >= BLOCK:
+            self._blocks.append(self._tail)
+            self._starts.append(self._tail_start)
+            self._tail_start, self._tail = self._tail_start + len(self._tail), ""
+        return self
+
+    def __getitem__(self, key: int | slice) -> str:
+        length = self._tail_start + len(self._tail)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(length)
+            assert step == 1, "Text slices take no step"
+        else:
+            start, stop = (key + length, key + length + 1) if key < 0 else (key, key + 1)
+            if not 0 <= start < length:
+                raise IndexError(f"Text index {key} out of range for length {length}")
+        if stop <= start:
+            return ""
+        if start >= self._tail_start:
+            return self._tail[start - self._tail_start : stop - self._tail_start]
+        first = bisect_right(self._starts, start) - 1
+        last = bisect_right(self._starts, stop - 1)
+        pieces = [
+            block[max(start - at, 0) : stop - at]
+            for at, block in zip(self._starts[first:last], self._blocks[first:last], strict=True)
+        ]
+        if stop > self._tail_start:
+            pieces.append(self._tail[: stop - self._tail_start])
+        return "".join(pieces)
+
+    def startswith(self, prefix: str, start: int = 0) -> bool:
+        return self[start : start + len(prefix)] == prefix
+
+
 @dataclass
 class JsonScan:
     """Where a JSON text stands, read a character at a time: `depth` of the open [ and {
@@ -116,7 +179,7 @@ class CallArray(ToolStream):
     """tool_choice "required": the JSON array of {"name", "parameters"}; each element is
     sent as a call once it closes. What never closes (a length cut) ends as content."""
 
-    buffer: str = ""
+    buffer: Text = field(default_factory=Text)
     scan: JsonScan = field(default_factory=JsonScan)
     start: int = -1
     """Where the open element begins in `buffer` (-1: none open)."""
@@ -154,7 +217,7 @@ class CallArray(ToolStream):
         if self.start >= 0:
             return [{"content": self.buffer[self.start :]}]
         if not self.calls and not self.told and self.buffer:
-            return [{"content": self.buffer}]
+            return [{"content": str(self.buffer)}]
         return []
 
 
@@ -182,13 +245,17 @@ class AnswerCalls(AutoCalls):
     Any other answer streams as text."""
 
     starts: tuple[str, ...] = ()
-    answer: str = ""
+    answer: Text = field(default_factory=Text)
     """The answer so far, while it is undecided or read as calls."""
+    lead: int = 0
+    """answer[:lead] is whitespace (all the whitespace it begins with, once decided)."""
     calls_answer: bool | None = None
     """None: undecided (only whitespace, or a prefix of one of `starts`, so far)."""
 
-    def read(self) -> list[dict[str, Any]]:
-        """Reads the calls answer's new text (the end of `answer`)."""
+    def read(self, text: str) -> list[dict[str, Any]]:
+        """Reads the calls answer on: `text` is the end of `answer` not given to read
+        before (the new piece; at the first read, all of the answer). Per character, a
+        reader reads `text`, not `answer`: a str's index costs less than a `Text`'s."""
         raise NotImplementedError
 
     def read_end(self) -> list[dict[str, Any]]:
@@ -200,12 +267,14 @@ class AnswerCalls(AutoCalls):
             return content(text)
         self.answer += text
         if self.calls_answer:
-            return self.read()
-        start = self.answer.lstrip()
+            return self.read(text)
+        rest = self.answer[self.lead :]
+        start = rest.lstrip()
+        self.lead += len(rest) - len(start)
         if not start or any(s.startswith(start) and len(start) < len(s) for s in self.starts):
             return []
         self.calls_answer = start.startswith(self.starts)
-        return self.read() if self.calls_answer else self.give_up(0)
+        return self.read(str(self.answer)) if self.calls_answer else self.give_up(0)
 
     def end(self) -> list[dict[str, Any]]:
         return self.read_end() if self.calls_answer else self.give_up(0)
@@ -213,7 +282,7 @@ class AnswerCalls(AutoCalls):
     def give_up(self, at: int) -> list[dict[str, Any]]:
         """The answer from `at` on is content, and so is all that follows."""
         self.calls_answer = False
-        rest, self.answer = self.answer[at:], ""
+        rest, self.answer = self.answer[at:], Text()
         return content(rest)
 
 

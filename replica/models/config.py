@@ -22,8 +22,8 @@ _DEFAULT_EPS = {"MixtralForCausalLM": 1e-5}
 
 def max_positions(cfg: dict) -> int:
     """The model's native context length from its config.json: max_position_embeddings,
-    or with yarn RoPE scaling original_max_position_embeddings x factor where that is more
-    (`RopeScaling.context_length`)."""
+    stretched by RoPE scaling as vLLM stretches it (`RopeScaling.context_length`): x factor
+    for linear, original_max_position_embeddings x factor for yarn where that is more."""
     native = int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
     scaling = read_rope(cfg)[1]
     return scaling.context_length(native) if scaling else native
@@ -39,8 +39,9 @@ def resolve_max_model_len(configured: int, native: int) -> int:
     if configured > native:
         raise InvalidRequest(
             f"max_model_len={configured} exceeds the model's context length={native} (its "
-            "max_position_embeddings, or with yarn RoPE scaling original_max_position_embeddings"
-            f" x factor where more); allowed: 1..{native}, or 0 for the model's length"
+            "max_position_embeddings, x factor with linear RoPE scaling, or with yarn "
+            "original_max_position_embeddings x factor where more); allowed: "
+            f"1..{native}, or 0 for the model's length"
         )
     return configured or native
 
@@ -60,8 +61,8 @@ class ModelConfig:
     layer_types marks (by default the even ones below max_window_layers) and Qwen3-MoE
     every layer when use_sliding_window; never Llama. rope_scaling: None
     (plain RoPE) or how the frequencies are scaled (linear, llama3, yarn).
-    max_position_embeddings: the context served at most (`max_positions`: yarn's
-    original x factor where that is more than config.json's).
+    max_position_embeddings: the context served at most (`max_positions`: x factor for
+    linear RoPE scaling, yarn's original x factor where that is more than config.json's).
     num_experts: the experts of each mixture-of-experts layer (Mixtral's num_local_experts,
     a Qwen MoE's num_experts; 0: a dense model); num_experts_per_tok: the experts each
     token is routed to (0 when dense). moe_layers: which layers are sparse MoE blocks (the

@@ -49,14 +49,19 @@ class RopeScaling:
     attention_factor: float = 1.0
 
     def context_length(self, max_position_embeddings: int) -> int:
-        """The context the model serves: yarn covers original x factor positions (vLLM's
-        rule: Qwen 2.5 / 3 turn yarn on in config.json without raising
-        max_position_embeddings), the others max_position_embeddings."""
-        if self.rope_type != "yarn":
-            return max_position_embeddings
-        return max(
-            max_position_embeddings, int(self.original_max_position_embeddings * self.factor)
-        )
+        """The context the model serves, by vLLM's rule (`_get_and_verify_max_len`): linear
+        stretches max_position_embeddings by factor (a Vicuna-16k names 4096 x 4), yarn
+        covers original x factor positions (Qwen 2.5 / 3 turn yarn on in config.json without
+        raising max_position_embeddings; unlike vLLM, never less than
+        max_position_embeddings), and llama3 leaves max_position_embeddings as it is (a
+        Llama 3.1 config.json names its stretched 131072 already)."""
+        if self.rope_type == "linear":
+            return int(max_position_embeddings * self.factor)
+        if self.rope_type == "yarn":
+            return max(
+                max_position_embeddings, int(self.original_max_position_embeddings * self.factor)
+            )
+        return max_position_embeddings
 
 
 def read_rope(cfg: dict) -> tuple[float, RopeScaling | None]:

@@ -19,7 +19,7 @@ object (its head broke) the first </tool_call> ends it, quotes or not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.reasoning import tag_tail
@@ -37,8 +37,8 @@ class HermesCalls(AutoCalls):
     held: str = ""
     block: JsonCall | None = None
     """The open block's object (its body: the block's text up to where the object ended)."""
-    after: str = ""
-    """The open block's text after its object ended."""
+    after: list[str] = field(default_factory=list)
+    """The open block's text after its object ended, in pieces (joined at its end)."""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self.held += text
@@ -79,17 +79,19 @@ class HermesCalls(AutoCalls):
         """Reads more of the open block's body."""
         assert self.block is not None
         if self.block.stage == "done":
-            self.after += text
+            self.after.append(text)
             return []
         out, took = self.block.read(self, text)
-        self.after += text[took:]
+        if took < len(text):
+            self.after.append(text[took:])
         return out
 
     def _finish(self, closed: bool) -> list[dict[str, Any]]:
         """The block's end (closed: by </tool_call>, else by the end of the text)."""
         b, self.block = self.block, None
         assert b is not None
-        body, self.after = b.body + self.after, ""
+        body = str(b.body) + "".join(self.after)
+        self.after = []
         close = CLOSE if closed else ""
         if b.index < 0:
             return whole_call(self, body) or content(OPEN + body + close)

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.tool_calls import AutoCalls, JsonScan, arguments_delta, call_of
+from router.tool_calls import AutoCalls, JsonScan, Text, arguments_delta, call_of
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 WHITESPACE = " \t\r\n"
@@ -38,7 +38,7 @@ class JsonCall:
     """The object read so far. `body`: its text, from the first character it was given
     (whitespace may lead) to where it ended; indexes below are into it (-1: not yet)."""
 
-    body: str = ""
+    body: Text = field(default_factory=Text)
     scan: JsonScan = field(default_factory=JsonScan)
     stage: str = "head"
     """"head" (its members, but for the arguments' value), "arguments" (streaming them),
@@ -81,16 +81,16 @@ class JsonCall:
         read whole), or None when its text from `frontier` on is no call."""
         if self.index >= 0:
             return [] if self.clean else None
-        return whole_call(calls, self.body) if self.closed else None
+        return whole_call(calls, str(self.body)) if self.closed else None
 
     def read(self, calls: AutoCalls, text: str) -> tuple[list[Delta], int]:
         """Reads text on into the object: the call's deltas it tells, and how much of text
         the object took (all of it, unless it ended in text)."""
         out: list[Delta] = []
         base = len(self.body)
+        length = base + len(text)
         self.body += text
-        for i in range(base, len(self.body)):
-            ch = self.body[i]
+        for i, ch in enumerate(text, base):
             structure = self.scan.step(ch)
             if self.stage == "arguments":
                 if structure and self.scan.depth == 1:
@@ -100,14 +100,14 @@ class JsonCall:
             elif self.stage == "head":
                 out += self._head(calls, i, ch, structure)
             if self.stage == "done":
-                self.body = self.body[: self.end]
+                self.body, length = Text(self.body[: self.end]), self.end
                 break
         if self.sent >= 0:
-            upto = self.arguments_end if self.arguments_end >= 0 else len(self.body)
-            if upto > self.sent:
-                out.append(arguments_delta(self.index, self.body[self.sent : upto]))
+            upto = self.arguments_end if self.arguments_end >= 0 else length
+            if upto > self.sent:  # then sent >= base: text holds what is to send
+                out.append(arguments_delta(self.index, text[self.sent - base : upto - base]))
                 self.sent = upto
-        return out, len(self.body) - base
+        return out, length - base
 
     def _head(self, calls: AutoCalls, i: int, ch: str, structure: bool) -> list[Delta]:
         """One character of the object's members (but the arguments' value), before

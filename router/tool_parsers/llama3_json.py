@@ -36,14 +36,15 @@ class Llama3Calls(AnswerCalls):
     call: JsonCall | None = None
     call_start: int = -1
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self, text: str) -> list[dict[str, Any]]:
+        base = len(self.answer) - len(text)  # text is answer[base:], and at >= base
         if self.at == 0:
-            lead = len(self.answer) - len(self.answer.lstrip())
-            self.at = lead + (len(PYTHON_TAG) if self.answer.startswith(PYTHON_TAG, lead) else 0)
+            tag = self.answer.startswith(PYTHON_TAG, self.lead)
+            self.at = self.lead + (len(PYTHON_TAG) if tag else 0)
         out: list[dict[str, Any]] = []
         while self.calls_answer:
             if self.call is not None:
-                deltas, took = self.call.read(self, self.answer[self.at :])
+                deltas, took = self.call.read(self, text[self.at - base :])
                 out += deltas
                 self.at += took
                 if self.call.broke:
@@ -52,11 +53,11 @@ class Llama3Calls(AnswerCalls):
                     return out
                 out += self._object_end(self.call)
                 self.call = None
-            elif self.at == len(self.answer):
+            elif self.at == base + len(text):
                 return out
-            elif self.answer[self.at] == "{":
+            elif text[self.at - base] == "{":
                 self.call, self.call_start = JsonCall(), self.at
-            elif self.answer[self.at] in SEPARATORS:
+            elif text[self.at - base] in SEPARATORS:
                 self.at += 1
             else:
                 return out + self.give_up(self.frontier)

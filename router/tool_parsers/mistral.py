@@ -34,7 +34,7 @@ from typing import Any
 
 from router.call_ids import CallIds
 from router.reasoning import tag_tail
-from router.tool_calls import AutoCalls, content
+from router.tool_calls import AutoCalls, Text, content
 from router.tool_parsers.json_call import JsonCall
 from router.tool_parsers.mistral_named import MARKER, WHITESPACE, NamedCall
 
@@ -44,7 +44,7 @@ class Array:
     """The array after a [TOOL_CALLS]. `text`: from the marker on; text[:frontier] is
     read into calls sent (or is the marker, while frontier is 0)."""
 
-    text: str = MARKER
+    text: Text = field(default_factory=lambda: Text(MARKER))
     at: int = len(MARKER)
     """text[:at] is read."""
     opened: bool = False
@@ -61,8 +61,9 @@ class MistralCalls(AutoCalls):
     content (a tail that may begin [TOOL_CALLS] is held until it is known)."""
 
     held: str = ""
-    after: str | None = None
-    """The text after a [TOOL_CALLS] while its form is unknown (only whitespace)."""
+    after: list[str] | None = None
+    """The text after a [TOOL_CALLS] while its form is unknown (only whitespace), in
+    pieces."""
     array: Array | None = None
     named: NamedCall | None = None
     ids: CallIds = field(default_factory=lambda: CallIds(mistral=True))
@@ -86,7 +87,7 @@ class MistralCalls(AutoCalls):
             if self.after is not None:
                 if not self._form(text):
                     return out
-                text, self.after = self.after, None
+                text, self.after = "".join(self.after), None
                 continue
             self.held += text
             opened = self.held.find(MARKER)
@@ -97,13 +98,14 @@ class MistralCalls(AutoCalls):
                 return out
             out += content(self.held[:opened])
             text, self.held = self.held[opened + len(MARKER) :], ""
-            self.after = ""
+            self.after = []
 
     def _form(self, text: str) -> bool:
         """Text after a [TOOL_CALLS]: whether its form is known (by what follows the
         whitespace, [ for an array, else a name), the reader of that form then made."""
-        self.after = (self.after or "") + text
-        rest = self.after.lstrip(WHITESPACE)
+        assert self.after is not None
+        self.after.append(text)
+        rest = text.lstrip(WHITESPACE)  # what came before is whitespace
         if not rest:
             return False
         if rest[0] == "[":
@@ -119,7 +121,7 @@ class MistralCalls(AutoCalls):
             return named.end(self)
         if self.after is not None:
             after, self.after = self.after, None
-            return content(MARKER + after)
+            return content(MARKER + "".join(after))
         if self.array is None:
             return content(held)
         a, self.array = self.array, None
@@ -132,10 +134,11 @@ class MistralCalls(AutoCalls):
         broke), the text after it, to read as text."""
         a = self.array
         assert a is not None
+        base = len(a.text)  # a.text[:a.at] is read: all but the new text
         a.text += text
-        while a.at < len(a.text):
+        while a.at < base + len(text):
             if a.element is not None:
-                deltas, took = a.element.read(self, a.text[a.at :])
+                deltas, took = a.element.read(self, text[a.at - base :])
                 out += deltas
                 a.at += took
                 if a.element.stage != "done":
@@ -143,7 +146,7 @@ class MistralCalls(AutoCalls):
                 if not self._element(a, a.element, out):
                     return self._broken(a.at, out)
                 continue
-            ch = a.text[a.at]
+            ch = text[a.at - base]
             if ch == "{" and a.opened:
                 a.element, a.start = JsonCall(), a.at
                 continue

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.tool_calls import AutoCalls, JsonScan, arguments_delta, content
+from router.tool_calls import AutoCalls, JsonScan, Text, arguments_delta, content
 from router.tool_parsers.json_call import WHITESPACE
 
 MARKER = "[TOOL_CALLS]"
@@ -43,7 +43,7 @@ class NamedCall:
     """One call from its [TOOL_CALLS] on. `text`: from the marker on; text[:frontier] is
     read into the call sent (0: none sent yet)."""
 
-    text: str = MARKER
+    text: Text = field(default_factory=lambda: Text(MARKER))
     at: int = len(MARKER)
     """text[:at] is read."""
     stage: str = "space"
@@ -65,14 +65,15 @@ class NamedCall:
     def read(self, calls: AutoCalls, text: str, out: list[dict[str, Any]]) -> str | None:
         """Reads text on, its deltas into out: None while the call is open; once it ended
         (or broke), the text after it, to read as text."""
+        base = len(self.text)  # text[:at] is read: all but the new text
         self.text += text
-        while self.at < len(self.text):
-            ch = self.text[self.at]
+        while self.at < base + len(text):
+            ch = text[self.at - base]
             if self.stage == "arguments":
                 self.at += 1
                 if self.scan.step(ch) and self.scan.depth == 0:
-                    self._send(out)
-                    return self.text[self.at :]
+                    self._send(out, text, base)
+                    return text[self.at - base :]
             elif self.stage == "space" and ch in WHITESPACE:
                 self.at += 1
             elif self.stage in ("space", "name"):
@@ -92,7 +93,7 @@ class NamedCall:
             else:
                 return self._broken(out)
         if self.stage == "arguments":
-            self._send(out)
+            self._send(out, text, base)
         return None
 
     def end(self, calls: AutoCalls) -> list[dict[str, Any]]:
@@ -163,10 +164,11 @@ class NamedCall:
         self.frontier = self.at
         return first
 
-    def _send(self, out: list[dict[str, Any]]) -> None:
-        """The arguments read since the last delta."""
+    def _send(self, out: list[dict[str, Any]], text: str, base: int) -> None:
+        """The arguments read since the last delta: in `text`, what this read took on
+        from `base` (each read ends sending, so frontier is not before base)."""
         if self.at > self.frontier:
-            out.append(arguments_delta(self.index, self.text[self.frontier : self.at]))
+            out.append(arguments_delta(self.index, text[self.frontier - base : self.at - base]))
             self.frontier = self.at
 
     def _broken(self, out: list[dict[str, Any]]) -> str:

@@ -30,6 +30,31 @@ from router.tool_calls import AnswerCalls
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
 UNREADABLE = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError)
 """What `ast` and `json` raise on text that is not a literal (or too deep, too large)."""
+SOURCE = "<pythonic tool call>"
+"""The file name `ast` parses the model's text under: the module of the warnings it
+raises on it (an invalid escape such as "\\d": SyntaxWarning on Python 3.12+,
+DeprecationWarning before; a literal such as "1if": SyntaxWarning)."""
+
+_QUIET = ("ignore", None, Warning, re.compile(re.escape(SOURCE) + r"\Z"), 0)
+"""The warnings filter (as `warnings.filters` holds it) that ignores SOURCE's warnings."""
+
+
+def quiet_source() -> None:
+    """The model's text cannot make `ast` warn into the logs: one filter in the
+    process-wide list ignores SOURCE's warnings and no others'. It is put there once, at
+    import, and again only where it went missing (an import inside a
+    warnings.catch_warnings() block, as pytest's collection is, loses it at the block's
+    end). Never warnings.catch_warnings() around each parse: that swaps the process-wide
+    list in and out, so parsers on two threads (the router reads choices on several)
+    interleave their saves and restores, and can leave "ignore everything" installed for
+    good or drop a filter another thread added. A filter put in front of this one after
+    it (warnings.simplefilter("always") at run time) still wins; -W and PYTHONWARNINGS,
+    set at start, do not."""
+    if _QUIET not in warnings.filters:
+        warnings.filterwarnings("ignore", module=_QUIET[3].pattern)
+
+
+quiet_source()
 
 
 @dataclass
@@ -93,31 +118,45 @@ class PythonicCalls(AnswerCalls):
     the lead: the answer is read whole at the end)."""
     scan: PythonScan = field(default_factory=PythonScan)
     scanned: int = 0
-    """answer[:scanned] was scanned."""
+    """answer[:scanned] was scanned (in "lead": read as the lead)."""
     piece: int = 0
     """The [ or , after which the next element's text begins, in answer."""
     frontier: int = 0
     """Where the last call's text (or the list, once closed) ends in answer (0: none)."""
 
-    def read(self) -> list[dict[str, Any]]:
-        if self.stage == "lead":
-            lead = _lead(self.answer)
-            if lead == len(self.answer):
-                return []
-            self.stage = "list" if self.answer[lead] == "[" else "whole"
-            self.piece = self.scanned = lead
+    def read(self, text: str) -> list[dict[str, Any]]:
+        if self.stage == "lead" and not self._lead():
+            return []
         out: list[dict[str, Any]] = []
-        while self.calls_answer and self.stage == "list" and self.scanned < len(self.answer):
+        base = len(self.answer) - len(text)
+        if self.scanned < base:  # the scan held back a quote that may begin a triple one
+            text, base = self.answer[self.scanned :], self.scanned
+        while self.calls_answer and self.stage == "list" and self.scanned < base + len(text):
             at = self.scanned
-            took, structure = self.scan.step(self.answer, at)
+            took, structure = self.scan.step(text, at - base)
             if not took:
                 break
             self.scanned += took
             if structure and (
-                self.scan.depth == 0 or (self.scan.depth == 1 and self.answer[at] == ",")
+                self.scan.depth == 0 or (self.scan.depth == 1 and text[at - base] == ",")
             ):
                 out += self._element(at)
         return out
+
+    def _lead(self) -> bool:
+        """Reads on through the answer's lead (whitespace and <|python_start|>, from
+        `scanned`): whether the list's [ (or what is no list) came after it."""
+        if self.scanned == 0:
+            tag = self.answer.startswith(PYTHON_START, self.lead)
+            self.scanned = self.lead + (len(PYTHON_START) if tag else 0)
+        rest = self.answer[self.scanned :]
+        start = rest.lstrip()
+        self.scanned += len(rest) - len(start)
+        if not start:
+            return False
+        self.stage = "list" if start[0] == "[" else "whole"
+        self.piece = self.scanned
+        return True
 
     def _element(self, at: int) -> list[dict[str, Any]]:
         """The element before `at` (a , at the list's level, or the bracket that closes
@@ -146,7 +185,7 @@ class PythonicCalls(AnswerCalls):
         return out
 
     def read_end(self) -> list[dict[str, Any]]:
-        calls = pythonic_calls(self.answer)
+        calls = pythonic_calls(str(self.answer))
         if calls is not None and len(calls) == self.calls:
             return []  # all sent as they closed; what follows the list is the answer's
         if self.calls or calls is None:
@@ -172,24 +211,14 @@ def pythonic_calls(text: str) -> list[tuple[str, str]] | None:
 
 
 def list_items(source: str) -> list[ast.expr] | None:
-    """The elements of a Python list expression's source, else None. The model's text
-    cannot make `ast` warn into the logs (an invalid escape such as "\\d": SyntaxWarning
-    on Python 3.12+, DeprecationWarning before)."""
+    """The elements of a Python list expression's source, else None; parsed as SOURCE,
+    whose warnings are ignored."""
+    quiet_source()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(source, mode="eval")
+        tree = ast.parse(source, filename=SOURCE, mode="eval")
     except UNREADABLE:
         return None
     return tree.body.elts if isinstance(tree.body, ast.List) else None
-
-
-def _lead(answer: str) -> int:
-    """Where an answer's list begins: after whitespace and <|python_start|>."""
-    start = answer.lstrip()
-    if start.startswith(PYTHON_START):
-        start = start[len(PYTHON_START) :].lstrip()
-    return len(answer) - len(start)
 
 
 def _offset(source: str, line: int | None, column: int | None) -> int:

@@ -2,8 +2,9 @@
 (replica.layers.norm_rope): for linear, llama3 and yarn in both spellings (transformers
 < 5's rope_theta + rope_scaling, >= 5's rope_parameters) and the fallbacks transformers
 takes, the inverse frequencies, attention factor and rotated q / k equal those of
-transformers' own rotary embedding, bit for bit; the context length yarn covers; and
-clear refusals of what the engine cannot compute as transformers does."""
+transformers' own rotary embedding, bit for bit; the context length linear and yarn
+cover (vLLM's rule); and clear refusals of what the engine cannot compute as
+transformers does."""
 
 from __future__ import annotations
 
@@ -150,7 +151,9 @@ def test_rope_theta_and_dict_precedence_equal_transformers(tmp_path, arch, case)
     [
         ({}, 128),
         ({"rope_scaling": {**LLAMA3, "factor": 32.0}}, 128),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 128),
+        # vLLM's rule: linear stretches max_position_embeddings by factor, llama3 does not
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 512),
+        ({"rope_parameters": {"type": "linear", "factor": 2.5}}, 320),
         ({"rope_scaling": {**YARN, "factor": 4.0}}, 128),  # 16 x 4 < max_position_embeddings
         # Qwen 2.5 / 3 turn yarn on without raising max_position_embeddings
         ({"rope_scaling": {**YARN, "original_max_position_embeddings": 64}}, 256),

@@ -2,7 +2,8 @@
 the rotary code (Llama, Mistral, Qwen2, Qwen3), the engine's greedy output equals HF
 transformers (+ PEFT) argmax, token for token in float32, for the base model and two
 adapters in one batch, with prompt + output running well past the original context
-(original_max_position_embeddings 16) the scaling stretches."""
+(yarn's original_max_position_embeddings 16; linear's max_position_embeddings, set to
+16, which vLLM's rule stretches by factor to the context served) the scaling stretches."""
 
 from __future__ import annotations
 
@@ -55,12 +56,15 @@ def mistral_adapters(mistral_dir, tmp_path_factory) -> dict[str, Path]:
 
 def _scaled_copy(model_dir: Path, out: Path, rope: dict, spelling: str) -> Path:
     """model_dir's weights under `out`, its config.json scaling RoPE by `rope` in the
-    spelling transformers < 5 writes (rope_theta + rope_scaling) or >= 5 writes."""
+    spelling transformers < 5 writes (rope_theta + rope_scaling) or >= 5 writes; a linear
+    one's max_position_embeddings ORIGINAL, so the engine serves past it only by factor."""
     shutil.copytree(model_dir, out)
     cfg = json.loads((out / "config.json").read_text())
     params = cfg.pop("rope_parameters", None) or {}
     cfg.pop("rope_scaling", None)
     theta = cfg.pop("rope_theta", None) or params.get("rope_theta", 10000.0)
+    if rope["rope_type"] == "linear":
+        cfg["max_position_embeddings"] = ORIGINAL
     if spelling == "rope_parameters":
         cfg["rope_parameters"] = {"rope_theta": theta, **rope}
     else:

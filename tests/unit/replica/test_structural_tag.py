@@ -5,13 +5,23 @@ free text again; bounded strings inside are JSON (xgrammar 0.2.9's fix), and onl
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 
 import pytest
+import xgrammar as xgr
 
 from replica.structural_tag import structural_tag_text
-from replica.structured_spec import FREE_WHITESPACE, MAX_WHITESPACE, StructuredOutput
+from replica.structured import Grammars
+from replica.structured_forms import spec_from_json
+from replica.structured_spec import (
+    FREE_WHITESPACE,
+    MAX_WHITESPACE,
+    StructuredOutput,
+    checked,
+    tag_grammar,
+)
 from tests.unit.replica.test_structured_spec import accepts
 from tests.unit.replica.test_structured_strings import ALPHABET, bmp
 
@@ -197,3 +207,41 @@ def test_a_regex_format_keeps_the_rule_text_of_a_bounded_character(grammars):
     tag = spec({"type": "structural_tag", "format": fmt})
     assert accepts(grammars, tag, '\t"\\t"') and accepts(grammars, tag, 'x"ab"')
     assert not accepts(grammars, tag, 'x"\t"')
+
+
+@pytest.mark.parametrize("form", ["structures", "format"])
+def test_each_grammar_of_a_tag_is_built_once_per_side(monkeypatch, grammars, form):
+    """The ingress checks a request's tag part by part (each schema, then the whole
+    format form) and then as the request's grammar (`router.structured_request`:
+    spec_from_json, then checked), from the very same texts: xgrammar builds each text
+    once (the whole format form and each schema were built twice). The replica, in a
+    process of its own, builds them once more and compiles once against its tokenizer,
+    for the request's check and its matcher alike."""
+    tag = TAG if form == "structures" else json.loads(structural_tag_text(TAG, "f"))
+    whole = structural_tag_text(TAG, "f")
+    built, compiled = collections.Counter(), []
+    build, compile_grammar = xgr.Grammar.from_structural_tag, xgr.GrammarCompiler.compile_grammar
+
+    def counted_build(text):
+        built[text] += 1
+        return build(text)
+
+    def counted_compile(compiler, grammar, *args, **kwargs):
+        compiled.append(grammar)
+        return compile_grammar(compiler, grammar, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.Grammar, "from_structural_tag", staticmethod(counted_build))
+    monkeypatch.setattr(xgr.GrammarCompiler, "compile_grammar", counted_compile)
+    tag_grammar.cache_clear()
+    spec = checked("response_format", spec_from_json("structural_tag", tag, "response_format"))
+    assert spec == StructuredOutput("structural_tag", whole)
+    schemas = [
+        json.dumps({"type": "structural_tag", "format": t["content"]})
+        for t in json.loads(whole)["format"]["tags"]
+    ]
+    assert built == {text: 1 for text in [*schemas, whole]}
+    tag_grammar.cache_clear()  # the replica's process
+    replica = Grammars(grammars.tokenizer, grammars.vocab_size, grammars.stop_ids)
+    replica.compile(spec)  # the request's check (`replica.async_engine`)
+    replica.matcher(spec)  # its sequence's matcher (`replica.engine`)
+    assert built == {text: 2 for text in [*schemas, whole]} and len(compiled) == 1

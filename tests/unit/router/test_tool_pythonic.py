@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import random
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -144,13 +148,57 @@ def test_a_pythonic_answer_is_parsed_in_linear_time(monkeypatch, calls):
     assert len(sources) == calls + 1 and sum(map(len, sources)) < 2 * len(text) + 4 * calls
 
 
-@pytest.mark.parametrize(
-    "text", ['[now(a="\\d")]', "[now(a=1if 1 else 2)]", "[now(), now(b=0x1for)]"]
-)
-def test_the_models_text_cannot_make_ast_warn(text):
-    # invalid escapes (SyntaxWarning on Python 3.12+, DeprecationWarning before) and
-    # invalid literals (SyntaxWarning) never reach the logs
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+WARNING_TEXTS = ['[now(a="\\d", b="\\777")]', "[now(a=1if 1 else 2)]", "[now(), now(b=0x1for)]"]
+"""Text `ast` warns on: invalid escapes (SyntaxWarning on Python 3.12+, DeprecationWarning
+before) and invalid literals (SyntaxWarning)."""
+
+
+def read_warning_texts() -> None:
+    """Reads WARNING_TEXTS every way: escapes read as Python reads them (an invalid one
+    keeps its backslash, an octal one past \\377 is its code point)."""
+    for text in WARNING_TEXTS:
         read_every_way(reader("pythonic"), text, 0)
-    assert [str(w.message) for w in caught] == []
+    _, message = read_every_way(reader("pythonic"), WARNING_TEXTS[0], 0)
+    assert named_calls(message["tool_calls"]) == [("now", {"a": "\\d", "b": chr(0o777)})]
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("option", ["always", "error"])
+def test_the_models_text_cannot_make_ast_warn(option):
+    """Its warnings never reach the logs, nor turn the text into an error, whatever
+    warnings the process started with (-W: in a fresh process, as a server starts)."""
+    code = "import tests.unit.router.test_tool_pythonic as t; t.read_warning_texts()"
+    run = _python("-W", option, "-c", code)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+def test_other_source_still_warns():
+    # the filter is the model's text's alone
+    run = _python("-W", "always", "-c", "import ast, router.tool_parsers; ast.parse('\"\\\\d\"')")
+    assert run.returncode == 0
+    assert "<unknown>:1: " in run.stderr and "invalid escape sequence '\\d'" in run.stderr
+
+
+def test_a_parse_leaves_the_warning_filters_alone(monkeypatch):
+    """ast parses the model's text while the process-wide filter list is the one every
+    thread shares, as it was (warnings.catch_warnings() around a parse swapped it, which
+    two threads parsing at once could leave swapped for good). Once its own filter is in:
+    pytest's collection, which imported the parser, dropped it on its way out."""
+    pythonic_calls("[now()]")
+    filters, during = warnings.filters, []
+    before = list(filters)
+    parse = ast.parse
+
+    def watched_parse(*args, **kwargs):
+        during.append(warnings.filters is filters and warnings.filters == before)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", watched_parse)
+    for text in WARNING_TEXTS:
+        read_every_way(reader("pythonic"), text, 0)
+    assert during and all(during)
+    assert warnings.filters is filters and warnings.filters == before
