@@ -75,6 +75,16 @@ def parse_tensor_name(name: str) -> tuple[int, str, str] | None:
     return parsed[0], parsed[1], m.group("ab")
 
 
+def tensor_module_key(name: str) -> str | None:
+    """ "base_model.model.model.layers.3.mlp.experts.0.down_proj.lora_A.weight" ->
+    "model.layers.3.mlp.experts.0.down_proj", of any module (supported or not); None for
+    a name that is not a saved LoRA weight."""
+    m = _TENSOR_RE.fullmatch(name)
+    if m is None or not m.group("key").startswith(PEFT_PREFIX):
+        return None
+    return strip_peft_prefix(m.group("key"))
+
+
 def supported_keys(num_layers: int, modules: tuple[str, ...] = MODULES) -> list[str]:
     """The keys of every adaptable projection of a num_layers-layer model (modules: the
     base's adaptable names, BaseShape.lora_modules)."""

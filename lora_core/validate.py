@@ -19,6 +19,7 @@ from lora_core.module_names import (
     parse_module_key,
     parse_tensor_name,
     supported_keys,
+    tensor_module_key,
     unsupported_keys,
 )
 from lora_core.peft_config import LoraSpec
@@ -165,6 +166,8 @@ def validate_adapter_files(
 def _check_modules(
     spec: LoraSpec, tensors: dict[str, TensorInfo], max_rank: int, base: BaseShape | None
 ) -> dict[tuple[int, str], ModuleInfo]:
+    if base is not None and base.num_experts:
+        _check_moe_targets(spec, base, tensors)
     expected = _check_targets(spec, _num_layers(tensors, base), base)
     pairs = _pair_tensors(tensors)
     modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
@@ -244,18 +247,29 @@ def _pair_tensors(tensors: dict[str, TensorInfo]) -> dict[tuple[int, str], dict[
     return pairs
 
 
+def _check_moe_targets(spec: LoraSpec, base: BaseShape, tensors: dict[str, TensorInfo]) -> None:
+    """Refuses target_modules reaching a mixture-of-experts model's MLP side (`moe_keys`),
+    naming the first such module (layer-major) the adapter holds tensors for, else the
+    first the config reaches: moe_keys lists every layer's dense MLP keys (which layers of
+    a Qwen MoE are dense is not known here), so the first match alone may name layer 0's
+    mlp.down_proj for an adapter of a dense layer 3's."""
+    keys = moe_keys(base.num_layers, base.num_experts, base.architecture)
+    targeted = [key for key in keys if spec.targets(key)]
+    if not targeted:
+        return
+    held = {tensor_module_key(name) for name in tensors}
+    key = next((k for k in targeted if k in held), targeted[0])
+    raise AdapterIncompatible(
+        "target_modules",
+        f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
+        f"whose {base.moe_parts} take no LoRA",
+        f"{', '.join(base.lora_modules)} (attention)",
+    )
+
+
 def _check_targets(spec: LoraSpec, num_layers: int, base: BaseShape | None) -> set[tuple[int, str]]:
     """The (layer, module) pairs the config targets; refuses targets the base lacks."""
     allowed = ", ".join(base.lora_modules) if base is not None else _MODULES_ALLOWED
-    if base is not None and base.num_experts:
-        for key in moe_keys(num_layers, base.num_experts, base.architecture):
-            if spec.targets(key):
-                raise AdapterIncompatible(
-                    "target_modules",
-                    f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
-                    f"whose {base.moe_parts} take no LoRA",
-                    f"{allowed} (attention)",
-                )
     for key in unsupported_keys(num_layers):
         if spec.targets(key):
             raise AdapterIncompatible(

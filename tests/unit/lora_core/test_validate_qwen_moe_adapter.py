@@ -13,10 +13,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from lora_core.base_shape import BaseShape
 from lora_core.errors import AdapterIncompatible
-from lora_core.validate import validate_adapter_dir
+from lora_core.identity import AdapterRef
+from lora_core.manager import AdapterManager
+from lora_core.slot_buffers import SlotBuffers
+from lora_core.validate import content_hash, validate_adapter_dir
 from tests.tiny import make_peft_adapter
 
 ATTENTION = "q_proj, k_proj, v_proj, o_proj"
@@ -122,3 +127,56 @@ def test_qwen3_has_no_shared_expert(qwen3_moe_dir, qwen3_moe_adapters, tmp_path)
         "'shared_expert_gate' matches no module of the base model",
         ATTENTION,
     )
+
+
+def _with_mlp_keys(src: Path, dst: Path, module: str, keys: list[str]) -> Path:
+    """A copy of the q/v adapter src whose target_modules add `module`, with rank-8 LoRA
+    tensors at `keys` (shapes do not matter: the refusal comes first). -> dst."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["q_proj", "v_proj", module]
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(dst / "adapter_model.safetensors"))
+    for key in keys:
+        tensors[f"base_model.model.{key}.lora_A.weight"] = torch.zeros(8, 64)
+        tensors[f"base_model.model.{key}.lora_B.weight"] = torch.zeros(64, 8)
+    save_file(tensors, str(dst / "adapter_model.safetensors"))
+    return dst
+
+
+# The tiny Qwen3-MoE's layer 1 is dense (mlp_only_layers): only it has mlp.<module>; the
+# sparse layers 0 and 2 have experts (per expert in older transformers' naming).
+@pytest.mark.parametrize(
+    ("module", "keys", "named"),
+    [
+        ("down_proj", ["model.layers.1.mlp.down_proj"], "model.layers.1.mlp.down_proj"),
+        ("gate_proj", ["model.layers.1.mlp.gate_proj"]
+         + [f"model.layers.{i}.mlp.experts.{e}.gate_proj" for i in (0, 2) for e in range(4)],
+         "model.layers.0.mlp.experts.0.gate_proj"),
+    ],
+    ids=["dense-layer", "dense-layer-and-per-expert"],
+)  # fmt: skip
+def test_refusal_names_the_adapters_own_key(
+    qwen3_moe_dir, qwen3_moe_adapters, tmp_path, module, keys, named
+):
+    """The registry's validation and a replica's load both refuse target_modules reaching a
+    Qwen MoE's MLP side naming the first such module the adapter holds tensors for (layer
+    major), not layer 0's dense key, which neither the model nor the adapter has."""
+    path = _with_mlp_keys(qwen3_moe_adapters["qv8"], tmp_path / "a", module, keys)
+    base = _base(qwen3_moe_dir)
+    problem = (
+        f"matches {named!r}: Qwen3MoeForCausalLM is a mixture-of-experts "
+        f"model whose {PARTS['Qwen3MoeForCausalLM']} take no LoRA"
+    )
+    registry = _refused(path, base)
+    buffers = SlotBuffers(base, max_loras=1, max_rank=16, dtype=torch.float32, device="cpu")
+    manager = AdapterManager(base, buffers, max_cpu_loras=1, max_rank=16, dtype=torch.float32)
+    with pytest.raises(AdapterIncompatible) as replica:
+        manager.register(AdapterRef("a", 1, content_hash(path), str(path), rank=8))
+    manager.close()
+    for err in (registry, replica.value):
+        assert (err.field, err.problem, err.allowed) == (
+            "target_modules",
+            problem,
+            f"{ATTENTION} (attention)",
+        )
