@@ -21,3 +21,24 @@ def backend_for(device: torch.device) -> str:
     if choice == "auto":
         return "triton" if device.type == "cuda" else "reference"
     return choice
+
+
+MOE_PREP = ("auto", "triton", "torch")
+
+
+def moe_prep_for(device: torch.device) -> str:
+    """Where kernels.fused_moe's alignment and k-choice sum run, on the Triton backend
+    ("triton" or "torch"), by LORAFLEET_MOE_PREP=auto|triton|torch.
+
+    triton: kernels/triton/moe_align.py and moe_sum.py (three launches, no zero fill);
+    torch: kernels.moe_align.align_moe_ref (a dozen launches), a zero fill and torch.sum.
+    auto: triton for CPU tensors (the interpreter of the CPU tests), torch on CUDA: the
+    Triton pair has not yet run on a GPU (no device came in the sitting that wrote it;
+    tests/gpu/test_fused_moe_cuda.py checks it there), so CUDA keeps the pair that has.
+    """
+    choice = os.environ.get("LORAFLEET_MOE_PREP", "auto")
+    if choice not in MOE_PREP:
+        raise ValueError(f"LORAFLEET_MOE_PREP={choice!r}; allowed: {', '.join(MOE_PREP)}")
+    if choice == "auto":
+        return "torch" if device.type == "cuda" else "triton"
+    return choice

@@ -13,7 +13,9 @@ BLOCK_M rows per block), each program of
   before the sum, as transformers does) and stored by pair id.
 The k rows of a token are then summed (kernels/triton/moe_sum.py: the local pairs' rows
 only, in fp32, choice by choice: deterministic; y is never zero-filled, as the rows of
-other ranks' pairs are never read). Only the experts a block routes to are read, so
+other ranks' pairs are never read). LORAFLEET_MOE_PREP (kernels.backend.moe_prep_for)
+picks that Triton alignment-and-sum pair or the torch one (align_moe_ref, a zero fill,
+torch.sum); CUDA keeps the torch pair by default until the Triton one has run on a GPU. Only the experts a block routes to are read, so
 FLOPs and weight bytes follow the routing.
 Programs past the device-side block count exit at once: the grid is sized for the most
 blocks T * k pairs can fill, so nothing here waits on the host (CUDA-graph capturable).
@@ -29,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import moe_prep_for
+from kernels.moe_align import align_moe_ref
 from kernels.triton.common import DTYPES, cdiv, check_device, dot_precision
 from kernels.triton.moe_align import align_moe_triton
 from kernels.triton.moe_sum import moe_sum
@@ -199,11 +203,15 @@ def fused_moe_triton(
     pairs = tokens * top_k
     if out is None:
         out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    # one row per pair; those of other ranks' pairs are never written, and never read
-    y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    prep = moe_prep_for(x.device)
+    # one row per pair; those of other ranks' pairs are never written: never read by
+    # moe_sum, zeros for torch.sum
+    make = torch.empty if prep == "triton" else torch.zeros
+    y = make(pairs, hidden, dtype=x.dtype, device=x.device)
     if pairs and num_local:  # no local experts: every pair is another rank's
         cfg = moe_config(tokens, top_k, num_local, x.element_size())
-        al = align_moe_triton(topk_ids, num_local, cfg.block_m)
+        align = align_moe_triton if prep == "triton" else align_moe_ref
+        al = align(topk_ids, num_local, cfg.block_m)
         grid_m = al.block_expert.shape[0]
         h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         precision = dot_precision(x.dtype)
@@ -225,4 +233,6 @@ def fused_moe_triton(
             EVEN_K=inter % d.block_k == 0, PRECISION=precision,
             num_warps=d.num_warps, num_stages=d.num_stages,
         )  # fmt: skip
-    return moe_sum(y, topk_ids, num_local, out)
+    if prep == "triton":
+        return moe_sum(y, topk_ids, num_local, out)
+    return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)

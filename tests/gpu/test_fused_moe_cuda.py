@@ -54,8 +54,16 @@ CASES = [  # T, k, local experts (of the 8), share of ids off this rank
 ]
 
 
+@pytest.fixture(params=["torch", "triton"])
+def prep(request, monkeypatch):
+    """The layer over both alignment-and-sum pairs (kernels.backend.moe_prep_for): CUDA's
+    default (torch) and the Triton pair."""
+    monkeypatch.setenv("LORAFLEET_MOE_PREP", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize(("tokens", "top_k", "num_local", "off"), CASES)
-def test_bf16_mixtral_layer_matches_oracle(mixtral, tokens, top_k, num_local, off):
+def test_bf16_mixtral_layer_matches_oracle(mixtral, tokens, top_k, num_local, off, prep):
     w13, w2 = (w[:num_local] for w in mixtral)
     x = torch.randn(tokens, H, device="cuda").to(BF16)
     ids, w = random_routing(tokens, top_k, num_local, off, "cuda")
@@ -92,7 +100,7 @@ def test_other_dtypes_match_oracle(dtype, hidden, inter, tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 24, 96])
-def test_captured_graph_replays_new_routings(mixtral, tokens):
+def test_captured_graph_replays_new_routings(mixtral, tokens, prep):
     """One capture, replayed on fresh x / ids / weights copied into its static inputs
     (ids off this rank and idle experts included): each replay equals an eager call bit
     for bit and the oracle within tolerance; a replay whose ids are all another rank's
@@ -181,7 +189,7 @@ def test_sum_bit_for_bit(tokens, top_k):
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 512])
-def test_bf16_qwen3_moe_layer_matches_oracle(tokens):
+def test_bf16_qwen3_moe_layer_matches_oracle(tokens, prep):
     """A Qwen3-30B-A3B-shaped layer (H 2048, I 768, 128 experts, top-8; 1.2 GB of
     weights), some ids another rank's and some experts idle, against the float64 oracle."""
     x, w13, w2, ids, w = random_moe(tokens, 2048, 768, 128, 8, 0.1, BF16, "cuda", (5, 77))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import fused_moe
+from kernels.backend import moe_prep_for
 from kernels.testing import MOE_TOLERANCE, oracle_moe, random_moe, random_routing, rel_err
 from kernels.triton.fused_moe import moe_config
 from kernels.triton.moe_sum import moe_sum
@@ -55,6 +56,28 @@ def test_triton_matches_reference(monkeypatch, dtype):
     want = fused_moe(x, w13, w2, ids, w)
     monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
     assert rel_err(fused_moe(x, w13, w2, ids, w), want) < MOE_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_torch_prep_equals_triton_prep(monkeypatch, triton_backend, dtype):
+    """LORAFLEET_MOE_PREP=torch (CUDA's default: align_moe_ref, a zero fill, torch.sum)
+    and =triton (the two-launch alignment and moe_sum) run the same GEMM tiles, so their
+    layers agree bit for bit where torch.sum adds in choice order (k = 2 here)."""
+    x, w13, w2, ids, w = random_moe(21, 48, 40, 6, 2, 0.3, dtype, "cpu", (1,))
+    monkeypatch.setenv("LORAFLEET_MOE_PREP", "torch")
+    want = fused_moe(x, w13, w2, ids, w)
+    assert rel_err(want, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[dtype]
+    monkeypatch.setenv("LORAFLEET_MOE_PREP", "triton")
+    assert torch.equal(fused_moe(x, w13, w2, ids, w), want)
+
+
+def test_moe_prep_default_and_refusal(monkeypatch):
+    monkeypatch.delenv("LORAFLEET_MOE_PREP", raising=False)
+    assert moe_prep_for(torch.device("cpu")) == "triton"
+    assert moe_prep_for(torch.device("cuda")) == "torch"
+    monkeypatch.setenv("LORAFLEET_MOE_PREP", "cuda")
+    with pytest.raises(ValueError, match="LORAFLEET_MOE_PREP='cuda'; allowed: auto, triton, torch"):
+        moe_prep_for(torch.device("cpu"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
