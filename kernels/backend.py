@@ -15,9 +15,7 @@ def backend_for(device: torch.device) -> str:
     auto: Triton on CUDA tensors, the torch reference on CPU. `triton` on CPU tensors
     needs TRITON_INTERPRET=1 set before kernels.triton is imported (the CPU tests).
     """
-    choice = os.environ.get("LORAFLEET_KERNELS", "auto")
-    if choice not in BACKENDS:
-        raise ValueError(f"LORAFLEET_KERNELS={choice!r}; allowed: {', '.join(BACKENDS)}")
+    choice = _env_choice("LORAFLEET_KERNELS", BACKENDS)
     if choice == "auto":
         return "triton" if device.type == "cuda" else "reference"
     return choice
@@ -36,9 +34,15 @@ def moe_prep_for(device: torch.device) -> str:
     Triton pair has not yet run on a GPU (no device came in the sitting that wrote it;
     tests/gpu/test_fused_moe_cuda.py checks it there), so CUDA keeps the pair that has.
     """
-    choice = os.environ.get("LORAFLEET_MOE_PREP", "auto")
-    if choice not in MOE_PREP:
-        raise ValueError(f"LORAFLEET_MOE_PREP={choice!r}; allowed: {', '.join(MOE_PREP)}")
+    choice = _env_choice("LORAFLEET_MOE_PREP", MOE_PREP)
     if choice == "auto":
         return "torch" if device.type == "cuda" else "triton"
+    return choice
+
+
+def _env_choice(var: str, allowed: tuple[str, ...]) -> str:
+    """The environment's value of var ("auto" when unset), refused unless in allowed."""
+    choice = os.environ.get(var, "auto")
+    if choice not in allowed:
+        raise ValueError(f"{var}={choice!r}; allowed: {', '.join(allowed)}")
     return choice
