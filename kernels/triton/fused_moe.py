@@ -15,8 +15,8 @@ The k rows of a token are then summed (kernels/triton/moe_sum.py: the local pair
 only, in fp32, choice by choice: deterministic; y is never zero-filled, as the rows of
 other ranks' pairs are never read). LORAFLEET_MOE_PREP (kernels.backend.moe_prep_for)
 picks that Triton alignment-and-sum pair or the torch one (align_moe_ref, a zero fill,
-torch.sum); CUDA keeps the torch pair by default until the Triton one has run on a GPU. Only the experts a block routes to are read, so
-FLOPs and weight bytes follow the routing.
+torch.sum); CUDA keeps the torch pair by default until the Triton one has run on a GPU.
+Only the experts a block routes to are read, so FLOPs and weight bytes follow the routing.
 Programs past the device-side block count exit at once: the grid is sized for the most
 blocks T * k pairs can fill, so nothing here waits on the host (CUDA-graph capturable).
 Block ids vary fastest in the grid, so the programs running together share a weight tile
@@ -32,9 +32,8 @@ import triton
 import triton.language as tl
 
 from kernels.backend import moe_prep_for
-from kernels.moe_align import align_moe_ref
+from kernels.moe_align import align_moe
 from kernels.triton.common import DTYPES, cdiv, check_device, dot_precision
-from kernels.triton.moe_align import align_moe_triton
 from kernels.triton.moe_sum import moe_sum
 
 
@@ -210,8 +209,7 @@ def fused_moe_triton(
     y = make(pairs, hidden, dtype=x.dtype, device=x.device)
     if pairs and num_local:  # no local experts: every pair is another rank's
         cfg = moe_config(tokens, top_k, num_local, x.element_size())
-        align = align_moe_triton if prep == "triton" else align_moe_ref
-        al = align(topk_ids, num_local, cfg.block_m)
+        al = align_moe(topk_ids, num_local, cfg.block_m)  # the same prep choice
         grid_m = al.block_expert.shape[0]
         h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         precision = dot_precision(x.dtype)
