@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.reasoning import tag_tail
-from router.tool_calls import AutoCalls, content
+from router.tool_calls import AutoCalls, Text, content
 from router.tool_parsers.json_call import JsonCall, whole_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -37,8 +37,8 @@ class HermesCalls(AutoCalls):
     held: str = ""
     block: JsonCall | None = None
     """The open block's object (its body: the block's text up to where the object ended)."""
-    after: list[str] = field(default_factory=list)
-    """The open block's text after its object ended, in pieces (joined at its end)."""
+    after: Text = field(default_factory=Text)
+    """The open block's text after its object ended."""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self.held += text
@@ -79,19 +79,19 @@ class HermesCalls(AutoCalls):
         """Reads more of the open block's body."""
         assert self.block is not None
         if self.block.stage == "done":
-            self.after.append(text)
+            self.after += text
             return []
         out, took = self.block.read(self, text)
         if took < len(text):
-            self.after.append(text[took:])
+            self.after += text[took:]
         return out
 
     def _finish(self, closed: bool) -> list[dict[str, Any]]:
         """The block's end (closed: by </tool_call>, else by the end of the text)."""
         b, self.block = self.block, None
         assert b is not None
-        body = str(b.body) + "".join(self.after)
-        self.after = []
+        body = str(b.body) + str(self.after)
+        self.after = Text()
         close = CLOSE if closed else ""
         if b.index < 0:
             return whole_call(self, body) or content(OPEN + body + close)

@@ -61,9 +61,8 @@ class MistralCalls(AutoCalls):
     content (a tail that may begin [TOOL_CALLS] is held until it is known)."""
 
     held: str = ""
-    after: list[str] | None = None
-    """The text after a [TOOL_CALLS] while its form is unknown (only whitespace), in
-    pieces."""
+    after: Text | None = None
+    """The text after a [TOOL_CALLS] while its form is unknown (only whitespace)."""
     array: Array | None = None
     named: NamedCall | None = None
     ids: CallIds = field(default_factory=lambda: CallIds(mistral=True))
@@ -87,7 +86,7 @@ class MistralCalls(AutoCalls):
             if self.after is not None:
                 if not self._form(text):
                     return out
-                text, self.after = "".join(self.after), None
+                text, self.after = str(self.after), None
                 continue
             self.held += text
             opened = self.held.find(MARKER)
@@ -98,13 +97,13 @@ class MistralCalls(AutoCalls):
                 return out
             out += content(self.held[:opened])
             text, self.held = self.held[opened + len(MARKER) :], ""
-            self.after = []
+            self.after = Text()
 
     def _form(self, text: str) -> bool:
         """Text after a [TOOL_CALLS]: whether its form is known (by what follows the
         whitespace, [ for an array, else a name), the reader of that form then made."""
         assert self.after is not None
-        self.after.append(text)
+        self.after += text
         rest = text.lstrip(WHITESPACE)  # what came before is whitespace
         if not rest:
             return False
@@ -121,7 +120,7 @@ class MistralCalls(AutoCalls):
             return named.end(self)
         if self.after is not None:
             after, self.after = self.after, None
-            return content(MARKER + "".join(after))
+            return content(MARKER + str(after))
         if self.array is None:
             return content(held)
         a, self.array = self.array, None

@@ -76,6 +76,22 @@ def test_a_long_call_streams_its_arguments_as_written(parser):
     assert json.loads(call["arguments"]) == {"text": LONG, "n": [1, {"m": "]"}]}
 
 
+OUTSIDE = LONG.replace("</tool_call>", "")
+HELD = {  # text a reader holds until it knows what it is, and the content it turns out
+    "hermes": ("<tool_call>" + CALL + OUTSIDE + "</tool_call>", OUTSIDE + "</tool_call>"),
+    "mistral": ("[TOOL_CALLS]" + "\n " * 2 * BLOCK, "[TOOL_CALLS]" + "\n " * 2 * BLOCK),
+}
+
+
+@pytest.mark.parametrize("parser", sorted(HELD))
+def test_long_held_text_ends_as_content(parser):
+    """Hermes' text after a call in its block, mistral's whitespace after a [TOOL_CALLS]
+    the end cut before its form was known: several blocks held, then content."""
+    text, want = HELD[parser]
+    _, message = read_every_way(reader(parser), text, 0)
+    assert message["content"] == want
+
+
 def test_a_long_pythonic_call_reads_whole():
     _, message = read_every_way(reader("pythonic"), CASES["pythonic"][0], 0)
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
