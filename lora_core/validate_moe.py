@@ -1,0 +1,34 @@
+"""The refusal of an adapter reaching a mixture-of-experts base's MLP side (torch-free).
+
+A mixture-of-experts base takes LoRA on attention only (`BaseShape.lora_modules`): target_modules
+matching its router, experts, Qwen2-MoE's shared expert or a Qwen MoE's dense MLP layers
+(`module_names.moe_keys`) are refused before any tensor is checked.
+"""
+
+from __future__ import annotations
+
+from lora_core.base_shape import BaseShape
+from lora_core.errors import AdapterIncompatible
+from lora_core.module_names import moe_keys, tensor_module_key
+from lora_core.peft_config import LoraSpec
+from lora_core.safetensors_header import TensorInfo
+
+
+def check_moe_targets(spec: LoraSpec, base: BaseShape, tensors: dict[str, TensorInfo]) -> None:
+    """Refuses target_modules reaching a mixture-of-experts model's MLP side (`moe_keys`),
+    naming the first such module (layer-major) the adapter holds tensors for, else the
+    first the config reaches: moe_keys lists every layer's dense MLP keys (which layers of
+    a Qwen MoE are dense is not known here), so the first match alone may name layer 0's
+    mlp.down_proj for an adapter of a dense layer 3's."""
+    keys = moe_keys(base.num_layers, base.num_experts, base.architecture)
+    targeted = [key for key in keys if spec.targets(key)]
+    if not targeted:
+        return
+    held = {tensor_module_key(name) for name in tensors}
+    key = next((k for k in targeted if k in held), targeted[0])
+    raise AdapterIncompatible(
+        "target_modules",
+        f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
+        f"whose {base.moe_parts} take no LoRA",
+        f"{', '.join(base.lora_modules)} (attention)",
+    )
