@@ -28,14 +28,9 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lora_core.adapter_files import CONFIG_FILE, WEIGHTS_FILE, read_adapter_files  # noqa: E402
 from lora_core.base_shape import MODULES, BaseShape  # noqa: E402
-from lora_core.validate import (  # noqa: E402
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    read_adapter_files,
-    validate_adapter_dir,
-    validate_adapter_files,
-)
+from lora_core.validate import validate_adapter_dir, validate_adapter_files  # noqa: E402
 from lora_core.weights import load_adapter_weights  # noqa: E402
 
 BASE = BaseShape("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336)

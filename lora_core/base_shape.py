@@ -36,6 +36,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
 )
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# The mixture-of-experts models some of whose layers may be dense MLPs (BaseShape.moe_layers).
+QWEN_MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # The config.json field holding a mixture-of-experts model's expert count. transformers 5
 # writes a Qwen3-MoE's under num_local_experts (its config's attribute_map), the hub's
 # Qwen3-MoE checkpoints under num_experts: both are read.
@@ -64,6 +66,10 @@ class BaseShape:
     EXPERTS_FIELD); intermediate is then the config's intermediate_size (a Mixtral's
     experts', a Qwen MoE's dense MLP layers'), which no adapter reaches. Defaults to 0 so
     records stored before it existed still read.
+    moe_layers: per layer, whether it is a sparse MoE block, as transformers builds it:
+    every Mixtral layer; a Qwen MoE's layer i unless i is in mlp_only_layers or i + 1 is
+    not a multiple of decoder_sparse_step (those are dense MLPs); no layer of a dense
+    model. () (unknown) in records stored before it existed.
     """
 
     architecture: str
@@ -74,6 +80,11 @@ class BaseShape:
     head_dim: int
     intermediate: int
     num_experts: int = 0
+    moe_layers: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A record read back from JSON holds a list; a tuple keeps the shape hashable.
+        object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
 
     @property
     def lora_groups(self) -> tuple[str, ...]:
@@ -97,15 +108,17 @@ class BaseShape:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         experts = _num_experts(cfg, arch)
+        layers = int(cfg["num_hidden_layers"])
         return cls(
             architecture=arch,
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             hidden=hidden,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads)),
             intermediate=int(cfg["intermediate_size"]),
             num_experts=experts,
+            moe_layers=_moe_layers(cfg, arch, layers),
         )
 
     @property
@@ -159,3 +172,21 @@ def _num_experts(cfg: dict, arch: str) -> int:
     if int(value) < 1:
         raise ModelLoadFailed(f"{field}={value}; allowed: >= 1 for {arch}")
     return int(value)
+
+
+def _moe_layers(cfg: dict, arch: str, num_layers: int) -> tuple[bool, ...]:
+    """Which layers are sparse MoE blocks (`BaseShape.moe_layers`); ModelLoadFailed for a
+    Qwen MoE's decoder_sparse_step or mlp_only_layers transformers would not build."""
+    if arch not in QWEN_MOE_ARCHITECTURES:
+        return (arch == "MixtralForCausalLM",) * num_layers
+    step = cfg.get("decoder_sparse_step", 1)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ModelLoadFailed(f"decoder_sparse_step={step!r}; allowed: an integer >= 1")
+    dense = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(
+        isinstance(i, int) and 0 <= i < num_layers for i in dense
+    ):
+        raise ModelLoadFailed(
+            f"mlp_only_layers={dense!r}; allowed: a list of layer indices 0..{num_layers - 1}"
+        )
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))

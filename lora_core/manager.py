@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from lora_core.adapter_files import read_adapter_files
 from lora_core.base_shape import BaseShape
 from lora_core.errors import AdapterDraining, AdapterLoadFailed
 from lora_core.identity import AdapterRef
@@ -27,7 +28,7 @@ from lora_core.pool import (
     SlotPool,
 )
 from lora_core.slot_buffers import SlotBuffers
-from lora_core.validate import AdapterManifest, read_adapter_files, validate_adapter_files
+from lora_core.validate import AdapterManifest, validate_adapter_files
 from lora_core.weights import AdapterWeights, load_adapter_weights
 
 

@@ -2,38 +2,41 @@
 
 Nothing is loaded into torch: the config is parsed, the safetensors header is read, every
 tensor name and shape is checked against the config (and the base model when given), and
-the weights are scanned (memory-mapped) for NaN and infinities.
+the weights are scanned (memory-mapped) for NaN and infinities. `adapter_files` finds and reads
+the files; `validate_moe` refuses targets on a mixture-of-experts base's MLP side.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from lora_core.adapter_files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterFiles,
+    content_hash,
+    require_files,
+    resolve_adapter_dir,
+)
 from lora_core.base_shape import MODULES, BaseShape
-from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
+from lora_core.errors import AdapterIncompatible
 from lora_core.module_names import (
     module_key,
-    moe_keys,
     parse_module_key,
     parse_tensor_name,
     supported_keys,
-    tensor_module_key,
     unsupported_keys,
 )
 from lora_core.peft_config import LoraSpec
 from lora_core.safetensors_header import TensorInfo, first_nonfinite, read_safetensors_header
+from lora_core.validate_moe import check_moe_targets
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-PICKLE_FILE = "adapter_model.bin"
 # FP8 weights are accepted and widened to the engine dtype when packed (as vLLM's
 # .to(dtype) on load does); validation checks them for NaN like the others.
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2")
 # Without a base, layer indices come from tensor names: bound them (no model is this deep).
 MAX_LAYERS = 1024
-_PATH_ALLOWED = f"an existing local directory holding {CONFIG_FILE} and {WEIGHTS_FILE}"
 _MODULES_ALLOWED = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 
 
@@ -76,65 +79,6 @@ class AdapterManifest:
         return Path(self.path) / WEIGHTS_FILE
 
 
-def resolve_adapter_dir(path: str | Path) -> Path:
-    """The resolved local directory; AdapterLoadFailed for URLs, hub ids, files, missing paths."""
-    text = str(path)
-    if "://" in text:
-        raise AdapterLoadFailed(
-            f"path={text!r}: URLs are not loaded here; allowed: {_PATH_ALLOWED}"
-        )
-    try:
-        resolved = Path(text).expanduser().resolve(strict=True)
-    except (OSError, RuntimeError) as e:
-        raise AdapterLoadFailed(f"path={text!r} does not exist; allowed: {_PATH_ALLOWED}") from e
-    if not resolved.is_dir():
-        raise AdapterLoadFailed(f"path={text!r} is not a directory; allowed: {_PATH_ALLOWED}")
-    return resolved
-
-
-@dataclass(frozen=True)
-class AdapterFiles:
-    """An adapter directory's two files, read once: the bytes that were validated are the
-    bytes that get loaded, and they are hashed once.
-
-    root: the resolved directory. config / weights: the files' bytes.
-    content_hash: sha256 hex of config + weights (as `content_hash`).
-    """
-
-    root: Path
-    config: bytes
-    weights: bytes
-    content_hash: str
-
-
-def read_adapter_files(path: str | Path) -> AdapterFiles:
-    """Read and hash both files of an adapter directory; AdapterLoadFailed names a problem."""
-    root = resolve_adapter_dir(path)
-    _require_files(root)
-    try:
-        config = (root / CONFIG_FILE).read_bytes()
-        weights = (root / WEIGHTS_FILE).read_bytes()
-    except OSError as e:
-        raise AdapterLoadFailed(f"cannot read adapter {root}: {e}") from e
-    digest = hashlib.sha256(config)
-    digest.update(weights)
-    return AdapterFiles(root, config, weights, digest.hexdigest())
-
-
-def content_hash(path: str | Path) -> str:
-    """sha256 hex over adapter_config.json bytes then adapter_model.safetensors bytes."""
-    root = resolve_adapter_dir(path)
-    digest = hashlib.sha256()
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        try:
-            with (root / name).open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-        except OSError as e:
-            raise AdapterLoadFailed(f"cannot read {root / name}: {e}") from e
-    return digest.hexdigest()
-
-
 def validate_adapter_dir(
     path: str | Path, *, max_rank: int, base: BaseShape | None = None
 ) -> AdapterManifest:
@@ -144,7 +88,7 @@ def validate_adapter_dir(
     The weights are read through a memory map and hashed in chunks (nothing held in memory).
     """
     root = resolve_adapter_dir(path)
-    _require_files(root)
+    require_files(root)
     spec = LoraSpec.from_file(root / CONFIG_FILE, base)
     tensors = read_safetensors_header(root / WEIGHTS_FILE)
     modules = _check_modules(spec, tensors, max_rank, base)
@@ -167,7 +111,7 @@ def _check_modules(
     spec: LoraSpec, tensors: dict[str, TensorInfo], max_rank: int, base: BaseShape | None
 ) -> dict[tuple[int, str], ModuleInfo]:
     if base is not None and base.num_experts:
-        _check_moe_targets(spec, base, tensors)
+        check_moe_targets(spec, base, tensors)
     expected = _check_targets(spec, _num_layers(tensors, base), base)
     pairs = _pair_tensors(tensors)
     modules = {lm: _module_info(spec, lm, ab, max_rank, base) for lm, ab in sorted(pairs.items())}
@@ -208,18 +152,6 @@ def _num_layers(tensors: dict[str, TensorInfo], base: BaseShape | None) -> int:
     return 1 + deepest
 
 
-def _require_files(root: Path) -> None:
-    if not (root / CONFIG_FILE).is_file():
-        raise AdapterLoadFailed(f"{root}: {CONFIG_FILE} is missing; allowed: {_PATH_ALLOWED}")
-    if not (root / WEIGHTS_FILE).is_file():
-        if (root / PICKLE_FILE).exists():
-            raise AdapterLoadFailed(
-                f"{root}: only {PICKLE_FILE} (pickle) is present; pickles are never loaded, "
-                f"safetensors only: allowed: {WEIGHTS_FILE} (save_pretrained(safe_serialization=True))"
-            )
-        raise AdapterLoadFailed(f"{root}: {WEIGHTS_FILE} is missing; allowed: {_PATH_ALLOWED}")
-
-
 def _pair_tensors(tensors: dict[str, TensorInfo]) -> dict[tuple[int, str], dict[str, TensorInfo]]:
     """{(layer, module): {"A": info, "B": info}}; refuses foreign or unpaired tensors."""
     pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
@@ -245,26 +177,6 @@ def _pair_tensors(tensors: dict[str, TensorInfo]) -> dict[tuple[int, str], dict[
                 "both lora_A and lora_B",
             )
     return pairs
-
-
-def _check_moe_targets(spec: LoraSpec, base: BaseShape, tensors: dict[str, TensorInfo]) -> None:
-    """Refuses target_modules reaching a mixture-of-experts model's MLP side (`moe_keys`),
-    naming the first such module (layer-major) the adapter holds tensors for, else the
-    first the config reaches: moe_keys lists every layer's dense MLP keys (which layers of
-    a Qwen MoE are dense is not known here), so the first match alone may name layer 0's
-    mlp.down_proj for an adapter of a dense layer 3's."""
-    keys = moe_keys(base.num_layers, base.num_experts, base.architecture)
-    targeted = [key for key in keys if spec.targets(key)]
-    if not targeted:
-        return
-    held = {tensor_module_key(name) for name in tensors}
-    key = next((k for k in targeted if k in held), targeted[0])
-    raise AdapterIncompatible(
-        "target_modules",
-        f"matches {key!r}: {base.architecture} is a mixture-of-experts model "
-        f"whose {base.moe_parts} take no LoRA",
-        f"{', '.join(base.lora_modules)} (attention)",
-    )
 
 
 def _check_targets(spec: LoraSpec, num_layers: int, base: BaseShape | None) -> set[tuple[int, str]]:

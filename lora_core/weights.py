@@ -18,10 +18,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from lora_core.adapter_files import AdapterFiles, read_adapter_files
 from lora_core.base_shape import GROUPS, BaseShape
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.module_names import PEFT_PREFIX, module_key
-from lora_core.validate import AdapterFiles, AdapterManifest, read_adapter_files
+from lora_core.validate import AdapterManifest
 
 # Per layer: {group: one entry per slice (None = untargeted)}.
 LayerSlices = dict[str, tuple["SliceWeights | None", ...]]

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lora_core.base_shape import EXPERTS_FIELD, SUPPORTED_ARCHITECTURES, BaseShape
+from lora_core.base_shape import (
+    EXPERTS_FIELD,
+    QWEN_MOE_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    BaseShape,
+)
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.models.rope_config import RopeScaling, read_rope
 
@@ -14,7 +19,6 @@ from replica.models.rope_config import RopeScaling, read_rope
 DEFAULT_MAX_POSITIONS = 4096
 # num_experts_per_tok of a config.json that leaves it out: its config class's default.
 _DEFAULT_TOP_K = {"MixtralForCausalLM": 2, "Qwen2MoeForCausalLM": 4, "Qwen3MoeForCausalLM": 8}
-_QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # rms_norm_eps of a config.json that leaves it out: its config class's default (1e-6 but
 # for Mixtral's).
 _DEFAULT_EPS = {"MixtralForCausalLM": 1e-5}
@@ -138,10 +142,10 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             num_experts=experts,
             num_experts_per_tok=_experts_per_tok(cfg, arch, experts),
-            moe_layers=_moe_layers(cfg, arch, shape.num_layers),
+            moe_layers=shape.moe_layers,
             moe_intermediate_size=_moe_size(cfg, arch, "moe_intermediate_size") if experts else 0,
             norm_topk_prob=arch == "MixtralForCausalLM" or bool(cfg.get("norm_topk_prob", False)),
-            moe_weights_cast=arch in _QWEN_MOE,
+            moe_weights_cast=arch in QWEN_MOE_ARCHITECTURES,
             shared_expert_intermediate_size=(
                 _moe_size(cfg, arch, "shared_expert_intermediate_size")
                 if arch == "Qwen2MoeForCausalLM"
@@ -182,6 +186,7 @@ class ModelConfig:
             head_dim=self.head_dim,
             intermediate=self.intermediate_size,
             num_experts=self.num_experts,
+            moe_layers=self.moe_layers,
         )
 
 
@@ -196,25 +201,6 @@ def _experts_per_tok(cfg: dict, arch: str, num_experts: int) -> int:
             f"num_experts_per_tok={k}; allowed: 1..{EXPERTS_FIELD[arch]}={num_experts}"
         )
     return k
-
-
-def _moe_layers(cfg: dict, arch: str, num_layers: int) -> tuple[bool, ...]:
-    """Which layers are sparse MoE blocks, as transformers builds them: every Mixtral
-    layer; a Qwen MoE's layer i unless i is in mlp_only_layers or i + 1 is not a multiple
-    of decoder_sparse_step; none of a dense model."""
-    if arch not in _QWEN_MOE:
-        return (arch == "MixtralForCausalLM",) * num_layers
-    step = cfg.get("decoder_sparse_step", 1)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ModelLoadFailed(f"decoder_sparse_step={step!r}; allowed: an integer >= 1")
-    dense = cfg.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(
-        isinstance(i, int) and 0 <= i < num_layers for i in dense
-    ):
-        raise ModelLoadFailed(
-            f"mlp_only_layers={dense!r}; allowed: a list of layer indices 0..{num_layers - 1}"
-        )
-    return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
 
 def _moe_size(cfg: dict, arch: str, field: str) -> int:

@@ -81,6 +81,18 @@ def test_served_base_from_a_record_without_max_loras():
     assert ServedBase.from_json(json.dumps(old)) == ServedBase("m", SHAPE, 16, None)
 
 
+def test_served_base_of_a_moe_model_round_trips_its_sparse_layers():
+    """moe_layers comes back from JSON as the tuple it was; a record stored before it
+    existed reads as () (unknown)."""
+    moe = BaseShape("Qwen3MoeForCausalLM", 3, 64, 4, 2, 16, 128, 4, (True, False, True))
+    served = ServedBase("m", moe, 16, 4)
+    back = ServedBase.from_json(served.to_json())
+    assert back == served and back.shape.moe_layers == (True, False, True)
+    old = json.loads(served.to_json())
+    del old["shape"]["moe_layers"]
+    assert ServedBase.from_json(json.dumps(old)).shape.moe_layers == ()
+
+
 def test_served_base_refuses_no_slots():
     with pytest.raises(ValueError, match="max_loras=0; allowed: >= 1, or None"):
         ServedBase("m", SHAPE, 16, 0)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lora_core.adapter_files import read_adapter_files
 from lora_core.errors import AdapterIncompatible, AdapterLoadFailed
 from lora_core.validate import (
     ModuleInfo,
     content_hash,
-    read_adapter_files,
     validate_adapter_dir,
     validate_adapter_files,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_peft_qwen2_shared_expert_and_dense_adapters_refused(qwen2_moe_dir, tmp_
     [
         ("qwen3_moe", ["q_proj", "experts"], "model.layers.0.mlp.experts"),
         ("qwen3_moe", r".*\.(q_proj|experts\.\d+\.down_proj)", "model.layers.0.mlp.experts.0.down_proj"),
-        ("qwen3_moe", ["q_proj", "mlp.gate_proj"], "model.layers.0.mlp.gate_proj"),
+        ("qwen3_moe", ["q_proj", "mlp.gate_proj"], "model.layers.1.mlp.gate_proj"),
         ("qwen3_moe", r".*\.(q_proj|layers\.1\.mlp\.up_proj)", "model.layers.1.mlp.up_proj"),
         ("qwen2_moe", ["q_proj", "shared_expert"], "model.layers.0.mlp.shared_expert"),
         ("qwen2_moe", ["q_proj", "experts.3.up_proj"], "model.layers.0.mlp.experts.3.up_proj"),
@@ -180,3 +181,44 @@ def test_refusal_names_the_adapters_own_key(
             problem,
             f"{ATTENTION} (attention)",
         )
+
+
+# Which layers are sparse (moe_layers), and what the config targets without a tensor of the
+# MLP side: the refusal names the first targeted module (layer-major) the model has, never
+# a sparse layer's dense mlp.<module> or a dense layer's router, experts or shared expert.
+@pytest.mark.parametrize(
+    ("arch", "fields", "module", "named"),
+    [
+        ("qwen3_moe", {}, "down_proj", "model.layers.0.mlp.experts.0.down_proj"),
+        ("qwen3_moe", {"mlp_only_layers": [0]}, "down_proj", "model.layers.0.mlp.down_proj"),
+        ("qwen3_moe", {"mlp_only_layers": [], "decoder_sparse_step": 2}, "gate",
+         "model.layers.1.mlp.gate"),
+        ("qwen2_moe", {"mlp_only_layers": [0]}, "down_proj", "model.layers.0.mlp.down_proj"),
+        ("qwen2_moe", {"mlp_only_layers": [0, 1]}, "shared_expert_gate",
+         "model.layers.2.mlp.shared_expert_gate"),
+    ],
+    ids=["sparse-layer-0", "dense-layer-0", "sparse-step-2", "qwen2-dense-layer-0",
+         "qwen2-shared-gate"],
+)  # fmt: skip
+def test_refusal_without_mlp_tensors_names_a_module_of_the_model(
+    request, tmp_path, arch, fields, module, named
+):
+    model_dir = request.getfixturevalue(f"{arch}_dir")
+    cfg = {**json.loads((model_dir / "config.json").read_text()), **fields}
+    base = BaseShape.from_hf_config(cfg)
+    src = request.getfixturevalue(f"{arch}_adapters")["qv8"]
+    err = _refused(_with_mlp_keys(src, tmp_path / "a", module, []), base)
+    assert (err.field, err.allowed) == ("target_modules", f"{ATTENTION} (attention)")
+    assert err.problem == (
+        f"matches {named!r}: {base.architecture} is a mixture-of-experts model whose "
+        f"{PARTS[base.architecture]} take no LoRA"
+    )
+
+
+def test_refusal_against_a_base_recorded_without_its_sparse_layers(
+    qwen3_moe_dir, qwen3_moe_adapters, tmp_path
+):
+    """A base shape stored before moe_layers existed (()) names the first targeted key."""
+    base = replace(_base(qwen3_moe_dir), moe_layers=())
+    err = _refused(_with_mlp_keys(qwen3_moe_adapters["qv8"], tmp_path / "a", "down_proj", []), base)
+    assert err.problem.startswith("matches 'model.layers.0.mlp.down_proj': ")

@@ -19,6 +19,7 @@ import transformers
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
+from lora_core.base_shape import BaseShape
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.models.config import ModelConfig
 from replica.models.llama import CausalLM
@@ -149,6 +150,7 @@ def test_sparse_layers_as_transformers_builds_them(fields, sparse):
     for arch in BLOCKS:
         cfg = ModelConfig.from_hf(_raw(arch, **fields))
         assert cfg.moe_layers == sparse
+        assert cfg.base_shape == BaseShape.from_hf_config(_raw(arch, **fields))
         hf = transformers.AutoModelForCausalLM.from_config(
             BLOCKS[arch][0](
                 **{k: v for k, v in _raw(arch, **fields).items() if k != "architectures"}
