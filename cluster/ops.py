@@ -183,7 +183,9 @@ def set_base_shape(keys: Keys, model_id: str, shape: BaseShape) -> Plan[None]:
 
 def get_base_shape(keys: Keys, model_id: str) -> Plan[BaseShape | None]:
     return Plan(
-        None, ("GET", keys.base(model_id)), lambda v: BaseShape(**json.loads(v)) if v else None
+        None,
+        ("GET", keys.base(model_id)),
+        lambda v: BaseShape.from_record(json.loads(v)) if v else None,
     )
 
 

@@ -169,7 +169,7 @@ class ServedBase:
         slots = d.get("max_loras")  # absent from records published before pins were checked
         return cls(
             d["model_id"],
-            BaseShape(**d["shape"]),
+            BaseShape.from_record(d["shape"]),
             int(d["max_lora_rank"]),
             int(slots) if slots is not None else None,
         )

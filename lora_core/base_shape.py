@@ -9,7 +9,7 @@ shared expert and the dense MLPs of a Qwen MoE's mlp_only_layers take none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from lora_core.errors import ModelLoadFailed
 
@@ -85,6 +85,14 @@ class BaseShape:
     def __post_init__(self) -> None:
         # A record read back from JSON holds a list; a tuple keeps the shape hashable.
         object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
+
+    @classmethod
+    def from_record(cls, d: dict) -> BaseShape:
+        """A shape stored as JSON (the registry's records). Fields this version does not
+        know are dropped, so a record written by a newer version (with a field added)
+        still reads while a cluster is upgraded; fields it lacks take their defaults."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     @property
     def lora_groups(self) -> tuple[str, ...]:

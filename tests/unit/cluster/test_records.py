@@ -96,3 +96,12 @@ def test_served_base_of_a_moe_model_round_trips_its_sparse_layers():
 def test_served_base_refuses_no_slots():
     with pytest.raises(ValueError, match="max_loras=0; allowed: >= 1, or None"):
         ServedBase("m", SHAPE, 16, 0)
+
+
+def test_served_base_from_a_newer_record_drops_unknown_shape_fields():
+    """A record written by a newer version (a shape field this one lacks) still reads,
+    through both the served-base record and the registry's stored base shape."""
+    newer = json.loads(ServedBase("m", SHAPE, 16, 4).to_json())
+    newer["shape"]["a_field_from_the_future"] = [1, 2]
+    assert ServedBase.from_json(json.dumps(newer)) == ServedBase("m", SHAPE, 16, 4)
+    assert BaseShape.from_record(newer["shape"]) == SHAPE
