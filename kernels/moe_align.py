@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import backend_for, moe_prep_for
+from kernels.backend import backend_for, moe_prep
 
 
 def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
@@ -51,7 +51,7 @@ def align_moe(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
     """topk_ids: int32/int64 [T, k] (any strides) local expert ids (outside
     [0, num_experts): no work) -> MoeAlignment; pairs of one expert keep their order
     (token-major). Triton (two launches) or `align_moe_ref` by the kernels backend and
-    kernels.backend.moe_prep_for."""
+    kernels.backend.moe_prep."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"topk_ids: {topk_ids.dtype} {tuple(topk_ids.shape)}; allowed: int32/int64 [T, k]"
@@ -59,7 +59,7 @@ def align_moe(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
     if num_experts < 1 or block_m < 1:
         raise ValueError(f"num_experts {num_experts}, block_m {block_m}; allowed: both >= 1")
     dev = topk_ids.device
-    if backend_for(dev) == "triton" and moe_prep_for(dev) == "triton":
+    if backend_for(dev) == "triton" and moe_prep() == "triton":
         from kernels.triton.moe_align import align_moe_triton
 
         return align_moe_triton(topk_ids, num_experts, block_m)

@@ -13,9 +13,9 @@ BLOCK_M rows per block), each program of
   before the sum, as transformers does) and stored by pair id.
 The k rows of a token are then summed (kernels/triton/moe_sum.py: the local pairs' rows
 only, in fp32, choice by choice: deterministic; y is never zero-filled, as the rows of
-other ranks' pairs are never read). LORAFLEET_MOE_PREP (kernels.backend.moe_prep_for)
-picks that Triton alignment-and-sum pair or the torch one (align_moe_ref, a zero fill,
-torch.sum); CUDA keeps the torch pair by default until the Triton one has run on a GPU.
+other ranks' pairs are never read). LORAFLEET_MOE_PREP=torch (kernels.backend.moe_prep)
+swaps that Triton alignment-and-sum pair for the torch one (align_moe_ref, a zero fill,
+torch.sum), to compare against.
 Only the experts a block routes to are read, so FLOPs and weight bytes follow the routing.
 Programs past the device-side block count exit at once: the grid is sized for the most
 blocks T * k pairs can fill, so nothing here waits on the host (CUDA-graph capturable).
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import moe_prep_for
+from kernels.backend import moe_prep
 from kernels.moe_align import align_moe
 from kernels.triton.common import DTYPES, cdiv, check_device, dot_precision
 from kernels.triton.moe_sum import moe_sum
@@ -202,7 +202,7 @@ def fused_moe_triton(
     pairs = tokens * top_k
     if out is None:
         out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    prep = moe_prep_for(x.device)
+    prep = moe_prep()
     # one row per pair; those of other ranks' pairs are never written: never read by
     # moe_sum, zeros for torch.sum
     make = torch.empty if prep == "triton" else torch.zeros

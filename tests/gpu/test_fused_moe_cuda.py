@@ -56,8 +56,8 @@ CASES = [  # T, k, local experts (of the 8), share of ids off this rank
 
 @pytest.fixture(params=["torch", "triton"])
 def prep(request, monkeypatch):
-    """The layer over both alignment-and-sum pairs (kernels.backend.moe_prep_for): CUDA's
-    default (torch) and the Triton pair."""
+    """The layer over both alignment-and-sum pairs (kernels.backend.moe_prep): the
+    default (triton) and the torch one."""
     monkeypatch.setenv("LORAFLEET_MOE_PREP", request.param)
     return request.param
 
