@@ -338,20 +338,6 @@ def total_loads(cluster) -> int:
     return sum(s["adapter_loads"] for s in cluster.routing_stats().values())
 
 
-def wait_resident(cluster, name: str, timeout_s: float = 20.0) -> None:
-    """Until the registry lists a live GPU holder of `name` (the router's input), or fail."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        reg = cluster.registry()
-        try:
-            if any(loc.tier == "gpu" for loc in reg.locations(name)):
-                return
-        finally:
-            reg.close()
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never became GPU-resident in the registry")
-
-
 def gpu_holders(cluster, name: str) -> set[str]:
     reg = cluster.registry()
     try:

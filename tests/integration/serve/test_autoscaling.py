@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from ray import serve
 from cluster.autoscaling import LoraAutoscalingPolicy
 from replica.autoscaling_metrics import ACTIVE_ADAPTERS, ADAPTER_SHARE, KV_USAGE, MAX_LORAS, WAITING
 from tests.integration.serve.cluster_fixture import APP, start_cluster, stop_cluster
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -93,15 +93,6 @@ def running_replicas() -> int:
 def controller_log() -> str:
     session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
     return "".join(p.read_text() for p in (session / "logs" / "serve").glob("controller_*.log"))
-
-
-def wait_for(pred, timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if pred():
-            return time.monotonic() - start
-        time.sleep(0.25)
-    raise TimeoutError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

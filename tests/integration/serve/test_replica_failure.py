@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
@@ -18,6 +17,7 @@ import pytest
 import ray
 
 from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -48,10 +48,30 @@ def greedy(cluster, model: str, max_tokens: int) -> str:
     return r.json()["choices"][0]["text"]
 
 
-def busy_replicas(cluster) -> dict[str, object]:
-    """Serve replica id -> actor of the replicas running or queueing a request now."""
+def busy_replicas(cluster, at_least: int = 1) -> dict[str, object]:
+    """Serve replica id -> actor of the replicas running or queueing at least `at_least`
+    requests now."""
     actors = cluster.replica_actors()
-    return {rid: actors[rid] for rid, s in cluster.routing_stats().items() if s["queue_len"] > 0}
+    stats = cluster.routing_stats()
+    return {rid: actors[rid] for rid, s in stats.items() if s["queue_len"] >= at_least}
+
+
+def past_first_tokens(replica, steps: int = 2, timeout_s: float = 30.0) -> None:
+    """Until `replica`'s engine has run `steps` more steps (its computed_tokens grew that
+    often): each request of the first such step has had an output sent a step ago, so a
+    kill now comes too late for the ingress's plain retry (only before the first output)."""
+
+    def computed() -> int:
+        return ray.get(replica.record_routing_stats.remote(), timeout=10)["computed_tokens"]
+
+    seen = computed()
+    for step in range(steps):
+        seen = wait_for(
+            lambda last=seen: (n := computed()) > last and n,
+            timeout_s,
+            f"engine step {step + 1} of {steps} on the replica to kill",
+            interval_s=0.02,
+        )
 
 
 def test_a_stream_on_a_killed_replica_ends_with_a_retryable_error(cluster):
@@ -115,12 +135,12 @@ def test_killing_a_replica_mid_traffic(cluster):
     async def traffic():
         nonlocal victim_id
         first = asyncio.gather(*[one(i) for i in range(16)])
-        busy = {}
-        while not busy:  # kill a replica while it is running some of them
-            await asyncio.sleep(0.05)
-            busy = busy_replicas(cluster)
-        await asyncio.sleep(0.3)  # past their first tokens: too late for a plain retry
+        # kill a replica while it is running some of them, past their first tokens; the
+        # polls run in threads, so this loop keeps the requests going meanwhile
+        what = "a replica running 2 or more of the 16 requests"
+        busy = await asyncio.to_thread(wait_for, lambda: busy_replicas(cluster, 2), 30, what, 0.05)
         victim_id, victim = sorted(busy.items())[0]
+        await asyncio.to_thread(past_first_tokens, victim)
         ray.kill(victim, no_restart=True)
         return await first, await asyncio.gather(*[one(i) for i in range(8)])
 
@@ -129,15 +149,13 @@ def test_killing_a_replica_mid_traffic(cluster):
     assert during == [True] * 16
     assert later == [True] * 8
     reg = cluster.registry()
-    deadline = time.monotonic() + 15
-    live = None
-    while time.monotonic() < deadline:
-        live = {r.replica_id: r.live for r in reg.list_replicas()}
-        if live.get(victim_id) is not True:
-            break
-        time.sleep(0.3)
     # lapsed, or already reaped by a live replica's publisher (then it has no row at all)
-    assert live.get(victim_id) in (False, None)
+    wait_for(
+        lambda: {r.replica_id: r.live for r in reg.list_replicas()}.get(victim_id) in (False, None),
+        15,
+        f"the killed replica {victim_id}'s lease to lapse",
+        interval_s=0.2,
+    )
     assert all(loc.replica != victim_id for name in names for loc in reg.locations(name))
     reg.close()
 
@@ -145,11 +163,12 @@ def test_killing_a_replica_mid_traffic(cluster):
 def cluster_wait_two_live(cluster, timeout_s: float = 60.0) -> None:
     """Serve replaces a killed replica; wait until two live ones are registered."""
     reg = cluster.registry()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def two_live() -> bool:
         actors = set(cluster.replica_actors())
-        if len(actors) == 2 and {r.replica_id for r in reg.list_replicas() if r.live} == actors:
-            break
-        time.sleep(0.5)
-    reg.close()
-    assert len(cluster.replica_actors()) == 2
+        return len(actors) == 2 and {r.replica_id for r in reg.list_replicas() if r.live} == actors
+
+    try:
+        wait_for(two_live, timeout_s, "2 replicas, each live in the registry", interval_s=0.25)
+    finally:
+        reg.close()
