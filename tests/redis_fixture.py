@@ -11,12 +11,13 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.polling import wait_for
 
 
 def free_port() -> int:
@@ -29,7 +30,8 @@ def start_redis(tmpdir: str | Path, port: int | None = None) -> tuple[str, Calla
     """Start redis-server on 127.0.0.1:port (a free one if None) with no persistence.
 
     Returns (url, stop); stop() terminates the server and waits for it to exit.
-    Raises RuntimeError if redis-server is missing or does not answer within 10 s.
+    Raises RuntimeError if redis-server is missing or exits at once, TimeoutError if it
+    does not answer within 10 s.
     """
     exe = shutil.which("redis-server")
     if exe is None:
@@ -71,18 +73,20 @@ def start_redis(tmpdir: str | Path, port: int | None = None) -> tuple[str, Calla
 
 def _wait_ready(url: str, proc: subprocess.Popen, stop: Callable[[], None]) -> None:
     client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 10
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        try:
+            return client.ping()
+        except redis.ConnectionError:
+            return False
+
     try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}")
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
+        wait_for(answers, 10, f"redis-server at {url} answering PING", interval_s=0.02)
+    except TimeoutError:
         stop()
-        raise RuntimeError(f"redis-server at {url} did not answer within 10 s")
+        raise
     finally:
         client.close()
 

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from cluster import ops
 from cluster.records import AdapterRecord
 from cluster.registry import AsyncRegistry, Registry
 from lora_core.errors import RegistryUnavailable
+from tests.polling import wait_for
 from tests.redis_fixture import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,12 +59,14 @@ def auth_redis(tmp_path_factory) -> Iterator[int]:
         stderr=subprocess.DEVNULL,
     )
     admin = redis.Redis(port=port, password=PASSWORD, socket_connect_timeout=0.2)
-    for _ in range(100):
+
+    def add_ro() -> bool:
         try:
-            admin.execute_command("ACL", "SETUSER", "ro", "on", ">ro-pw", "~*", "+get")
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
+            return admin.execute_command("ACL", "SETUSER", "ro", "on", ">ro-pw", "~*", "+get")
+        except redis.ConnectionError:  # not listening yet
+            return False
+
+    wait_for(add_ro, 10, f"redis-server on port {port} taking the ro user", interval_s=0.1)
     yield port
     admin.close()
     proc.terminate()

@@ -15,6 +15,7 @@ from cluster.records import Location
 from cluster.registry import Registry
 from lora_core.errors import AdapterNotFound, StaleEpoch
 from tests.integration.cluster.timing import lapse, redis_now_us
+from tests.polling import wait_for
 from tests.redis_fixture import dump_redis
 
 
@@ -24,29 +25,23 @@ def reg(registry: Registry, adapters) -> Registry:
     return registry
 
 
-def _wait_until(predicate, timeout_s: float = 3.0) -> None:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout_s, "condition not reached in time"
-        time.sleep(0.02)
-
-
 def _wait_lapsed(reg: Registry, replica_id: str, renewed: tuple[int, int], ttl_s: float) -> None:
     """Poll until replica_id's lease lapses, a TTL of ttl_s after it was set at some Redis
     time within `renewed` (us): each poll that still sees it live began before the
     latest that TTL can end, and the one that sees it lapsed ended after the earliest."""
     ttl_us = round(ttl_s * 1e6)
-    deadline = time.monotonic() + ttl_s + 10
-    while True:
+
+    def lapsed() -> bool:
         before = redis_now_us(reg)
         live = any(r.live for r in reg.list_replicas() if r.replica_id == replica_id)
         after = redis_now_us(reg)
         if not live:
             assert after >= renewed[0] + ttl_us, "lapsed before its TTL"
-            return
+            return True
         assert before < renewed[1] + ttl_us + 1000, "live past its TTL"  # PX: whole ms
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+        return False
+
+    wait_for(lapsed, ttl_s + 10, f"{replica_id}'s lease to lapse", interval_s=0.02)
 
 
 def test_locations_report_tier_and_pool(reg: Registry):
@@ -161,7 +156,12 @@ def test_failing_on_register_is_retried_and_keeps_the_lease(reg: Registry, adapt
         assert lease._thread.is_alive() and lease.epoch == 1
         assert [r.live for r in reg.list_replicas()] == [True]
         reg.register_adapter("a", str(adapters["a"]))  # back in the catalog
-        _wait_until(lambda: reg.locations("a") == (Location("r1", "gpu", "mixed"),))
+        wait_for(
+            lambda: reg.locations("a") == (Location("r1", "gpu", "mixed"),),
+            3,
+            "the retried report placing a on r1's GPU",
+            interval_s=0.02,
+        )
         assert lease.epoch == 1  # the same registration: only the report was retried
     finally:
         lease.stop()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from cluster.registry import Registry
 from deploy.builder import ClusterArgs, bind_app
 from deploy.demo import DemoAssets, ensure_demo, write_demo_adapter
 from deploy.local_redis import free_port
+from tests.polling import wait_for
 from tests.redis_fixture import start_redis
 
 APP = "lorafleet"
@@ -214,13 +214,14 @@ def stop_app_beside(cluster: Cluster, app: str, timeout_s: float = 30.0) -> None
 
     serve.delete(app)
     listing = serve_pb2_grpc.RayServeAPIServiceStub(grpc.insecure_channel(cluster.grpc))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def only_first() -> bool:
         apps = listing.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10)
-        if list(apps.application_names) == [cluster.app]:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"Serve's gRPC proxy still lists {app} {timeout_s} s after its deletion")
+        return list(apps.application_names) == [cluster.app]
+
+    wait_for(
+        only_first, timeout_s, f"Serve's gRPC proxy dropping the deleted {app}", interval_s=0.1
+    )
 
 
 def start_serve(attempts: int = 3) -> tuple[int, int]:
@@ -249,13 +250,13 @@ def start_serve(attempts: int = 3) -> tuple[int, int]:
 
 def wait_registered(cluster: Cluster, n: int, timeout_s: float = 30.0) -> None:
     reg = cluster.registry()
-    deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline:
-            if sum(1 for r in reg.list_replicas() if r.live) >= n:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{n} replicas did not register within {timeout_s} s")
+        wait_for(
+            lambda: sum(1 for r in reg.list_replicas() if r.live) >= n,
+            timeout_s,
+            f"{n} live replicas in the registry",
+            interval_s=0.2,
+        )
     finally:
         reg.close()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import deploy.dashboard as dashboard
 from deploy.dashboard import PROVIDER_CONFIG, install_dashboard
 from deploy.dashboards import DASHBOARD_JSON
 from deploy.local_redis import free_port
+from tests.polling import wait_for
 from tests.unit.deploy.test_dashboard_install import ray_session as ray_session_of
 
 pytestmark = pytest.mark.integration
@@ -42,19 +42,16 @@ def ray_session():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def wait_for(path: Path, timeout_s: float = 30.0) -> None:
+def wait_written(path: Path) -> None:
     """The dashboard head writes Grafana's configs a few seconds after ray.init returns."""
-    deadline = time.monotonic() + timeout_s
-    while not path.is_file():
-        assert time.monotonic() < deadline, f"Ray wrote no {path}"
-        time.sleep(0.2)
+    wait_for(path.is_file, 30, f"Ray writing {path}", interval_s=0.2)
 
 
 def test_installs_beside_rays_own_dashboards(ray_session):
     provider = ray_session / "metrics" / PROVIDER_CONFIG
-    wait_for(provider)
+    wait_written(provider)
     folder = Path(re.search(r"path:\s*(\S+)", provider.read_text()).group(1))
-    wait_for(folder / "serve_grafana_dashboard.json")
+    wait_written(folder / "serve_grafana_dashboard.json")
 
     written = install_dashboard(ray_session)
     assert written is not None and written.parent.resolve() == folder.resolve()
@@ -71,7 +68,7 @@ def test_without_a_session_it_takes_the_connected_clusters(ray_session, monkeypa
     monkeypatch.setattr(dashboard, "DEFAULT_SESSION_DIR", tmp_path / "host_latest")
     elsewhere = ray_session_of(tmp_path / "host_latest")
     provider = ray_session / "metrics" / PROVIDER_CONFIG
-    wait_for(provider)
+    wait_written(provider)
     folder = Path(re.search(r"path:\s*(\S+)", provider.read_text()).group(1))
 
     written = install_dashboard()

@@ -5,7 +5,6 @@ logs its traceback. Reads the live cluster's log files under the Ray session."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import start_cluster, stop_cluster
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -72,12 +72,17 @@ def refused(cluster, request: pb.GenerateRequest, key: str) -> grpc.StatusCode:
 
 
 def wait_for_text(logs: ServeLogs, name_part: str, text: str, timeout_s: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in (got := logs.new(name_part)):
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never reached the {name_part} log: {logs.new(name_part)}")
+    """The name_part log since the mark, once it holds text; on a timeout, the error
+    carries that log (what was written instead)."""
+    try:
+        return wait_for(
+            lambda: text in (got := logs.new(name_part)) and got,
+            timeout_s,
+            f"{text!r} reaching the {name_part} log",
+            interval_s=0.2,
+        )
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; that log since the mark: {logs.new(name_part)}") from None
 
 
 def overflowing_adapter(cluster, root: Path) -> str:

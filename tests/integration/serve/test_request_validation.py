@@ -21,6 +21,7 @@ from router.openai_responses import model_card
 from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.integration.serve.cluster_fixture import ADMIN_KEY, start_cluster, stop_cluster
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -375,10 +376,7 @@ def test_a_prompt_too_long_without_max_tokens_blames_the_prompt(
 def _wait_resident(cluster, name: str) -> None:
     reg = cluster.registry()
     try:
-        deadline = time.monotonic() + 15
-        while not reg.locations(name) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert reg.locations(name), f"{name} never reported resident"
+        wait_for(lambda: reg.locations(name), 15, f"{name} reported resident", interval_s=0.2)
     finally:
         reg.close()
 

@@ -21,6 +21,7 @@ import pytest
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from replica.config import EngineConfig
 from replica.sampling_params import SamplingParams
+from tests.polling import wait_for
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -229,9 +230,6 @@ def test_worker_exits_when_driver_killed(llama_dir):
         assert _alive(pid)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        deadline = time.monotonic() + 20
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(pid)
+        wait_for(lambda: not _alive(pid), 20, f"worker {pid} exiting after its driver", 0.2)
     finally:
         driver.kill()

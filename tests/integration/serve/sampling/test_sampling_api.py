@@ -14,7 +14,6 @@ One app with one replica, shared with this package's other modules (conftest.py)
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import grpc
@@ -28,6 +27,7 @@ from router.proto import lorafleet_pb2 as pb
 from router.proto import lorafleet_pb2_grpc as pb_grpc
 from tests.hf_reference import hf_logp
 from tests.integration.serve.cluster_fixture import offline_texts
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 PROMPT = "hello world how are"
@@ -152,10 +152,7 @@ def test_a_client_leaving_a_stream_aborts_every_choice(cluster):
         lines = r.iter_lines()
         assert [next(lines) for _ in range(2)][0].startswith("data: ")
         assert _running(cluster) == 3
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _running(cluster) != 0:
-        time.sleep(0.2)
-    assert _running(cluster) == 0
+    wait_for(lambda: _running(cluster) == 0, 10, "the 3 choices leaving the engine", 0.2)
 
 
 @pytest.mark.parametrize("n", [0, MAX_N + 1, "2", True])
@@ -474,11 +471,12 @@ def test_n_echo_choices_each_echo_the_n_1_scores_and_the_prompt_is_computed_once
         assert lp["top_logprobs"][:p] == want["top_logprobs"][:p]
         assert lp["token_logprobs"][p:] == pytest.approx(want["token_logprobs"][p:], abs=1e-5)
     # ray_lorafleet_computed_tokens shows the replica's count (metrics lag the engine)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and cluster.gauge("computed_tokens") != {
-        rid: float(s["computed_tokens"]) for rid, s in cluster.routing_stats().items()
-    }:
-        time.sleep(0.5)
-    assert cluster.gauge("computed_tokens") == {
-        rid: float(s["computed_tokens"]) for rid, s in cluster.routing_stats().items()
-    }
+    wait_for(
+        lambda: (
+            cluster.gauge("computed_tokens")
+            == {rid: float(s["computed_tokens"]) for rid, s in cluster.routing_stats().items()}
+        ),
+        10,
+        "the computed_tokens gauges to read each replica's own count",
+        interval_s=0.5,
+    )
