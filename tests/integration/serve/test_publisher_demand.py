@@ -15,6 +15,7 @@ import pytest
 from cluster.registry import Registry
 from deploy.demo import ensure_demo
 from tests.integration.serve.publishers import locations, publisher, register
+from tests.polling import wait_for_async
 
 pytestmark = pytest.mark.integration
 FLEET = 6
@@ -69,20 +70,14 @@ def test_an_outage_drops_the_share_so_the_metric_falls_back(redis_url, demo):
 
     async def go():
         task = asyncio.create_task(pub.run())
-        for _ in range(40):
-            await asyncio.sleep(0.05)
-            if pub.adapter_share == 1.0:
-                break
-        assert pub.adapter_share == 1.0
+        await wait_for_async(lambda: pub.adapter_share == 1.0, 2, "an adapter share of 1")
         reg = Registry(redis_url)
         # Redis stops answering: for 3 s, so that a tick late by a stall still meets it
         # and times out (0.5 s), ending the pause once it did
         reg.client.execute_command("CLIENT", "PAUSE", 3000, "WRITE")  # scripts included
         try:
-            for _ in range(40):
-                await asyncio.sleep(0.05)
-                if pub.adapter_share is None:
-                    break
+            # bounded within the pause: once it ends, a tick reports the share again
+            await wait_for_async(lambda: pub.adapter_share is None, 2, "the share dropped")
         finally:
             reg.client.execute_command("CLIENT", "UNPAUSE")
             reg.close()

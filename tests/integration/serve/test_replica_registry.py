@@ -15,6 +15,7 @@ from deploy.demo import ensure_demo
 from lora_core.errors import AdapterNotFound
 from tests.integration.cluster.timing import lapse
 from tests.integration.serve.publishers import locations, setup
+from tests.polling import wait_for_async
 from tests.redis_fixture import start_redis
 
 pytestmark = pytest.mark.integration
@@ -110,10 +111,9 @@ def test_survives_a_redis_outage_and_re_registers(tmp_path, demo):
             reg = Registry(url2)
             reg.register_adapter("demo-poet", str(demo.adapters["demo-poet"]), public=True)
             reg.close()
-            for _ in range(60):
-                await asyncio.sleep(0.1)
-                if locations(url2, "demo-poet"):
-                    break
+            await wait_for_async(
+                lambda: locations(url2, "demo-poet"), 6, "demo-poet published again", 0.1
+            )
             assert pub.healthy_registry and pub.epoch == 1  # new Redis: epochs start over
             assert locations(url2, "demo-poet") == [("rep1", "gpu")]
         finally:
@@ -286,8 +286,9 @@ def test_the_lease_outlives_a_tick_that_waits_for_a_slow_load(redis_url, demo):
             for _ in range(4):  # within the load, past the lease
                 await asyncio.sleep(0.5 * pub.config.lease_ttl_s)
                 assert [(r.replica_id, r.live) for r in reg.list_replicas()] == [("rep1", True)]
-            while ("pin", "demo-poet") not in engine.calls:
-                await asyncio.sleep(0.05)
+            await wait_for_async(
+                lambda: ("pin", "demo-poet") in engine.calls, 30, "the slow load's pin"
+            )
             assert pub.epoch == 1  # never registered again
         finally:
             run.cancel()

@@ -11,6 +11,7 @@ from cluster.records import ServedBase
 from cluster.registry import AsyncRegistry
 from lora_core.base_shape import BaseShape
 from router.admin import keep_served_published
+from tests.polling import wait_for_async
 
 
 def test_a_flushed_registry_gets_the_served_base_back(redis_url):
@@ -25,11 +26,7 @@ def test_a_flushed_registry_gets_the_served_base_back(redis_url):
         seen = [await reg.get_served()]
         redis.Redis.from_url(redis_url).flushall()
         seen.append(await reg.get_served())
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if (back := await reg.get_served()) is not None:
-                break
-        seen.append(back)
+        seen.append(await wait_for_async(reg.get_served, 2, "the base published again", 0.02))
         task.cancel()
         await reg.close()
         return seen
@@ -88,10 +85,8 @@ def test_republishing_does_not_shadow_an_adapter_registered_meanwhile(redis_url,
     async def rounds() -> None:
         reg = AsyncRegistry(redis_url)
         task = asyncio.create_task(keep_served_published(reg, served, every_s=0.02))
-        for _ in range(500):  # a second refusal within 10 s: it goes on after the first
-            await asyncio.sleep(0.02)
-            if len(caplog.records) >= 2:
-                break
+        # a second refusal within 10 s: it goes on after the first
+        await wait_for_async(lambda: len(caplog.records) >= 2, 10, "a second refusal", 0.02)
         task.cancel()
         await reg.close()
 

@@ -17,6 +17,7 @@ from replica.async_engine import AsyncEngine
 from replica.config import EngineConfig
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
+from tests.polling import wait_for_async
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -139,15 +140,18 @@ def test_caller_leaving_while_the_adapter_loads_leaves_no_count(llama_dir, refs)
 
     async def main():
         task = asyncio.create_task(_tokens(engine, "r", refs["mlp4"]))
-        while not loading.is_set():
-            await asyncio.sleep(0.001)
+        await wait_for_async(loading.is_set, 20, "mlp4's load starting", 0.001)
         assert adapters.pool.wanted(refs["mlp4"].key) == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         release.set()
-        while adapters.stats().wanted or engine.engine.has_unfinished():
-            await asyncio.sleep(0.005)
+        await wait_for_async(
+            lambda: not adapters.stats().wanted and not engine.engine.has_unfinished(),
+            20,
+            "no count and no request left",
+            0.005,
+        )
 
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
@@ -165,12 +169,12 @@ def test_aborted_or_failed_while_queued_leaves_no_count(llama_dir, refs):
 
     async def main():
         running = asyncio.create_task(_tokens(engine, "run", refs["qv8"], LONG))
-        while engine.stats().num_running != 1:
-            await asyncio.sleep(0.001)
+        await wait_for_async(lambda: engine.stats().num_running == 1, 30, "qv8 running", 0.001)
         left = asyncio.create_task(_tokens(engine, "left", refs["mlp4"]))
         failed = asyncio.create_task(_tokens(engine, "failed", refs["all16rs"]))
-        while engine.stats().num_waiting != 2:
-            await asyncio.sleep(0.001)
+        await wait_for_async(
+            lambda: engine.stats().num_waiting == 2, 30, "mlp4 and all16rs waiting", 0.001
+        )
         assert {k: adapters.pool.wanted(k) for k in adapters.stats().wanted} == {
             refs["mlp4"].key: 1,
             refs["all16rs"].key: 1,

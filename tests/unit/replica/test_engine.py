@@ -14,6 +14,7 @@ from replica.engine import LLMEngine
 from replica.offline import adapter_ref
 from replica.sampling_params import SamplingParams
 from router.errors import status_for
+from tests.polling import wait_for_async
 from tests.tiny import run_requests
 from tests.unit.replica.engines import small_engine
 
@@ -334,11 +335,16 @@ def test_async_unload_while_waiting_raises_to_that_caller_only(llama_dir, refs):
                  [("running", refs["qv8"]), ("base", None)]]  # fmt: skip
         # "waiting" comes once qv8 holds the slot: added together, whichever adapter's
         # load finished first took the slot, and mlp4 sometimes ran instead of waiting
-        while engine.stats().num_running != 2:
-            await asyncio.sleep(0.001)
+        await wait_for_async(
+            lambda: engine.stats().num_running == 2, 30, "running and base running", 0.001
+        )
         tasks.append(asyncio.create_task(collect("waiting", refs["mlp4"])))
-        while engine.stats().num_waiting != 1 or engine.stats().num_running != 2:
-            await asyncio.sleep(0.001)
+        await wait_for_async(
+            lambda: engine.stats().num_waiting == 1 and engine.stats().num_running == 2,
+            30,
+            "waiting queued behind the 2 running",
+            0.001,
+        )
         await engine.unload_adapter(refs["mlp4"].name)
         return await asyncio.gather(*tasks)
 

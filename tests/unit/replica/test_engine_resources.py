@@ -99,9 +99,9 @@ def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_di
     max_tokens with nobody reading."""
     import asyncio
     import threading
-    import time
 
     from replica.async_engine import AsyncEngine
+    from tests.polling import wait_for_async
 
     engine = AsyncEngine(
         EngineConfig(model=str(llama_dir), device="cpu", max_loras=1, max_cpu_loras=1)
@@ -133,16 +133,17 @@ def test_async_caller_leaving_while_its_adapter_loads_leaves_no_request(llama_di
 
     async def main():
         task = asyncio.create_task(anext(aiter(engine.generate("x", [1, 2], params, refs["qv8"]))))
-        while not entered.is_set():
-            await asyncio.sleep(0.001)
+        await wait_for_async(entered.is_set, 30, "the adapter's read starting", 0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         release.set()
-        deadline = time.monotonic() + 20
-        while not landed.is_set() or engine._locked(lambda: "x" in core._seqs):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.001)
+        await wait_for_async(
+            lambda: landed.is_set() and engine._locked(lambda: "x" not in core._seqs),
+            20,
+            "the late request queued and then aborted",
+            0.001,
+        )
 
     try:
         asyncio.run(main())

@@ -15,6 +15,7 @@ from router.auth import AdapterResolver
 from router.body_parse import parse_body
 from router.frontend import Frontend
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
+from tests.polling import wait_for_async
 from tests.unit.router.test_frontend_auth import BASE, FakeRegistry, tokenizer
 
 __all__ = ["tokenizer"]  # the module fixture, shared
@@ -259,8 +260,7 @@ def test_a_client_leaving_a_whole_answer_aborts_every_choice(tokenizer, handler,
     async def go():
         # Serve cancels the handler's task when the HTTP client disconnects
         task = asyncio.ensure_future(handler(front, None, parse_body(model, {**body, "n": 3})))
-        while len(dispatch.calls) < 3:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: len(dispatch.calls) >= 3, 30, "3 engine requests", 0.01)
         await asyncio.sleep(0.05)  # every choice past its first output, collecting
         assert dispatch.ended == {}
         task.cancel()
