@@ -60,8 +60,9 @@ def test_triton_matches_reference(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_torch_prep_equals_triton_prep(monkeypatch, triton_backend, dtype):
-    """LORAFLEET_MOE_PREP=torch (CUDA's default: align_moe_ref, a zero fill, torch.sum)
-    and =triton (the two-launch alignment and moe_sum) run the same GEMM tiles, so their
+    """LORAFLEET_MOE_PREP=torch (align_moe_ref, a zero fill, torch.sum; kept to compare
+    against) and =triton (the default: the two-launch alignment and moe_sum) run the same
+    GEMM tiles, so their
     layers agree bit for bit where torch.sum adds in choice order (k = 2 here)."""
     x, w13, w2, ids, w = random_moe(21, 48, 40, 6, 2, 0.3, dtype, "cpu", (1,))
     monkeypatch.setenv("LORAFLEET_MOE_PREP", "torch")
