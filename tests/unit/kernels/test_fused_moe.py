@@ -62,8 +62,8 @@ def test_triton_matches_reference(monkeypatch, dtype):
 def test_torch_prep_equals_triton_prep(monkeypatch, triton_backend, dtype):
     """LORAFLEET_MOE_PREP=torch (align_moe_ref, a zero fill, torch.sum; kept to compare
     against) and =triton (the default: the two-launch alignment and moe_sum) run the same
-    GEMM tiles, so their
-    layers agree bit for bit where torch.sum adds in choice order (k = 2 here)."""
+    GEMM tiles, so their layers agree bit for bit where torch.sum adds in choice order
+    (k = 2 here)."""
     x, w13, w2, ids, w = random_moe(21, 48, 40, 6, 2, 0.3, dtype, "cpu", (1,))
     monkeypatch.setenv("LORAFLEET_MOE_PREP", "torch")
     want = fused_moe(x, w13, w2, ids, w)
