@@ -27,10 +27,19 @@ _DEFAULT_EPS = {"MixtralForCausalLM": 1e-5}
 def max_positions(cfg: dict) -> int:
     """The model's native context length from its config.json: max_position_embeddings,
     stretched by RoPE scaling as vLLM stretches it (`RopeScaling.context_length`): x factor
-    for linear, original_max_position_embeddings x factor for yarn where that is more."""
+    for linear, original_max_position_embeddings x factor for yarn where that is more.
+    ModelLoadFailed when that leaves no position (e.g. a linear factor of 0.0001): the
+    model would load and then refuse every request."""
     native = int(cfg.get("max_position_embeddings", DEFAULT_MAX_POSITIONS))
     scaling = read_rope(cfg)[1]
-    return scaling.context_length(native) if scaling else native
+    length = scaling.context_length(native) if scaling else native
+    if length < 1:
+        stretch = f" x RoPE factor {scaling.factor}" if scaling else ""
+        raise ModelLoadFailed(
+            f"max_position_embeddings={native}{stretch} leaves a context of {length} "
+            "positions; allowed: at least 1"
+        )
+    return length
 
 
 def resolve_max_model_len(configured: int, native: int) -> int:
