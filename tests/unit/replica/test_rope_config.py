@@ -166,7 +166,6 @@ def test_context_length(extra, length):
     assert max_positions(cfg) == ModelConfig.from_hf(cfg).max_position_embeddings == length
 
 
-
 def test_a_context_of_no_positions_is_refused_at_load():
     """A linear factor that stretches the context below one position (128 x 0.001) fails
     the load, rather than a model that refuses every request."""
@@ -177,6 +176,8 @@ def test_a_context_of_no_positions_is_refused_at_load():
         max_positions(cfg)
     with pytest.raises(ModelLoadFailed, match=re.escape(message)):
         ModelConfig.from_hf(cfg)
+
+
 R = "rope_scaling"
 REFUSALS = [
     ({R: {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' (dynamic NTK)"),
