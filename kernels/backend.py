@@ -38,6 +38,13 @@ def moe_prep() -> str:
     return "triton" if choice == "auto" else choice
 
 
+def check_env() -> None:
+    """Reads LORAFLEET_KERNELS and LORAFLEET_MOE_PREP now: ValueError naming the bad value
+    when a model is built (replica.engine_setup), not on its first forward pass."""
+    _env_choice("LORAFLEET_KERNELS", BACKENDS)
+    moe_prep()
+
+
 def _env_choice(var: str, allowed: tuple[str, ...]) -> str:
     """The environment's value of var ("auto" when unset), refused unless in allowed."""
     choice = os.environ.get(var, "auto")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.backend import check_env
 from lora_core.context import LoraBatchContext, workspace_per_token
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from lora_core.layers import apply_lora
@@ -86,6 +87,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
     # Every process that runs a model builds a shard first (a TP worker is a fresh one):
     # its first multi-threaded cos / sin must not be MKL's first call (replica.vml_warmup).
     warm_vector_math()
+    check_env()
     dtype = TORCH_DTYPES[config.dtype]
     model, model_dir = load_model(config.model, dtype, device, tp)
     cfg = model.config

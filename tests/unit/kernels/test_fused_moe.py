@@ -167,3 +167,17 @@ def test_bad_arguments_refused(monkeypatch, backend, change, message):
     out = args.pop("out")
     with pytest.raises(ValueError, match=message):
         fused_moe(*args.values(), out=out)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"), [("LORAFLEET_MOE_PREP", "cuda"), ("LORAFLEET_KERNELS", "x")]
+)
+def test_a_bad_kernel_env_fails_the_model_build(monkeypatch, tmp_path, var, value):
+    """A bad value is refused when a shard is built (before the model loads: tmp_path
+    holds no model), naming it, not on the first MoE or LoRA forward pass."""
+    from replica.config import EngineConfig
+    from replica.engine_setup import build_shard
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=f"{var}='{value}'; allowed: auto"):
+        build_shard(EngineConfig(model=str(tmp_path)), torch.device("cpu"))
