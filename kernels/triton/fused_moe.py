@@ -70,7 +70,7 @@ def moe_config(tokens: int, top_k: int, num_local: int, itemsize: int = 2) -> Mo
     (float32) halve block_k (the 16-bit tiles' pipelined stages would need 240 KB of
     shared memory; the limit is 227 KB) and take at most 64-row blocks (a 128-row fp32
     down tile spills registers). On Qwen3-30B-A3B's and Qwen1.5-MoE's experts (128 x
-    768 and 60 x 1408 wide, top-8 and top-4) this rule is within 3% of the best of 160
+    768 and 60 x 1408 wide, top-8 and top-4) this rule is within 3.2% of the best of 160
     swept tiles at T = 1-2048 (results/moe_gpu_sweep_qwen{3,2}_h100.json), so they share it."""
     if CONFIG_OVERRIDE is not None:
         return CONFIG_OVERRIDE
