@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--stacked", action="store_true",
                     help="the stacked layout: slots' A under each base weight (lora_stacked)")  # fmt: skip
+    ap.add_argument("--overlap", action="store_true",
+                    help="each LoRA shrink on a side stream beside its base GEMM (lora_overlap)")  # fmt: skip
     ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
     ap.add_argument(
         "--repeat", type=int, default=1, help="rounds over all combos; figures are medians"

@@ -30,6 +30,7 @@ class LoraBatchContext:
         workspace_per_token: int = 0,
         workspace_tokens: int = 256,
         max_rank: int | None = None,
+        overlap: bool = False,
     ):
         """slot_ranks: int32 [L] on device, the actual rank per slot (SlotBuffers.slot_ranks);
         with it, each step builds one `kernels.SegmentMeta` that every layer shares, so
@@ -41,7 +42,12 @@ class LoraBatchContext:
         slice (`take`), instead of one memset per LoRA layer (decode's fixed cost).
 
         max_rank: the slot width R (SlotBuffers.max_rank); the kernels' tile height
-        follows it (kernels.meta.default_block_m)."""
+        follows it (kernels.meta.default_block_m).
+
+        overlap: on a CUDA device, each LoRA layer runs its shrink on `side_stream`
+        while its base GEMM runs on the current stream (both only read x), and the
+        expand joins them (`lora_core.layers`); ignored on other devices (side_stream
+        stays None)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -58,6 +64,8 @@ class LoraBatchContext:
         )
         self._ws_end = 0
         self._ws_next = 0
+        on_cuda = torch.device(device).type == "cuda"
+        self.side_stream = torch.cuda.Stream(device) if overlap and on_cuda else None
 
     def set(
         self, token_slots: torch.Tensor, any_lora: bool, expected_slots: int | None = None

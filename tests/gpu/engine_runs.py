@@ -22,6 +22,7 @@ def run_engine(
     *,
     graphs: bool = True,
     stacked: bool = False,
+    overlap: bool = False,
     compute: str | None = None,
     max_tokens: int = 12,
     ignore_eos: bool = True,
@@ -34,6 +35,7 @@ def run_engine(
         EngineConfig(
             model=str(model_dir), device=device, dtype=dtype, max_loras=2, max_cpu_loras=3,
             max_lora_rank=16, cuda_graphs=graphs, lora_stacked=stacked,
+            lora_overlap=overlap,
         )
     )  # fmt: skip
     probe = torch.zeros(1, device=device)
@@ -46,6 +48,7 @@ def run_engine(
         (f"{i}-{n}", p, params, refs.get(n)) for i, p in enumerate(prompts) for n in (None, *refs)
     ]
     out = run_requests(engine, reqs)
+    assert (engine.runner.lora_ctx.side_stream is not None) == (overlap and device == "cuda")
     replays = engine.runner.graphs.replays if engine.runner.graphs else 0
     assert (replays > 0) == (graphs and device == "cuda"), replays
     return out

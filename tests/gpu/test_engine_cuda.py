@@ -22,9 +22,12 @@ PROMPTS = [
 
 
 def _run(
-    model_dir, refs, device: str, dtype: str, graphs: bool = True, stacked: bool = False
+    model_dir, refs, device: str, dtype: str, graphs: bool = True, layout: str = "two-kernels"
 ) -> list[list[int]]:
-    out = run_engine(model_dir, refs, PROMPTS, device, dtype, graphs=graphs, stacked=stacked)
+    out = run_engine(
+        model_dir, refs, PROMPTS, device, dtype, graphs=graphs,
+        stacked=layout == "stacked", overlap=layout == "overlap",
+    )  # fmt: skip
     return list(out.values())
 
 
@@ -33,12 +36,12 @@ def refs(llama_adapters):
     return {n: adapter_ref(n, p, max_rank=16) for n, p in llama_adapters.items()}
 
 
-@pytest.mark.parametrize("stacked", [False, True], ids=["two-kernels", "stacked"])
+@pytest.mark.parametrize("layout", ["two-kernels", "stacked", "overlap"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
-def test_cuda_float32_equals_cpu(llama_dir, refs, graphs, stacked):
+def test_cuda_float32_equals_cpu(llama_dir, refs, graphs, layout):
     assert torch.cuda.is_available()
     cpu = _run(llama_dir, refs, "cpu", "float32")
-    cuda = _run(llama_dir, refs, "cuda", "float32", graphs, stacked)
+    cuda = _run(llama_dir, refs, "cuda", "float32", graphs, layout)
     assert cuda == cpu
 
 
