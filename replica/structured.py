@@ -43,7 +43,12 @@ from lora_core.errors import InvalidRequest
 from replica.structured_spec import StructuredOutput, xgrammar_reason
 
 CACHE_SIZE = 256
-"""Compiled grammars an engine keeps (least recently used dropped first)."""
+"""Compiled grammars an engine keeps at most (least recently used dropped first)."""
+CACHE_BYTES = 512 << 20
+"""Host memory the kept compiled grammars may take together (xgrammar's
+`memory_size_bytes`), least recently used dropped first; the newest is always kept. With
+a 128k vocabulary a compiled regex took 7.6 MB and a JSON schema 0.1-1.1 MB, so a count
+alone let 256 request-made grammars hold about 2 GB."""
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 """Threads xgrammar fills a step's masks with. With a 128k vocabulary one row takes 1.2 us
 (where a JSON object's key starts) to 187 us (inside a JSON string), and 1.6 ms for a
@@ -61,10 +66,19 @@ class Grammars:
     the tokens that end a sequence (EOS), which a grammar allows once it is complete.
     Thread-safe: the async front compiles before taking the engine lock."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Iterable[int]):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_ids: Iterable[int],
+        cache_bytes: int = CACHE_BYTES,
+    ):
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, sorted(stop_ids)
         self._compiler: Any = None
-        self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
+        # spec -> (compiled grammar, its memory_size_bytes when kept)
+        self._cache: OrderedDict[StructuredOutput, tuple[Any, int]] = OrderedDict()
+        self._cache_limit = cache_bytes
+        self.cache_bytes = 0  # what the kept grammars take (memory_size_bytes summed)
         self._lock = threading.Lock()
         self._shifts: dict[torch.device, torch.Tensor] = {}
         self._batch: Any = None
@@ -75,10 +89,10 @@ class Grammars:
         (param "structured_outputs") when spec does not compile (against this tokenizer:
         a token id past its vocabulary too)."""
         with self._lock:  # keyed by the whole spec: kind, value and whitespace
-            compiled = self._cache.get(spec)
-            if compiled is not None:
+            entry = self._cache.get(spec)
+            if entry is not None:
                 self._cache.move_to_end(spec)
-                return compiled
+                return entry[0]
             compiler = self._get_compiler()
         # compiled outside the lock: the engine thread, looking up a cached grammar under
         # the engine lock, must not wait for another request's compile (two threads
@@ -91,9 +105,16 @@ class Grammars:
                 f"structured output ({spec.kind}): {xgrammar_reason(e)}", "structured_outputs"
             ) from None
         with self._lock:
-            compiled = self._cache.setdefault(spec, compiled)
-            if len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            kept = self._cache.get(spec)
+            if kept is not None:  # another thread compiled it meanwhile
+                return kept[0]
+            size = compiled.memory_size_bytes
+            self._cache[spec] = (compiled, size)
+            self.cache_bytes += size
+            while len(self._cache) > 1 and (
+                len(self._cache) > CACHE_SIZE or self.cache_bytes > self._cache_limit
+            ):
+                self.cache_bytes -= self._cache.popitem(last=False)[1][1]
         return compiled
 
     def matcher(self, spec: StructuredOutput) -> Any:

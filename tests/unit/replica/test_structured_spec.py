@@ -155,3 +155,19 @@ def test_properties_keep_the_order_the_client_gave():
 
     assert accepts('{"reasoning": "x", "answer": 1}')
     assert not accepts('{"answer": 1, "reasoning": "x"}')
+
+
+def test_the_grammar_cache_is_bounded_by_bytes(grammars):
+    specs = [StructuredOutput("regex", f"[a-z]{{1,{n}}}x") for n in range(3, 9)]
+    sizes = [grammars.compile(s).memory_size_bytes for s in specs]
+    limit = sizes[-1] + sizes[-2]  # room for the two newest
+    small = Grammars(grammars.tokenizer, grammars.vocab_size, grammars.stop_ids, limit)
+    kept = [small.compile(s) for s in specs]
+    assert small.cache_bytes == sizes[-1] + sizes[-2] <= limit
+    assert small.compile(specs[-1]) is kept[-1] and small.compile(specs[-2]) is kept[-2]
+    assert small.compile(specs[0]) is not kept[0]  # dropped, compiled again
+    tiny = Grammars(grammars.tokenizer, grammars.vocab_size, grammars.stop_ids, 1)
+    first = tiny.compile(specs[0])  # larger than the bound: kept alone, the newest
+    assert tiny.compile(specs[0]) is first and tiny.cache_bytes == sizes[0]
+    tiny.compile(specs[1])
+    assert tiny.cache_bytes == sizes[1]
