@@ -56,6 +56,12 @@ class MoeConfig:
     down: GemmConfig
 
 
+CHUNK_TOKENS = 4096
+"""Tokens one pass takes: a longer step runs in chunks of this many, so its temporaries
+(h [T k, I] and y [T k, H] in x's dtype: 0.3 GB for a Mixtral-8x7B chunk) stay bounded
+whatever max_num_batched_tokens is. At 4096 tokens a pass is already GEMM-sized
+(results/moe_gpu_*.json: the fused path's floor ratio flattens from T = 512 on)."""
+
 CONFIG_OVERRIDE: MoeConfig | None = None
 """Set by benchmarks/moe_gpu.py --sweep to time other tiles; None: moe_config's."""
 
@@ -199,11 +205,22 @@ def fused_moe_triton(
     check_device(x, "x")
     if x.dtype not in DTYPES:
         raise ValueError(f"x is {x.dtype}; allowed: {', '.join(map(str, DTYPES))}")
+    tokens, hidden = x.shape
+    if out is None:
+        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if tokens > CHUNK_TOKENS:
+        for i in range(0, tokens, CHUNK_TOKENS):
+            j = min(i + CHUNK_TOKENS, tokens)
+            _fused_pass(x[i:j], w13, w2, topk_ids[i:j], topk_weights[i:j], out[i:j])
+        return out
+    return _fused_pass(x, w13, w2, topk_ids, topk_weights, out)
+
+
+def _fused_pass(x, w13, w2, topk_ids, topk_weights, out) -> torch.Tensor:
+    """One pass of at most CHUNK_TOKENS tokens: the five launches into out."""
     (tokens, hidden), (num_local, two_i, _) = x.shape, w13.shape
     top_k, inter = topk_ids.shape[1], two_i // 2
     pairs = tokens * top_k
-    if out is None:
-        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     prep = moe_prep()
     # one row per pair; those of other ranks' pairs are never written: never read by
     # moe_sum, zeros for torch.sum

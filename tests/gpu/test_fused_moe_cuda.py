@@ -1,6 +1,6 @@
 """kernels.fused_moe on CUDA at Mixtral-8x7B's layer shapes (H 4096, I 14336, 8 experts,
 top-2) and a Qwen3-MoE one (128 experts, top-8) against the float64 oracle, every block
-height the launcher picks, expert-parallel ids, skewed routing; the fused path captured
+height the launcher picks, expert-parallel ids, skewed routing, a step run in chunks; the fused path captured
 in a CUDA graph and replayed on new routings; its Triton alignment equal to the torch one
 (eager and replayed in a graph) and its final sum bit for bit (run with -m gpu)."""
 
@@ -72,6 +72,17 @@ def test_bf16_mixtral_layer_matches_oracle(mixtral, tokens, top_k, num_local, of
     assert rel_err(out, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[BF16]
     off_rank = ((ids < 0) | (ids >= num_local)).all(1)
     assert out[off_rank].count_nonzero() == 0
+
+
+def test_a_step_past_the_chunk_runs_in_chunks(mixtral, prep):
+    """9000 tokens: passes of 4096, 4096 and 808 (kernels.triton.fused_moe.CHUNK_TOKENS),
+    each with its own alignment and tiles, into its rows of out."""
+    w13, w2 = mixtral
+    x = torch.randn(9000, H, device="cuda").to(BF16)
+    ids, w = random_routing(9000, 2, E, 0.1, "cuda")
+    out = torch.full((9000, H), float("nan"), dtype=BF16, device="cuda")
+    fused_moe(x, w13, w2, ids, w, out=out)
+    assert rel_err(out, oracle_moe(x, w13, w2, ids, w)) < MOE_TOLERANCE[BF16]
 
 
 def test_tile_choices_all_exercised():
