@@ -44,10 +44,10 @@ class LoraBatchContext:
         max_rank: the slot width R (SlotBuffers.max_rank); the kernels' tile height
         follows it (kernels.meta.default_block_m).
 
-        overlap: on a CUDA device, each LoRA layer runs its shrink on `side_stream`
-        while its base GEMM runs on the current stream (both only read x), and the
-        expand joins them (`lora_core.layers`); ignored on other devices (side_stream
-        stays None)."""
+        overlap: each LoRA layer runs its shrink, then its base GEMM, then its expand
+        (`lora_core.layers`, overlap); on a CUDA device the shrink goes to `side_stream`
+        and runs beside the GEMM (both only read x), the expand joining them; on other
+        devices side_stream is None and the three run in order."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -64,6 +64,7 @@ class LoraBatchContext:
         )
         self._ws_end = 0
         self._ws_next = 0
+        self.overlap = overlap
         on_cuda = torch.device(device).type == "cuda"
         self.side_stream = torch.cuda.Stream(device) if overlap and on_cuda else None
 

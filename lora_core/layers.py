@@ -37,6 +37,8 @@ after a shrink all-reduce too.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -100,7 +102,7 @@ class LinearWithLoRA(nn.Module):
         """x: [T, H] -> [T, sum N_s] (this rank's shard sizes)."""
         if self.ctx.any_lora and self.stacked is not None:
             return self.base_layer.reduce(self._stacked(x))
-        if self.ctx.any_lora and self.ctx.side_stream is not None:
+        if self.ctx.any_lora and self.ctx.overlap:
             return self.base_layer.reduce(self._overlapped(x, self.ctx.side_stream))
         y = self.base_layer.matmul(x)
         if self.ctx.any_lora:
@@ -115,22 +117,25 @@ class LinearWithLoRA(nn.Module):
             )
         return self.base_layer.reduce(y)
 
-    def _overlapped(self, x: torch.Tensor, side: torch.cuda.Stream) -> torch.Tensor:
-        """The shrink on `side` while the base GEMM runs here; the expand after both.
-        Every buffer is allocated on the current stream, before the fork, so the caching
-        allocator never hands the side stream's memory to another stream's work."""
+    def _overlapped(self, x: torch.Tensor, side: torch.cuda.Stream | None) -> torch.Tensor:
+        """The shrink on `side` while the base GEMM runs here; the expand after both (side
+        None: the three in order, on this stream). Every buffer is allocated on the
+        current stream, before the fork, so the caching allocator never hands the side
+        stream's memory to another stream's work."""
         a = self.buffers.a(self.layer, self.group)
         slots = self.ctx.kernel_slots
         shape = (len(a), x.shape[0], a[0].shape[1])
         ws = self.ctx.take(*shape)
         if ws is None:
             ws = torch.zeros(shape, dtype=torch.float32, device=x.device)
-        here = torch.cuda.current_stream(x.device)
-        side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
-        with torch.cuda.stream(side):
+        here = None if side is None else torch.cuda.current_stream(x.device)
+        if side is not None:
+            side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
+        with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
             kernels.lora_shrink(x, a, slots, out=ws)
         y = self.base_layer.matmul(x)
-        here.wait_stream(side)
+        if side is not None:
+            here.wait_stream(side)
         return kernels.lora_expand(y, ws, self.buffers.b(self.layer, self.group), slots)
 
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:
