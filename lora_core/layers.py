@@ -121,7 +121,8 @@ class LinearWithLoRA(nn.Module):
         """The shrink on `side` while the base GEMM runs here; the expand after both (side
         None: the three in order, on this stream). Every buffer is allocated on the
         current stream, before the fork, so the caching allocator never hands the side
-        stream's memory to another stream's work."""
+        stream's memory to another stream's work (the shrink allocates nothing with the
+        step's SegmentMeta and `out`; a bare slot map's meta it builds and frees there)."""
         a = self.buffers.a(self.layer, self.group)
         slots = self.ctx.kernel_slots
         shape = (len(a), x.shape[0], a[0].shape[1])
@@ -131,11 +132,13 @@ class LinearWithLoRA(nn.Module):
         here = None if side is None else torch.cuda.current_stream(x.device)
         if side is not None:
             side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
-        with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
-            kernels.lora_shrink(x, a, slots, out=ws)
-        y = self.base_layer.matmul(x)
-        if side is not None:
-            here.wait_stream(side)
+        try:
+            with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
+                kernels.lora_shrink(x, a, slots, out=ws)
+            y = self.base_layer.matmul(x)
+        finally:  # joined on an error too: x and ws go back to this stream's pool after
+            if side is not None:
+                here.wait_stream(side)
         return kernels.lora_expand(y, ws, self.buffers.b(self.layer, self.group), slots)
 
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,8 +48,8 @@ class EngineConfig:
         where many adapters of a small-rank pool are active, slower with few adapters or
         a wide rank (`benchmarks/cublas_concat_probe.py`). tensor_parallel_size 1 only.
     lora_overlap: on CUDA, run each LoRA layer's shrink on a side stream beside its base
-        GEMM (`lora_core.layers`, overlap); on CPU the same calls run in order. Not with lora_stacked,
-        whose shrink is inside the GEMM. Opt-in: not yet timed on a GPU
+        GEMM (`lora_core.layers`, overlap); on CPU the same calls run in order. Not with
+        lora_stacked, whose shrink is inside the GEMM. Opt-in: not yet timed on a GPU
         (`benchmarks/README.md`, Engine decode).
     """
 

@@ -1,8 +1,9 @@
 """kernels.fused_moe on CUDA at Mixtral-8x7B's layer shapes (H 4096, I 14336, 8 experts,
 top-2) and a Qwen3-MoE one (128 experts, top-8) against the float64 oracle, every block
-height the launcher picks, expert-parallel ids, skewed routing, a step run in chunks; the fused path captured
-in a CUDA graph and replayed on new routings; its Triton alignment equal to the torch one
-(eager and replayed in a graph) and its final sum bit for bit (run with -m gpu)."""
+height the launcher picks, expert-parallel ids, skewed routing, a step run in chunks;
+the fused path captured in a CUDA graph and replayed on new routings; its Triton
+alignment equal to the torch one (eager and replayed in a graph) and its final sum bit
+for bit (run with -m gpu)."""
 
 import pytest
 import torch

@@ -171,3 +171,39 @@ def test_the_grammar_cache_is_bounded_by_bytes(grammars):
     assert tiny.compile(specs[0]) is first and tiny.cache_bytes == sizes[0]
     tiny.compile(specs[1])
     assert tiny.cache_bytes == sizes[1]
+
+
+def test_two_threads_compiling_one_spec_keep_one_and_count_it_once(grammars, monkeypatch):
+    import threading
+
+    import replica.structured as structured
+
+    fresh = Grammars(grammars.tokenizer, grammars.vocab_size, grammars.stop_ids)
+    compiler = fresh._get_compiler()
+    both_compiled = threading.Barrier(2)
+
+    class Together:  # both threads compile before either stores
+        def compile_grammar(self, grammar):
+            out = compiler.compile_grammar(grammar)
+            both_compiled.wait(timeout=30)
+            return out
+
+    fresh._compiler = Together()
+    spec = StructuredOutput("regex", "[a-z]{1,5}x")
+    got = [None, None]
+    threads = [
+        threading.Thread(target=lambda i=i: got.__setitem__(i, fresh.compile(spec)))
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert got[0] is got[1] is fresh.compile(spec)
+    assert fresh.cache_bytes == got[0].memory_size_bytes
+    fresh._compiler = compiler
+    monkeypatch.setattr(structured, "CACHE_SIZE", 3)  # the count bound, beside the bytes
+    specs = [StructuredOutput("regex", f"[a-z]{{1,{n}}}y") for n in range(3, 9)]
+    kept = [fresh.compile(s) for s in specs]
+    assert fresh.cache_bytes == sum(k.memory_size_bytes for k in kept[-3:])
+    assert all(fresh.compile(s) is k for s, k in zip(specs[-3:], kept[-3:], strict=True))
