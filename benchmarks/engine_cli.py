@@ -66,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args() -> argparse.Namespace:
     """The flags of sys.argv, `layers` defaulted per shape (DEFAULT_LAYERS). Refused (exit
     status 2, with what is allowed, but the first: 1): --per-row-sampler with --sampling
-    penalties; --stacked with --overlap; --moe-path other than auto without --shape mixtral; --moe-path grouped
-    under CUDA graphs (neither --eager nor --smoke)."""
+    penalties; --stacked with --overlap; --moe-path other than auto without --shape
+    mixtral; --moe-path grouped under CUDA graphs (neither --eager nor --smoke)."""
     ap = _parser()
     args = ap.parse_args()
     if args.per_row_sampler and args.sampling == "penalties":

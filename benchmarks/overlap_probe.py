@@ -38,9 +38,9 @@ from lora_bench import (  # noqa: E402
     DT,
     LAYERS,
     Pools,
+    call_shrink,
     floor_bytes,
     lora_expand,
-    lora_shrink,
     lora_shrink_expand,
     make_sets,
     num_sets,
@@ -72,7 +72,7 @@ class Layer:
         st, here = self.st, torch.cuda.current_stream()
         self.side.wait_stream(here)
         with torch.cuda.stream(self.side):
-            lora_shrink(st["x"], st["pool"].a, st["meta"], out=self.ws)
+            call_shrink(st, out=self.ws)
         y = self.base()
         here.wait_stream(self.side)
         return lora_expand(y, self.ws, st["pool"].b, st["meta"])

@@ -37,8 +37,6 @@ after a shrink all-reduce too.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
@@ -129,15 +127,17 @@ class LinearWithLoRA(nn.Module):
         ws = self.ctx.take(*shape)
         if ws is None:
             ws = torch.zeros(shape, dtype=torch.float32, device=x.device)
-        here = None if side is None else torch.cuda.current_stream(x.device)
-        if side is not None:
-            side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
-        try:
-            with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
-                kernels.lora_shrink(x, a, slots, out=ws)
+        if side is None:
+            kernels.lora_shrink(x, a, slots, out=ws)
             y = self.base_layer.matmul(x)
-        finally:  # joined on an error too: x and ws go back to this stream's pool after
-            if side is not None:
+        else:
+            here = torch.cuda.current_stream(x.device)
+            side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
+            try:
+                with torch.cuda.stream(side):
+                    kernels.lora_shrink(x, a, slots, out=ws)
+                y = self.base_layer.matmul(x)
+            finally:  # joined on an error too: x and ws go back to this stream's pool after
                 here.wait_stream(side)
         return kernels.lora_expand(y, ws, self.buffers.b(self.layer, self.group), slots)
 

@@ -71,13 +71,13 @@ class Grammars:
         tokenizer: Any,
         vocab_size: int,
         stop_ids: Iterable[int],
-        cache_bytes: int = CACHE_BYTES,
+        max_cache_bytes: int = CACHE_BYTES,
     ):
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, sorted(stop_ids)
         self._compiler: Any = None
         # spec -> (compiled grammar, its memory_size_bytes when kept)
         self._cache: OrderedDict[StructuredOutput, tuple[Any, int]] = OrderedDict()
-        self._cache_limit = cache_bytes
+        self._cache_limit = max_cache_bytes
         self.cache_bytes = 0  # what the kept grammars take (memory_size_bytes summed)
         self._lock = threading.Lock()
         self._shifts: dict[torch.device, torch.Tensor] = {}

@@ -208,16 +208,14 @@ def fused_moe_triton(
     tokens, hidden = x.shape
     if out is None:
         out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    if tokens > CHUNK_TOKENS:
-        for i in range(0, tokens, CHUNK_TOKENS):
-            j = min(i + CHUNK_TOKENS, tokens)
-            _fused_pass(x[i:j], w13, w2, topk_ids[i:j], topk_weights[i:j], out[i:j])
-        return out
-    return _fused_pass(x, w13, w2, topk_ids, topk_weights, out)
+    for i in range(0, tokens, CHUNK_TOKENS):  # one pass unless the step is longer
+        j = min(i + CHUNK_TOKENS, tokens)
+        _fused_pass(x[i:j], w13, w2, topk_ids[i:j], topk_weights[i:j], out[i:j])
+    return out
 
 
-def _fused_pass(x, w13, w2, topk_ids, topk_weights, out) -> torch.Tensor:
-    """One pass of at most CHUNK_TOKENS tokens: the five launches into out."""
+def _fused_pass(x, w13, w2, topk_ids, topk_weights, out) -> None:
+    """One pass of 1 to CHUNK_TOKENS tokens: the five launches into out."""
     (tokens, hidden), (num_local, two_i, _) = x.shape, w13.shape
     top_k, inter = topk_ids.shape[1], two_i // 2
     pairs = tokens * top_k
@@ -251,5 +249,6 @@ def _fused_pass(x, w13, w2, topk_ids, topk_weights, out) -> torch.Tensor:
             num_warps=d.num_warps, num_stages=d.num_stages,
         )  # fmt: skip
     if prep == "triton":
-        return moe_sum(y, topk_ids, num_local, out)
-    return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)
+        moe_sum(y, topk_ids, num_local, out)
+    else:
+        torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)
