@@ -47,7 +47,8 @@ class LoraBatchContext:
         overlap: each LoRA layer runs its shrink, then its base GEMM, then its expand
         (`lora_core.layers`, overlap); on a CUDA device the shrink goes to `side_stream`
         and runs beside the GEMM (both only read x), the expand joining them; on other
-        devices side_stream is None and the three run in order."""
+        devices side_stream is None and the three run in order. `fork` and `join` are the
+        CUDA events that order the two streams (None off CUDA)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -67,6 +68,11 @@ class LoraBatchContext:
         self.overlap = overlap
         on_cuda = torch.device(device).type == "cuda"
         self.side_stream = torch.cuda.Stream(device) if overlap and on_cuda else None
+        # The fork and the join, recorded again by every layer: a wait orders against the
+        # record made before it, so one pair serves the whole step without the event that
+        # Stream.wait_stream creates per call (two a layer on the host, eager).
+        self.fork = torch.cuda.Event() if self.side_stream is not None else None
+        self.join = torch.cuda.Event() if self.side_stream is not None else None
 
     def set(
         self, token_slots: torch.Tensor, any_lora: bool, expected_slots: int | None = None

@@ -132,13 +132,15 @@ class LinearWithLoRA(nn.Module):
             y = self.base_layer.matmul(x)
         else:
             here = torch.cuda.current_stream(x.device)
-            side.wait_stream(here)  # x, the step's metadata and the zeroed workspace
+            self.ctx.fork.record(here)
+            side.wait_event(self.ctx.fork)  # x, the step's metadata and the zeroed workspace
             try:
                 with torch.cuda.stream(side):
                     kernels.lora_shrink(x, a, slots, out=ws)
                 y = self.base_layer.matmul(x)
             finally:  # joined on an error too: x and ws go back to this stream's pool after
-                here.wait_stream(side)
+                self.ctx.join.record(side)
+                here.wait_event(self.ctx.join)
         return kernels.lora_expand(y, ws, self.buffers.b(self.layer, self.group), slots)
 
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,9 @@ def run_engine(
         (f"{i}-{n}", p, params, refs.get(n)) for i, p in enumerate(prompts) for n in (None, *refs)
     ]
     out = run_requests(engine, reqs)
-    assert (engine.runner.lora_ctx.side_stream is not None) == (overlap and device == "cuda")
+    ctx = engine.runner.lora_ctx
+    assert (ctx.side_stream is not None) == (overlap and device == "cuda")
+    assert (ctx.fork is not None and ctx.join is not None) == (ctx.side_stream is not None)
     replays = engine.runner.graphs.replays if engine.runner.graphs else 0
     assert (replays > 0) == (graphs and device == "cuda"), replays
     return out

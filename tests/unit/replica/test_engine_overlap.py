@@ -45,4 +45,4 @@ def test_overlap_and_stacked_are_refused_together(llama_dir):
 
 def test_no_side_stream_off_cuda():
     ctx = LoraBatchContext(8, "cpu", torch.zeros(2, dtype=torch.int32), 4, overlap=True)
-    assert ctx.overlap and ctx.side_stream is None
+    assert ctx.overlap and ctx.side_stream is None and ctx.fork is None and ctx.join is None
