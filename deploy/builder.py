@@ -150,6 +150,12 @@ def engine_config(cfg: ClusterArgs, model_dir: str) -> EngineConfig:
         max_lora_rank=cfg.max_lora_rank,
         max_model_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        cuda_graphs=cfg.cuda_graphs,
+        lora_stacked=cfg.lora_stacked,
+        lora_overlap=cfg.lora_overlap,
         tensor_parallel_size=cfg.tensor_parallel_size,
         tp_step_timeout_s=cfg.tp_step_timeout_s,
     )

@@ -117,6 +117,22 @@ class ClusterArgs(BaseModel):
     max_lora_rank: int = Field(64, ge=1, le=MAX_LORA_RANK)
     max_model_len: int = Field(0, ge=0)
     kv_cache_tokens: int = Field(16384, ge=16)
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences one replica's engine batches at most. A replica runs
+    max_ongoing_requests requests at once (each choice of a request with n > 1 is one),
+    so its batches hold at most that many sequences: raise both together on GPUs."""
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    """Tokens one engine step runs at most, decode rows and prefill chunks together
+    (a longer prompt prefills over several steps)."""
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
+    """On CUDA: replay decode steps from CUDA graphs (tensor_parallel_size 1)."""
+    lora_stacked: bool = False
+    """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig);
+    tensor_parallel_size 1 only."""
+    lora_overlap: bool = False
+    """On GPUs: each LoRA layer's shrink on a side stream beside its base GEMM
+    (replica.config.EngineConfig). Not with lora_stacked."""
     auth: bool = False
     """Require tenant API keys (Authorization: Bearer ...) on inference requests."""
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
@@ -245,6 +261,12 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"num_gpus_per_replica={gpus:g} with tensor_parallel_size={tp}; allowed: "
                 f"num_gpus_per_replica {tp} (one GPU per rank) or 0 (CPU)"
+            )
+        if self.lora_stacked and (self.lora_overlap or tp > 1):
+            other = "lora_overlap" if self.lora_overlap else f"tensor_parallel_size={tp}"
+            raise ValueError(
+                f"lora_stacked with {other}; allowed: lora_stacked alone, with "
+                "tensor_parallel_size 1 (its shrink is inside the unsharded base GEMM)"
             )
         if self.redis_port is not None and self.redis_url:
             raise ValueError(

@@ -2,8 +2,15 @@ from pathlib import Path
 
 import pytest
 
-from deploy.builder import ClusterArgs, parse_args, prepare_model, served_model_name
+from deploy.builder import (
+    ClusterArgs,
+    engine_config,
+    parse_args,
+    prepare_model,
+    served_model_name,
+)
 from lora_core.errors import InvalidRequest
+from replica.config import EngineConfig
 
 
 def test_defaults_match_cluster_yaml():
@@ -69,6 +76,12 @@ def test_defaults_match_cluster_yaml():
         ),
         # the actor that makes it runs in another working directory
         ({"redis_data_dir": "data"}, "redis_data_dir: 'data' is relative; allowed: an absolute"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"cuda_graphs": "sometimes"}, "cuda_graphs"),
+        # the engine refused these once every replica started, each replica in its log
+        ({"lora_stacked": True, "lora_overlap": True}, "lora_stacked with lora_overlap"),
+        ({"lora_stacked": True, "tensor_parallel_size": 2}, "with tensor_parallel_size=2;"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):
@@ -160,6 +173,32 @@ def test_the_serve_config_names_the_lora_policy_with_its_kwargs():
     assert "metrics_interval_s" not in config  # Serve's default; setting it warns
     default = parse_args({"autoscaling": {"policy": "default"}}).autoscaling.serve_config()
     assert "policy" not in default
+
+
+ENGINE_FIELDS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "cuda_graphs",
+    "lora_stacked",
+    "lora_overlap",
+)
+
+
+def test_engine_args_default_to_the_engine_defaults_and_reach_it(tmp_path):
+    default = engine_config(parse_args({}), str(tmp_path))
+    for name in ENGINE_FIELDS:
+        assert getattr(default, name) == EngineConfig.__dataclass_fields__[name].default, name
+    given = {
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "enable_prefix_caching": False,
+        "cuda_graphs": False,
+        "lora_overlap": True,
+    }
+    engine = engine_config(parse_args(given), str(tmp_path))
+    assert {k: getattr(engine, k) for k in given} == given
+    assert engine_config(parse_args({"lora_stacked": True}), str(tmp_path)).lora_stacked
 
 
 def test_tensor_parallel_takes_one_gpu_per_rank_or_the_cpu():
