@@ -123,6 +123,9 @@ def test_the_shipped_configs_parse():
     scaled = parse_args(yaml_args("autoscaling.yaml"))
     assert scaled.autoscaling is not None
     assert (scaled.autoscaling.min_replicas, scaled.autoscaling.max_replicas) == (1, 3)
+    gpu = parse_args(yaml_args("gpu.yaml"))
+    assert (gpu.dtype, gpu.num_gpus_per_replica, gpu.tensor_parallel_size) == ("bfloat16", 1, 1)
+    assert gpu.max_num_seqs == gpu.max_ongoing_requests == 128
 
 
 @pytest.mark.parametrize(
