@@ -132,7 +132,8 @@ class ClusterArgs(BaseModel):
     tensor_parallel_size 1 only."""
     lora_overlap: bool = False
     """On GPUs: each LoRA layer's shrink on a side stream beside its base GEMM
-    (replica.config.EngineConfig). Not with lora_stacked."""
+    (replica.config.EngineConfig; slower than the default on an H100). Not with
+    lora_stacked."""
     auth: bool = False
     """Require tenant API keys (Authorization: Bearer ...) on inference requests."""
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"

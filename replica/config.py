@@ -49,8 +49,9 @@ class EngineConfig:
         a wide rank (`benchmarks/cublas_concat_probe.py`). tensor_parallel_size 1 only.
     lora_overlap: on CUDA, run each LoRA layer's shrink on a side stream beside its base
         GEMM (`lora_core.layers`, overlap); on CPU the same calls run in order. Not with
-        lora_stacked, whose shrink is inside the GEMM. Opt-in: not yet timed on a GPU
-        (`benchmarks/README.md`, Engine decode).
+        lora_stacked, whose shrink is inside the GEMM. Opt-in: 3-6% slower than the
+        default on an H100 decode step (the two streams share memory bandwidth;
+        `benchmarks/README.md`, Engine decode).
     """
 
     model: str
