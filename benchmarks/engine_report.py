@@ -52,8 +52,8 @@ def summarize(
 ) -> list[dict]:
     """One row per combination (seqs, adapters, structured rows), in `combos`' order: the
     median step over its rounds, the floor, and `ratio_to_base`, its tok/s over that of
-    the base-only unconstrained row with as many sequences (else the first row with as
-    many). A MoE model's rows also give `expected_experts_per_layer`."""
+    the base-only unconstrained row with as many sequences (None without one: a row is
+    no baseline of itself). A MoE model's rows also give `expected_experts_per_layer`."""
     rows = []
     for key in combos:
         seqs, n, k = key
@@ -78,9 +78,8 @@ def summarize(
         if r["distinct_adapters"] == 0 and r["structured_rows"] == 0
     }
     for r in rows:
-        base.setdefault(r["num_seqs"], r["decode_tokens_per_s"])
-    for r in rows:
-        r["ratio_to_base"] = r["decode_tokens_per_s"] / base[r["num_seqs"]]
+        own = base.get(r["num_seqs"])
+        r["ratio_to_base"] = None if own is None else r["decode_tokens_per_s"] / own
     return rows
 
 
@@ -99,8 +98,9 @@ def print_table(rows: list[dict], floor: StepFloor, moe_path: str) -> None:
         f"{'seqs':>5} {'adapters':>8} {'grammar':>7} {'tok/s':>9} {'step ms':>8} {'HBM floor ms':>12} {'vs base':>8}"
     )
     for r in rows:
+        ratio = "-" if r["ratio_to_base"] is None else f"{r['ratio_to_base']:.2f}x"
         print(
-            f"{r['num_seqs']:>5} {r['distinct_adapters']:>8} {r['structured_rows']:>7} {r['decode_tokens_per_s']:>9.0f} {r['step_ms']:>8.2f} {r['hbm_floor_step_ms']:>12.2f} {r['ratio_to_base']:>7.2f}x"
+            f"{r['num_seqs']:>5} {r['distinct_adapters']:>8} {r['structured_rows']:>7} {r['decode_tokens_per_s']:>9.0f} {r['step_ms']:>8.2f} {r['hbm_floor_step_ms']:>12.2f} {ratio:>8}"
         )
 
 

@@ -20,8 +20,8 @@ current one; the expand, which adds into the GEMM's output, waits for both. The
 shrink's launch, ramp and tail then hide behind the GEMM (a decode step's GEMMs read
 weights at the memory's pace, and leave SMs idle at their own ramps and tails), at the
 price of the two sharing bandwidth. Captured in CUDA graphs as a fork and a join.
-Measured on an H100 (`benchmarks/overlap_probe.py`): the price wins at T >= 128, and a
-Llama-3-8B decode step with 32 adapters ran 3-6% slower than the default, so it is opt-in.
+Measured on an H100 (`benchmarks/overlap_probe.py`): it gains at T=64, is even at T=128 and
+loses at T=256; a Llama-3-8B decode step with 32 adapters ran 3-6% slower: opt-in.
 
 Tensor parallelism: the wrapper adds its delta between the base layer's local GEMM
 (`matmul`) and its communication (`reduce`), with slot buffers holding the rank's
