@@ -79,7 +79,7 @@ def test_defaults_match_cluster_yaml():
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"cuda_graphs": "sometimes"}, "cuda_graphs"),
-        # the engine refused these once every replica started, each replica in its log
+        # refused at parse, before anything starts (EngineConfig refuses them as well)
         ({"lora_stacked": True, "lora_overlap": True}, "lora_stacked with lora_overlap"),
         ({"lora_stacked": True, "tensor_parallel_size": 2}, "with tensor_parallel_size=2;"),
     ],
