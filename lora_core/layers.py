@@ -103,7 +103,7 @@ class LinearWithLoRA(nn.Module):
         if self.ctx.any_lora and self.stacked is not None:
             return self.base_layer.reduce(self._stacked(x))
         if self.ctx.any_lora and self.ctx.overlap:
-            return self.base_layer.reduce(self._overlapped(x, self.ctx.side_stream))
+            return self.base_layer.reduce(self._overlapped(x))
         y = self.base_layer.matmul(x)
         if self.ctx.any_lora:
             a = self.buffers.a(self.layer, self.group)
@@ -117,9 +117,10 @@ class LinearWithLoRA(nn.Module):
             )
         return self.base_layer.reduce(y)
 
-    def _overlapped(self, x: torch.Tensor, side: torch.cuda.Stream | None) -> torch.Tensor:
-        """The shrink on `side` while the base GEMM runs here; the expand after both (side
-        None: the three in order, on this stream). Every buffer is allocated on the
+    def _overlapped(self, x: torch.Tensor) -> torch.Tensor:
+        """The shrink on the context's side stream, ordered by its fork and join events,
+        while the base GEMM runs here; the expand after both (no side stream, off CUDA:
+        the three in order, on this stream). Every buffer is allocated on the
         current stream, before the fork, so the caching allocator never hands the side
         stream's memory to another stream's work (the shrink allocates nothing with the
         step's SegmentMeta and `out`; a bare slot map's meta it builds and frees there)."""
@@ -129,6 +130,7 @@ class LinearWithLoRA(nn.Module):
         ws = self.ctx.take(*shape)
         if ws is None:
             ws = torch.zeros(shape, dtype=torch.float32, device=x.device)
+        side = self.ctx.side_stream
         if side is None:
             kernels.lora_shrink(x, a, slots, out=ws)
             y = self.base_layer.matmul(x)
