@@ -128,8 +128,9 @@ class ClusterArgs(BaseModel):
     cuda_graphs: bool = True
     """On CUDA: replay decode steps from CUDA graphs (tensor_parallel_size 1)."""
     lora_stacked: bool = False
-    """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig);
-    tensor_parallel_size 1 only."""
+    """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig,
+    which refuses it with lora_overlap or tensor_parallel_size > 1, before the cluster
+    starts); tensor_parallel_size 1 only."""
     lora_overlap: bool = False
     """On GPUs: each LoRA layer's shrink on a side stream beside its base GEMM
     (replica.config.EngineConfig; slower than the default on an H100). Not with
@@ -262,12 +263,6 @@ class ClusterArgs(BaseModel):
             raise ValueError(
                 f"num_gpus_per_replica={gpus:g} with tensor_parallel_size={tp}; allowed: "
                 f"num_gpus_per_replica {tp} (one GPU per rank) or 0 (CPU)"
-            )
-        if self.lora_stacked and (self.lora_overlap or tp > 1):
-            other = "lora_overlap" if self.lora_overlap else f"tensor_parallel_size={tp}"
-            raise ValueError(
-                f"lora_stacked with {other}; allowed: lora_stacked alone, with "
-                "tensor_parallel_size 1 (its shrink is inside the unsharded base GEMM)"
             )
         if self.redis_port is not None and self.redis_url:
             raise ValueError(

@@ -79,9 +79,6 @@ def test_defaults_match_cluster_yaml():
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"cuda_graphs": "sometimes"}, "cuda_graphs"),
-        # refused at parse, before anything starts (EngineConfig refuses them as well)
-        ({"lora_stacked": True, "lora_overlap": True}, "lora_stacked with lora_overlap"),
-        ({"lora_stacked": True, "tensor_parallel_size": 2}, "with tensor_parallel_size=2;"),
     ],
 )
 def test_bad_args_are_refused_naming_the_field(args, where):
@@ -202,6 +199,21 @@ def test_engine_args_default_to_the_engine_defaults_and_reach_it(tmp_path):
     engine = engine_config(parse_args(given), str(tmp_path))
     assert {k: getattr(engine, k) for k in given} == given
     assert engine_config(parse_args({"lora_stacked": True}), str(tmp_path)).lora_stacked
+
+
+@pytest.mark.parametrize(
+    "args, where",
+    [
+        ({"lora_stacked": True, "lora_overlap": True}, "lora_stacked with lora_overlap"),
+        ({"lora_stacked": True, "tensor_parallel_size": 2}, "with tensor_parallel_size=2;"),
+    ],
+)
+def test_engine_conflicts_are_refused_by_the_engine_config(tmp_path, args, where):
+    """build_app builds the EngineConfig before anything starts (check_model_fits): its
+    checks are the cluster's, not copied into ClusterArgs."""
+    with pytest.raises(InvalidRequest) as e:
+        engine_config(parse_args(args), str(tmp_path))
+    assert where in str(e.value)
 
 
 def test_tensor_parallel_takes_one_gpu_per_rank_or_the_cpu():
