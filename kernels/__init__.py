@@ -57,9 +57,17 @@ dtype first; on Triton with no host sync (CUDA-graph capturable).
 Backend: LORAFLEET_KERNELS=auto|triton|reference (auto: Triton on CUDA tensors,
 reference on CPU). `triton` on CPU tensors needs TRITON_INTERPRET=1 (set before
 kernels.triton is imported): the Triton interpreter, as the CPU tests run it.
+
+Host time (eager steps: prefill, mixed, tensor-parallel): the Triton launchers memoise
+their plans per host values and launch kept compiled binaries straight, past Triton's
+per-call dispatch (kernels/triton/launch.py; LORAFLEET_FAST_LAUNCH=auto|0|1, auto: on for
+the Triton versions tested on a GPU).
 """
 
 from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
 
 import torch
 
@@ -151,6 +159,23 @@ def lora_expand_stacked(
     return lora_expand_stacked_ref(out, n_base, lora_b, slots, slot_ranks=ranks)
 
 
+@functools.cache
+def _triton_pair() -> SimpleNamespace:
+    """The Triton launchers lora_shrink_expand calls, imported on its first call (an import
+    statement in its body cost a few microseconds on every layer call)."""
+    from kernels.triton import lora_fused
+    from kernels.triton.lora_expand import lora_expand_triton
+    from kernels.triton.lora_shrink import lora_shrink_triton, overlaps_expand
+
+    return SimpleNamespace(
+        fused=lora_fused,  # its FUSED_MAX_TOKENS is read on each call (tests and --fused set it)
+        lora_shrink_expand_triton=lora_fused.lora_shrink_expand_triton,
+        lora_expand_triton=lora_expand_triton,
+        lora_shrink_triton=lora_shrink_triton,
+        overlaps_expand=overlaps_expand,
+    )
+
+
 def lora_shrink_expand(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -172,22 +197,20 @@ def lora_shrink_expand(
     `workspace` (a zeroed float32 [S, T, R] for the shrink output, or None).
     """
     if backend_for(y.device) == "triton":
-        from kernels.triton.lora_fused import FUSED_MAX_TOKENS, lora_shrink_expand_triton
-
-        if x.shape[0] <= FUSED_MAX_TOKENS:
-            return lora_shrink_expand_triton(
+        tri = _triton_pair()
+        if x.shape[0] <= tri.fused.FUSED_MAX_TOKENS:
+            return tri.lora_shrink_expand_triton(
                 y, x, lora_a, lora_b, token_slots, scale=scale, add_inputs=add_inputs
             )
         # Two launches; where lora_shrink.overlaps_expand says so the expand overlaps the
         # shrink's tail (programmatic dependent launch: lora_expand_triton's after_shrink).
-        from kernels.triton.lora_expand import lora_expand_triton
-        from kernels.triton.lora_shrink import lora_shrink_triton, overlaps_expand
-
         if workspace is not None:
             check_out(workspace, len(lora_a), x.shape[0], lora_a[0].shape[1], x.device)
-        pdl, token_slots = overlaps_expand(x, lora_a, token_slots, y.shape[1])
-        buf = lora_shrink_triton(x, lora_a, token_slots, scale=scale, out=workspace, dependents=pdl)
-        return lora_expand_triton(
+        pdl, token_slots = tri.overlaps_expand(x, lora_a, token_slots, y.shape[1])
+        buf = tri.lora_shrink_triton(
+            x, lora_a, token_slots, scale=scale, out=workspace, dependents=pdl
+        )
+        return tri.lora_expand_triton(
             y, buf, lora_b, token_slots, add_inputs=add_inputs, after_shrink=pdl
         )
     buf = lora_shrink(x, lora_a, token_slots, scale=scale, out=workspace)

@@ -12,13 +12,14 @@ touched. Columns r >= rank of the slot are masked, so only the slot's own rank i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from kernels.meta import SegmentMeta, tile_copies, tile_programs
+from kernels.meta import SegmentMeta, grid_follows_expected_slots, tile_copies, tile_programs
 from kernels.triton.common import (
     MAX_SLICES,
     Slices,
@@ -27,11 +28,11 @@ from kernels.triton.common import (
     cdiv,
     check_device,
     dot_precision,
-    expected_slots,
     launch_pdl,
     pdl_enabled,
     slices_of,
 )
+from kernels.triton.launch import FastLaunch, plan_cache
 from kernels.triton.tiles import expand_operands, expand_store, load_tile, pick
 
 
@@ -156,6 +157,7 @@ class ExpandConfig:
 
 
 CONFIG_OVERRIDE: ExpandConfig | None = None
+_EXPAND = FastLaunch(_expand_kernel)
 
 
 def default_config(bm: int, br: int, max_n: int) -> ExpandConfig:
@@ -275,33 +277,61 @@ def lora_expand_stacked_triton(
 
 def _launch(y, buf, sl: Slices, buf_strides, token_slots_or_meta, add_inputs, after_shrink):
     """One launch of the expand kernel; buf_strides: (slice, token, rank, slot) of its input."""
-    num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
-    sizes = [sh[1] for sh in sl.shapes]
     if y.shape[0] == 0:
         return
+    num_slots, rank = sl.shapes[0][0], sl.shapes[0][2]
     meta = as_meta(token_slots_or_meta, y.shape[0], num_slots, y.device, rank)
+    pdl = after_shrink and pdl_enabled(y.device)
+    plan = _plan(
+        y.shape[0], sl.shapes, sl.strides, meta.block_m, meta.expected_slots, y.dtype,
+        bool(add_inputs), pdl, CONFIG_OVERRIDE,
+    )  # fmt: skip
+    off1, off2 = sl.offsets
+    _EXPAND(
+        plan.grid,
+        (y, buf, sl.base, meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles),
+        (plan.grid[1], off1, off2, *plan.scalars, y.stride(0), y.stride(1), *buf_strides, rank),
+        plan.constexprs,
+        **plan.options,
+    )
+
+
+class _Plan(NamedTuple):
+    """An expand launch's shape, from host values only (`_plan`)."""
+
+    grid: tuple[int, int]
+    scalars: tuple[int, ...]
+    """The B strides (per slice: slot, column, rank), column counts and group starts."""
+    constexprs: dict
+    options: dict
+
+
+@plan_cache
+def _plan(
+    tokens: int, shapes: tuple, strides: tuple, bm: int, meta_expected: int | None,
+    dtype: torch.dtype, add_inputs: bool, pdl: bool, override: ExpandConfig | None,
+) -> _Plan:  # fmt: skip
+    """The expand's launch for these host values: the same for every layer of a group in
+    one step, so a step plans each group once (as lora_shrink._plan)."""
+    num_slots, rank = shapes[0][0], shapes[0][2]
+    sizes = [sh[1] for sh in shapes]
     br = block_r(rank)
-    cfg = CONFIG_OVERRIDE or default_config(meta.block_m, br, max(sizes))
+    cfg = override or default_config(bm, br, max(sizes))
     bn = cfg.block_n
     groups = [cdiv(n, bn * cfg.n_iters) for n in sizes]  # column groups per slice
     starts = [sum(groups[:i]) for i in range(1, MAX_SLICES)]
     total = sum(groups)
     nt1, nt2 = [st if i + 1 < len(sizes) else total for i, st in enumerate(starts)]
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
-    stride_l, stride_n, stride_r = (sl.per_slice(d) for d in range(3))
-    off1, off2 = sl.offsets
-    pdl = after_shrink and pdl_enabled(y.device)
-    programs = tile_programs(y.shape[0], num_slots, meta.block_m, expected_slots(meta))
-    _expand_kernel[(total, programs)](
-        y, buf, sl.base,
-        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
-        off1, off2, *stride_l, *stride_n, *stride_r,
-        ns[0], ns[1], ns[2], nt1, nt2,
-        y.stride(0), y.stride(1), *buf_strides,
-        rank,
-        BLOCK_M=meta.block_m, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters,
-        ADD_INPUTS=bool(add_inputs),
-        TILE_COPIES=tile_copies(y.shape[0], num_slots, meta.block_m, programs),
-        WAIT=pdl, PRECISION=dot_precision(y.dtype), LATE_ADD=cfg.late_add,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl),
+    pad = MAX_SLICES - len(shapes)  # as Slices.per_slice: padded with slice 0's
+    per_slice = [tuple(st[d] for st in strides) + (strides[0][d],) * pad for d in range(3)]
+    expected = meta_expected if grid_follows_expected_slots(bm) else None
+    programs = tile_programs(tokens, num_slots, bm, expected)
+    constexprs = dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters, ADD_INPUTS=add_inputs,
+        TILE_COPIES=tile_copies(tokens, num_slots, bm, programs),
+        WAIT=pdl, PRECISION=dot_precision(dtype), LATE_ADD=cfg.late_add,
     )  # fmt: skip
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_pdl(pdl))
+    scalars = (*per_slice[0], *per_slice[1], *per_slice[2], *ns, nt1, nt2)
+    return _Plan((total, programs), scalars, constexprs, options)

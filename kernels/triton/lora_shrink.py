@@ -23,12 +23,20 @@ A mask on the loaded per-slot rank made every atomic scalar: 4x the atomic opera
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from kernels.meta import SegmentMeta, expected_tiles, tile_copies, tile_programs
+from kernels.meta import (
+    SegmentMeta,
+    expected_tiles,
+    grid_follows_expected_slots,
+    tile_copies,
+    tile_programs,
+)
 from kernels.triton.common import (
     PDL_MAX_TOKENS,
     PDL_MAX_WIDTH_RATIO,
@@ -38,16 +46,16 @@ from kernels.triton.common import (
     block_r,
     check_device,
     dot_precision,
-    expected_slots,
     pdl_enabled,
     slices_of,
 )
+from kernels.triton.launch import FastLaunch, plan_cache
 from kernels.triton.lora_shrink_stream import launch_stream
 from kernels.triton.shrink_plan import (
     ShrinkConfig,
     block_s_for,
     default_config,
-    lean_x_for,
+    offsets_fit_i32,
     split_k,
     stack_tail_for,
 )
@@ -174,6 +182,9 @@ def _shrink_kernel(
             )  # fmt: skip
 
 
+_SHRINK = FastLaunch(_shrink_kernel)
+
+
 def check_x_a(x: torch.Tensor, lora_a) -> Slices:
     """Refuse an x / lora_a pair the kernels cannot take (ValueError naming the argument)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -245,14 +256,61 @@ def lora_shrink_triton(
     if tokens == 0:
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
-    br, bm = block_r(rank), meta.block_m
-    cfg = shrink_config(x, sl, meta)
-    groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     dependents = dependents and pdl_enabled(x.device)
-    if cfg.stream_k:
-        launch_stream(x, sl, out, meta, cfg, groups, nsl, br, float(scale), dependents)
+    plan = _plan(
+        tokens, num_slots, num_slices, rank, hidden, x.dtype, meta.block_m, meta.expected_slots,
+        x.device, offsets_fit_i32(x), dependents, CONFIG_OVERRIDE,
+    )  # fmt: skip
+    if plan.grid is None:
+        launch_stream(x, sl, out, meta, plan.cfg, plan.groups, plan.nsl, plan.br, float(scale),
+                      dependents)  # fmt: skip
         return out
-    expected = expected_slots(meta)
+    off1, off2 = sl.offsets
+    stride_l, stride_r, stride_h = sl.strides[0]
+    _SHRINK(
+        plan.grid,
+        (x, sl.base, out, meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles),
+        (
+            plan.grid[2], off1, off2, x.stride(0), x.stride(1), stride_l, stride_r, stride_h,
+            out.stride(0), out.stride(1), hidden, rank, plan.k_per_split, float(scale),
+        ),
+        plan.constexprs,
+        num_warps=plan.cfg.num_warps,
+        num_stages=plan.cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+class _Plan(NamedTuple):
+    """A shrink launch's shape, from host values only (`_plan`)."""
+
+    cfg: ShrinkConfig
+    groups: int
+    nsl: int
+    br: int
+    grid: tuple[int, int, int] | None
+    """None: a stream-K launch (lora_shrink_stream.launch_stream)."""
+    k_per_split: int
+    constexprs: dict
+
+
+@plan_cache
+def _plan(
+    tokens: int, num_slots: int, num_slices: int, rank: int, hidden: int, dtype: torch.dtype,
+    bm: int, meta_expected: int | None, device: torch.device, x_fits_i32: bool,
+    dependents: bool, override: ShrinkConfig | None,
+) -> _Plan:  # fmt: skip
+    """The launch of a split-K shrink (or the stream-K choice) for these host values: the
+    same for every layer of a group in one step, so a step plans each group once
+    (launch_probe.py: planning was about half of an eager layer call's host time)."""
+    br = block_r(rank)
+    cfg = override or default_config(
+        bm, br, dtype.itemsize, num_slices, hidden, tokens, meta_expected
+    )
+    groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
+    if cfg.stream_k:
+        return _Plan(cfg, groups, nsl, br, None, 0, {})
+    expected = meta_expected if grid_follows_expected_slots(bm) else None
     programs = tile_programs(tokens, num_slots, bm, expected)
     # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
     # grid of a step of all L slots
@@ -260,21 +318,13 @@ def lora_shrink_triton(
         tiles = expected_tiles(tokens, num_slots, bm, expected)
     else:
         tiles = tile_programs(tokens, num_slots, bm)
-    bk, k_per_split, split = split_k(cfg, groups, tiles, hidden, br, x.device)
-    off1, off2 = sl.offsets
-    stride_l, stride_r, stride_h = sl.strides[0]
-    _shrink_kernel[(groups, split, programs)](
-        x, sl.base, out,
-        meta.tile_slot, meta.tile_rank, meta.tile_tok, meta.num_tiles, programs,
-        off1, off2,
-        x.stride(0), x.stride(1), stride_l, stride_r, stride_h, out.stride(0), out.stride(1),
-        hidden, rank, k_per_split, float(scale),
+    bk, k_per_split, split = split_k(cfg, groups, tiles, hidden, br, device)
+    constexprs = dict(
         NSL=nsl, BLOCK_M=bm, BLOCK_R=br, BLOCK_K=bk,
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         TILE_COPIES=tile_copies(tokens, num_slots, bm, programs),
-        DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
-        LEAN_X=lean_x_for(cfg, x), BLOCK_S=block_s_for(cfg, nsl, br),
+        DEPENDENTS=dependents, PRECISION=dot_precision(dtype),
+        LEAN_X=cfg.lean_x and x_fits_i32, BLOCK_S=block_s_for(cfg, nsl, br),
         TAIL=int(stack_tail_for(cfg, nsl, br)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return out
+    return _Plan(cfg, groups, nsl, br, (groups, split, programs), k_per_split, constexprs)
