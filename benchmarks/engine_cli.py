@@ -41,8 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--stacked", action="store_true",
                     help="the stacked layout: slots' A under each base weight (lora_stacked)")  # fmt: skip
-    ap.add_argument("--overlap", action="store_true",
-                    help="each LoRA shrink on a side stream beside its base GEMM (lora_overlap)")  # fmt: skip
     ap.add_argument("--only", default="", help="e.g. 128:0,128:32 (seqs:adapters) to run a subset")
     ap.add_argument(
         "--repeat", type=int, default=1, help="rounds over all combos; figures are medians"
@@ -66,15 +64,12 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args() -> argparse.Namespace:
     """The flags of sys.argv, `layers` defaulted per shape (DEFAULT_LAYERS). Refused (exit
     status 2, with what is allowed, but the first: 1): --per-row-sampler with --sampling
-    penalties; --stacked with --overlap; --moe-path other than auto without --shape
+    penalties; --moe-path other than auto without --shape
     mixtral; --moe-path grouped under CUDA graphs (neither --eager nor --smoke)."""
     ap = _parser()
     args = ap.parse_args()
     if args.per_row_sampler and args.sampling == "penalties":
         raise SystemExit("--per-row-sampler has no penalties")
-    if args.stacked and args.overlap:
-        ap.error("--stacked with --overlap: the stacked layout's shrink is inside the base "
-                 "GEMM, there is none to overlap; allowed: at most one of them")  # fmt: skip
     if args.moe_path != "auto" and args.shape != "mixtral":
         ap.error(f"--moe-path {args.moe_path}: the {args.shape} shape has no MoE layers; "
                  "allowed with --shape mixtral")  # fmt: skip

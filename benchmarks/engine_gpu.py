@@ -60,7 +60,6 @@ STRUCTURED_SCHEMA = '{"type": "array", "items": {"type": "string"}}'
 GRAMMARS = None  # replica.structured.Grammars over a 128k synthetic vocabulary
 BREAKDOWN = False  # --breakdown: print the host time of each phase of a step
 STACKED = False  # --stacked: the slots' A under each base weight (EngineConfig.lora_stacked)
-OVERLAP = False  # --overlap: each shrink on a side stream beside its GEMM (lora_overlap)
 
 
 def _tokens(logits, params, generators, history=None) -> list[int]:
@@ -126,7 +125,6 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
         buffers.slot_ranks,
         workspace_per_token(cfg.base_shape, rank),
         max_rank=rank,
-        overlap=OVERLAP,
     )
     apply_lora(model.model, buffers, ctx, stacked=STACKED)
     return model, ctx, buffers
@@ -256,10 +254,9 @@ def main() -> None:
         from kernels.triton import lora_fused
 
         lora_fused.FUSED_MAX_TOKENS = 1 << 30
-    global DEVICE, PROFILE, GRAPHS, GRAMMARS, BREAKDOWN, STACKED, OVERLAP
+    global DEVICE, PROFILE, GRAPHS, GRAMMARS, BREAKDOWN, STACKED
     BREAKDOWN = args.breakdown
     STACKED = args.stacked
-    OVERLAP = args.overlap
     structured = [0] + [int(k) for k in args.structured.split(",") if k]
     PROFILE = args.profile
     GRAPHS = not args.eager and not args.smoke

@@ -155,7 +155,6 @@ def engine_config(cfg: ClusterArgs, model_dir: str) -> EngineConfig:
         enable_prefix_caching=cfg.enable_prefix_caching,
         cuda_graphs=cfg.cuda_graphs,
         lora_stacked=cfg.lora_stacked,
-        lora_overlap=cfg.lora_overlap,
         tensor_parallel_size=cfg.tensor_parallel_size,
         tp_step_timeout_s=cfg.tp_step_timeout_s,
     )

@@ -129,12 +129,7 @@ class ClusterArgs(BaseModel):
     """On CUDA: replay decode steps from CUDA graphs (tensor_parallel_size 1)."""
     lora_stacked: bool = False
     """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig,
-    which refuses it with lora_overlap or tensor_parallel_size > 1, before the cluster
-    starts); tensor_parallel_size 1 only."""
-    lora_overlap: bool = False
-    """On GPUs: each LoRA layer's shrink on a side stream beside its base GEMM
-    (replica.config.EngineConfig; slower than the default on an H100). Not with
-    lora_stacked."""
+    which refuses it with tensor_parallel_size > 1, before the cluster starts)."""
     auth: bool = False
     """Require tenant API keys (Authorization: Bearer ...) on inference requests."""
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"

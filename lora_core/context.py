@@ -30,7 +30,6 @@ class LoraBatchContext:
         workspace_per_token: int = 0,
         workspace_tokens: int = 256,
         max_rank: int | None = None,
-        overlap: bool = False,
     ):
         """slot_ranks: int32 [L] on device, the actual rank per slot (SlotBuffers.slot_ranks);
         with it, each step builds one `kernels.SegmentMeta` that every layer shares, so
@@ -42,13 +41,7 @@ class LoraBatchContext:
         slice (`take`), instead of one memset per LoRA layer (decode's fixed cost).
 
         max_rank: the slot width R (SlotBuffers.max_rank); the kernels' tile height
-        follows it (kernels.meta.default_block_m).
-
-        overlap: each LoRA layer runs its shrink, then its base GEMM, then its expand
-        (`lora_core.layers`, overlap); on a CUDA device the shrink goes to `side_stream`
-        and runs beside the GEMM (both only read x), the expand joining them; on other
-        devices side_stream is None and the three run in order. `fork` and `join` are the
-        CUDA events that order the two streams (None off CUDA)."""
+        follows it (kernels.meta.default_block_m)."""
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens={max_num_tokens}; allowed: >= 1")
         self.max_num_tokens = max_num_tokens
@@ -65,14 +58,6 @@ class LoraBatchContext:
         )
         self._ws_end = 0
         self._ws_next = 0
-        self.overlap = overlap
-        on_cuda = torch.device(device).type == "cuda"
-        self.side_stream = torch.cuda.Stream(device) if overlap and on_cuda else None
-        # The fork and the join, recorded again by every layer: a wait orders against the
-        # record made before it, so one pair serves the whole step without the event that
-        # Stream.wait_stream creates per call (two a layer on the host, eager).
-        self.fork = torch.cuda.Event() if self.side_stream is not None else None
-        self.join = torch.cuda.Event() if self.side_stream is not None else None
 
     def set(
         self, token_slots: torch.Tensor, any_lora: bool, expected_slots: int | None = None

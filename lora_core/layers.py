@@ -14,15 +14,6 @@ adapters of a rank-16 pool are active; worse with few adapters or rank 64). The
 shrink's values are then the GEMM's dtype (bf16 on GPU), not fp32. Steps without LoRA
 run the base rows alone, as before.
 
-Overlap (`LoraBatchContext.side_stream`, EngineConfig.lora_overlap): the shrink reads
-only x, as the base GEMM does, so it runs on a side stream while the GEMM runs on the
-current one; the expand, which adds into the GEMM's output, waits for both. The
-shrink's launch, ramp and tail then hide behind the GEMM (a decode step's GEMMs read
-weights at the memory's pace, and leave SMs idle at their own ramps and tails), at the
-price of the two sharing bandwidth. Captured in CUDA graphs as a fork and a join.
-Measured on an H100 (`benchmarks/overlap_probe.py`): it gains at T=64, is even at T=128 and
-loses at T=256; a Llama-3-8B decode step with 32 adapters ran 3-6% slower: opt-in.
-
 Tensor parallelism: the wrapper adds its delta between the base layer's local GEMM
 (`matmul`) and its communication (`reduce`), with slot buffers holding the rank's
 shard (SlotBuffers). Column-parallel groups (qkv, gate_up): x is whole, A whole, B
@@ -102,8 +93,6 @@ class LinearWithLoRA(nn.Module):
         """x: [T, H] -> [T, sum N_s] (this rank's shard sizes)."""
         if self.ctx.any_lora and self.stacked is not None:
             return self.base_layer.reduce(self._stacked(x))
-        if self.ctx.any_lora and self.ctx.overlap:
-            return self.base_layer.reduce(self._overlapped(x))
         y = self.base_layer.matmul(x)
         if self.ctx.any_lora:
             a = self.buffers.a(self.layer, self.group)
@@ -116,36 +105,6 @@ class LinearWithLoRA(nn.Module):
                 workspace=self.ctx.take(len(a), x.shape[0], a[0].shape[1]),
             )
         return self.base_layer.reduce(y)
-
-    def _overlapped(self, x: torch.Tensor) -> torch.Tensor:
-        """The shrink on the context's side stream, ordered by its fork and join events,
-        while the base GEMM runs here; the expand after both (no side stream, off CUDA:
-        the three in order, on this stream). Every buffer is allocated on the
-        current stream, before the fork, so the caching allocator never hands the side
-        stream's memory to another stream's work (the shrink allocates nothing with the
-        step's SegmentMeta and `out`; a bare slot map's meta it builds and frees there)."""
-        a = self.buffers.a(self.layer, self.group)
-        slots = self.ctx.kernel_slots
-        shape = (len(a), x.shape[0], a[0].shape[1])
-        ws = self.ctx.take(*shape)
-        if ws is None:
-            ws = torch.zeros(shape, dtype=torch.float32, device=x.device)
-        side = self.ctx.side_stream
-        if side is None:
-            kernels.lora_shrink(x, a, slots, out=ws)
-            y = self.base_layer.matmul(x)
-        else:
-            here = torch.cuda.current_stream(x.device)
-            self.ctx.fork.record(here)
-            side.wait_event(self.ctx.fork)  # x, the step's metadata and the zeroed workspace
-            try:
-                with torch.cuda.stream(side):
-                    kernels.lora_shrink(x, a, slots, out=ws)
-                y = self.base_layer.matmul(x)
-            finally:  # joined on an error too: x and ws go back to this stream's pool after
-                self.ctx.join.record(side)
-                here.wait_event(self.ctx.join)
-        return kernels.lora_expand(y, ws, self.buffers.b(self.layer, self.group), slots)
 
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:
         """The stacked layout: one GEMM for the base output and every slot's shrink, then

@@ -47,11 +47,6 @@ class EngineConfig:
         step's shrink inside the base GEMM (`lora_core.layers`, stacked layout): faster
         where many adapters of a small-rank pool are active, slower with few adapters or
         a wide rank (`benchmarks/cublas_concat_probe.py`). tensor_parallel_size 1 only.
-    lora_overlap: on CUDA, run each LoRA layer's shrink on a side stream beside its base
-        GEMM (`lora_core.layers`, overlap); on CPU the same calls run in order. Not with
-        lora_stacked, whose shrink is inside the GEMM. Opt-in: 3-6% slower than the
-        default on an H100 decode step (the two streams share memory bandwidth;
-        `benchmarks/README.md`, Engine decode).
     """
 
     model: str
@@ -72,7 +67,6 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_step_timeout_s: float = 300.0
     lora_stacked: bool = False
-    lora_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -91,11 +85,6 @@ class EngineConfig:
             raise InvalidRequest(
                 f"lora_stacked with tensor_parallel_size={self.tensor_parallel_size}; "
                 "allowed: lora_stacked only with tensor_parallel_size 1"
-            )
-        if self.lora_stacked and self.lora_overlap:
-            raise InvalidRequest(
-                "lora_stacked with lora_overlap; allowed: at most one of them (the stacked "
-                "layout's shrink is inside the base GEMM, there is none to overlap)"
             )
         timeout = self.tp_step_timeout_s
         if (

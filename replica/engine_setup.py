@@ -119,7 +119,6 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
         buffers.slot_ranks,
         workspace_per_token(cfg.base_shape, config.max_lora_rank),
         max_rank=config.max_lora_rank,
-        overlap=config.lora_overlap,
     )
     apply_lora(model.model, buffers, ctx, stacked=config.lora_stacked)
     # CUDA graphs would capture the row-parallel all-reduces; not validated under TP.
