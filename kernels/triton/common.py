@@ -158,7 +158,12 @@ def expected_slots(meta: SegmentMeta) -> int | None:
     moves many bytes, so the empty programs cost little there; why the expand with a
     second tile copy runs slower was not found (Triton 3.9's sm_90 build of its 64-row
     rank-64 tile: 158 -> 168 registers, the same 3 programs per SM)."""
-    return meta.expected_slots if grid_follows_expected_slots(meta.block_m) else None
+    return grid_expected(meta.block_m, meta.expected_slots)
+
+
+def grid_expected(block_m: int, expected: int | None) -> int | None:
+    """`expected_slots` from a SegmentMeta's host fields (the launchers' memoised plans)."""
+    return expected if grid_follows_expected_slots(block_m) else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from kernels.meta import SegmentMeta, grid_follows_expected_slots, tile_copies, tile_programs
+from kernels.meta import SegmentMeta, tile_copies, tile_programs
 from kernels.triton.common import (
     MAX_SLICES,
     Slices,
@@ -28,6 +28,7 @@ from kernels.triton.common import (
     cdiv,
     check_device,
     dot_precision,
+    grid_expected,
     launch_pdl,
     pdl_enabled,
     slices_of,
@@ -325,7 +326,7 @@ def _plan(
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
     pad = MAX_SLICES - len(shapes)  # as Slices.per_slice: padded with slice 0's
     per_slice = [tuple(st[d] for st in strides) + (strides[0][d],) * pad for d in range(3)]
-    expected = meta_expected if grid_follows_expected_slots(bm) else None
+    expected = grid_expected(bm, meta_expected)
     programs = tile_programs(tokens, num_slots, bm, expected)
     constexprs = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=br, N_ITERS=cfg.n_iters, ADD_INPUTS=add_inputs,

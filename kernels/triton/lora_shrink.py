@@ -30,13 +30,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from kernels.meta import (
-    SegmentMeta,
-    expected_tiles,
-    grid_follows_expected_slots,
-    tile_copies,
-    tile_programs,
-)
+from kernels.meta import SegmentMeta, expected_tiles, tile_copies, tile_programs
 from kernels.triton.common import (
     PDL_MAX_TOKENS,
     PDL_MAX_WIDTH_RATIO,
@@ -46,6 +40,7 @@ from kernels.triton.common import (
     block_r,
     check_device,
     dot_precision,
+    grid_expected,
     pdl_enabled,
     slices_of,
 )
@@ -310,7 +305,7 @@ def _plan(
     groups, nsl = (1, num_slices) if cfg.fuse_slices else (num_slices, 1)
     if cfg.stream_k:
         return _Plan(cfg, groups, nsl, br, None, 0, {})
-    expected = meta_expected if grid_follows_expected_slots(bm) else None
+    expected = grid_expected(bm, meta_expected)
     programs = tile_programs(tokens, num_slots, bm, expected)
     # K splits for the tiles expected (ShrinkConfig.split_for_expected), else as for the
     # grid of a step of all L slots
