@@ -101,6 +101,7 @@ class FastLaunch:
         self.kernel = kernel
         params = getattr(kernel, "params", None)
         self.constexprs: tuple[str, ...] = ()
+        self.arity = len(params or ())
         self.usable = False
         if isinstance(kernel, triton.runtime.jit.JITFunction) and params is not None:
             flags = [p.is_constexpr for p in params]
@@ -119,7 +120,12 @@ class FastLaunch:
         compiled = self.kept.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*ptrs, *scalars, **constexprs, **options)
-            if tuple(constexprs) == self.constexprs and hasattr(compiled, "packed_metadata"):
+            whole = len(ptrs) + len(scalars) + len(constexprs) == self.arity
+            if (
+                whole
+                and tuple(constexprs) == self.constexprs
+                and hasattr(compiled, "packed_metadata")
+            ):
                 if len(self.kept) >= _MAX_KEPT:
                     self.kept.clear()
                 self.kept[key] = compiled

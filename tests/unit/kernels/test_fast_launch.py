@@ -66,3 +66,46 @@ def test_a_launch_hook_turns_it_off_an_empty_chain_does_not(monkeypatch):
     monkeypatch.setattr(chain, "calls", [])
     monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", lambda metadata: None)
     assert launch._hooked()
+
+
+@pytest.mark.parametrize("tokens", [3, 40])
+def test_the_launchers_pass_every_parameter_in_signature_order(monkeypatch, tokens):
+    """A kept binary is called with ptrs + scalars + constexpr values, positionally: the
+    launchers must hand FastLaunch every runtime parameter of their kernel, in order
+    (pointers first), and the constexprs by the signature's names and order."""
+    import inspect
+
+    import kernels.triton.lora_expand as expand_mod
+    from kernels import build_meta, lora_shrink_expand
+    from kernels.testing import random_slices, random_slots
+
+    seen = {}
+
+    class Spy:
+        def __init__(self, name, real):
+            self.name, self.real = name, real
+
+        def __call__(self, grid, ptrs, scalars, constexprs, **options):
+            seen[self.name] = (ptrs, scalars, constexprs)
+            self.real(grid, ptrs, scalars, constexprs, **options)
+
+    for mod, attr, name in ((shrink_mod, "_SHRINK", "shrink"), (expand_mod, "_EXPAND", "expand")):
+        monkeypatch.setattr(mod, attr, Spy(name, getattr(mod, attr)))
+    monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    slots = random_slots(tokens, 4, 3, 0.2)
+    a = random_slices(4, [(8, 32)] * 3, torch.float32, "cpu", 0.1)
+    b = random_slices(4, [(16, 8), (8, 8), (8, 8)], torch.float32, "cpu", 0.1)
+    y = torch.zeros(tokens, 32)
+    lora_shrink_expand(y, torch.randn(tokens, 32), a, b, build_meta(slots, 4, max_rank=8))
+    for name, kernel in (
+        ("shrink", shrink_mod._shrink_kernel),
+        ("expand", expand_mod._expand_kernel),
+    ):
+        params = list(inspect.signature(kernel.fn).parameters.values())
+        runtime = [p.name for p in params if "constexpr" not in str(p.annotation)]
+        ptrs, scalars, constexprs = seen[name]
+        assert len(ptrs) + len(scalars) == len(runtime), name
+        assert all(isinstance(t, torch.Tensor) for t in ptrs), name
+        assert not any(isinstance(v, torch.Tensor) for v in scalars), name
+        assert all(n.endswith("_ptr") for n in runtime[: len(ptrs)]), name
+        assert tuple(constexprs) == tuple(p.name for p in params[len(runtime) :]), name
