@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a lent CUDA machine (the device tool runs it in
 # a copy of the working tree; its image has torch, triton and transformers): the `gpu`
-# tests, then the engine (CUDA graphs and eager) and sampler benchmarks and the launch probe. Results land in $OUT (or ./gpu_out);
-# copy the JSON files into benchmarks/results/ once read. The kernel grid is not run by
+# tests, then the engine (CUDA graphs and eager) and sampler benchmarks and the launch
+# probe. Results land in $OUT (or ./gpu_out); copy the JSON files into benchmarks/results/
+# once read. The kernel grid is not run by
 # default (about 6 minutes); pass --kernels to add it.
 #
 #   bash scripts/gpu_check.sh [--kernels]
