@@ -86,7 +86,11 @@ def _yarn_inv_freq(
 
 class RotaryEmbedding(nn.Module):
     """Non-interleaved RoPE (rotate_half). Applies to q: [T, heads, d], k: [T, kv_heads, d];
-    cos and sin are multiplied by the scaling's attention_factor (yarn's) in float32."""
+    cos and sin are multiplied by the scaling's attention_factor (yarn's) in float32.
+
+    The model computes the step's table once (`table`, as transformers' model-level
+    rotary_emb does) and every layer applies it (`apply_rope`): the table is the same for
+    all layers, and computing it per layer cost seven small kernels a layer."""
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None):
         super().__init__()
@@ -94,7 +98,8 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
         self.attention_factor = scaling.attention_factor if scaling is not None else 1.0
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTable:
+        """(cos, sin) of positions: long [T], each [T, 1, head_dim] in dtype."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -102,9 +107,19 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        cos = cos.to(q.dtype)[:, None, :]
-        sin = sin.to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return apply_rope(self.table(positions, q.dtype), q, k)
+
+
+RopeTable = tuple[torch.Tensor, torch.Tensor]
+
+
+def apply_rope(table: RopeTable, q: torch.Tensor, k: torch.Tensor):
+    """q, k rotated by a `RotaryEmbedding.table` of their positions (and dtype)."""
+    cos, sin = table
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

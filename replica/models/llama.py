@@ -23,7 +23,7 @@ from torch import nn
 
 from replica.layers.attention import AttentionMetadata, paged_attention
 from replica.layers.linear import QKVParallelLinear, RowParallelLinear
-from replica.layers.norm_rope import RMSNorm, RotaryEmbedding
+from replica.layers.norm_rope import RMSNorm, RopeTable, RotaryEmbedding, apply_rope
 from replica.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from replica.models.config import ModelConfig
 from replica.models.mlp import MLP
@@ -52,10 +52,11 @@ class Attention(nn.Module):
         # Qwen3: each head's q and k RMS-normalised over head_dim, before RoPE.
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
-    def forward(self, x, positions, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
-        """x: [T, H] -> [T, H]."""
+    def forward(
+        self, x, rope: RopeTable, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ):
+        """x: [T, H] -> [T, H]; rope: the step's `RotaryEmbedding.table` (DecoderModel)."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -63,7 +64,7 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rope(rope, q, k)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -79,24 +80,27 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
 
-    def forward(self, x, positions, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv, meta)
+    def forward(self, x, rope: RopeTable, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderModel(nn.Module):
-    """embed -> layers -> norm. `layers` is what LoRA and TP passes walk."""
+    """embed -> layers -> norm. `layers` is what LoRA and TP passes walk. The RoPE table of
+    the step's positions is computed once here and shared by every layer."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.table(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv, meta)
+            x = layer(x, rope, kv, meta)
         return self.norm(x)
 
 
