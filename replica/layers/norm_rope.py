@@ -99,7 +99,8 @@ class RotaryEmbedding(nn.Module):
         self.attention_factor = scaling.attention_factor if scaling is not None else 1.0
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTable:
-        """(cos, sin) of positions: long [T], each [T, 1, head_dim] in dtype."""
+        """(cos, signed sin) of positions: long [T], each [T, 1, head_dim] in dtype; the
+        signed sin is [-sin, sin] over the two halves (`apply_rope`)."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -107,7 +108,11 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: the sign moves into the
+        # table (negation is exact), so applying it needs no neg and no cat per tensor
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cos.to(dtype)[:, None, :], signed.to(dtype)[:, None, :]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         return apply_rope(self.table(positions, q.dtype), q, k)
@@ -117,11 +122,9 @@ RopeTable = tuple[torch.Tensor, torch.Tensor]
 
 
 def apply_rope(table: RopeTable, q: torch.Tensor, k: torch.Tensor):
-    """q, k rotated by a `RotaryEmbedding.table` of their positions (and dtype)."""
-    cos, sin = table
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    """q, k rotated by a `RotaryEmbedding.table` of their positions (and dtype):
+    x * cos + rotate_half(x) * sin, with rotate_half(x) * sin as roll(x, d/2) times the
+    table's signed sin (the same values, bit for bit)."""
+    cos, signed = table
+    half = q.shape[-1] // 2
+    return q * cos + q.roll(half, -1) * signed, k * cos + k.roll(half, -1) * signed
