@@ -199,11 +199,7 @@ def check_x_a(x: torch.Tensor, lora_a) -> Slices:
 
 def shrink_config(x: torch.Tensor, sl: Slices, meta: SegmentMeta) -> ShrinkConfig:
     """The launch config of a shrink of x by the slices sl over meta's tiles."""
-    if CONFIG_OVERRIDE is not None:
-        return CONFIG_OVERRIDE
-    _, rank, hidden = sl.shapes[0]
-    return default_config(meta.block_m, block_r(rank), x.element_size(), sl.count, hidden,
-                          x.shape[0], meta.expected_slots)  # fmt: skip
+    return _plan_for(x, sl, meta, False).cfg
 
 
 def overlaps_expand(
@@ -252,10 +248,7 @@ def lora_shrink_triton(
         return out
     meta = as_meta(token_slots_or_meta, tokens, num_slots, x.device, rank)
     dependents = dependents and pdl_enabled(x.device)
-    plan = _plan(
-        tokens, num_slots, num_slices, rank, hidden, x.dtype, meta.block_m, meta.expected_slots,
-        x.device, offsets_fit_i32(x), dependents, CONFIG_OVERRIDE,
-    )  # fmt: skip
+    plan = _plan_for(x, sl, meta, dependents)
     if plan.grid is None:
         launch_stream(x, sl, out, meta, plan.cfg, plan.groups, plan.nsl, plan.br, float(scale),
                       dependents)  # fmt: skip
@@ -287,6 +280,15 @@ class _Plan(NamedTuple):
     """None: a stream-K launch (lora_shrink_stream.launch_stream)."""
     k_per_split: int
     constexprs: dict
+
+
+def _plan_for(x: torch.Tensor, sl: Slices, meta: SegmentMeta, dependents: bool) -> _Plan:
+    """`_plan` of this call's host values (CONFIG_OVERRIDE, when set, as the config)."""
+    num_slots, rank, hidden = sl.shapes[0]
+    return _plan(
+        x.shape[0], num_slots, sl.count, rank, hidden, x.dtype, meta.block_m,
+        meta.expected_slots, x.device, offsets_fit_i32(x), dependents, CONFIG_OVERRIDE,
+    )  # fmt: skip
 
 
 @plan_cache
