@@ -173,7 +173,7 @@ class SegmentMeta:
     expected_slots: int | None = None
     """Distinct slots the caller expects in the step (None: any number up to L). The
     Triton kernels size their grids for that many (tile_programs) at decode tiles
-    (kernels.triton.common.expected_slots: where the H200 measured it faster); more are
+    (kernels.triton.common.grid_expected: where the H200 measured it faster); more are
     still computed, in each program's further tile copies (tile_copies). An engine knows
     it on the host when it forms the batch (and keys its CUDA graphs by a bucket of it)."""
 

@@ -142,10 +142,11 @@ def block_r(rank: int) -> int:
     return max(16, next_pow2(rank))
 
 
-def expected_slots(meta: SegmentMeta) -> int | None:
-    """meta.expected_slots where the separate kernels size their tile grids by it, else
-    None (a grid for all L slots): decode tiles (16 rows), at any rank
-    (kernels.meta.grid_follows_expected_slots).
+def grid_expected(block_m: int, expected: int | None) -> int | None:
+    """`expected` (a SegmentMeta's expected_slots) where the separate kernels size their
+    tile grids by it for tiles of block_m rows, else None (a grid for all L slots): decode
+    tiles (16 rows), at any rank (kernels.meta.grid_follows_expected_slots). Host values
+    only, so the launchers' memoised plans take it.
 
     Tiles past a smaller grid are computed in each program's further copies
     (kernels.meta.tile_copies). The H200 grid of the tenth sitting with it at every shape
@@ -158,11 +159,6 @@ def expected_slots(meta: SegmentMeta) -> int | None:
     moves many bytes, so the empty programs cost little there; why the expand with a
     second tile copy runs slower was not found (Triton 3.9's sm_90 build of its 64-row
     rank-64 tile: 158 -> 168 registers, the same 3 programs per SM)."""
-    return grid_expected(meta.block_m, meta.expected_slots)
-
-
-def grid_expected(block_m: int, expected: int | None) -> int | None:
-    """`expected_slots` from a SegmentMeta's host fields (the launchers' memoised plans)."""
     return expected if grid_follows_expected_slots(block_m) else None
 
 

@@ -114,10 +114,13 @@ def test_tile_programs_fit_a_grid_dimension():
 
 
 def test_expected_slots_apply_to_decode_tiles_of_any_rank():
-    """kernels.triton.common.expected_slots: the caller's expectation at decode tiles (16
+    """kernels.triton.common.grid_expected: the caller's expectation at decode tiles (16
     rows, where the H200 grid measured a smaller tile grid faster at ranks 16 and 64);
     None at prefill tiles or where the SegmentMeta has none (a grid for all slots)."""
-    from kernels.triton.common import expected_slots
+    from kernels.triton.common import grid_expected
+
+    def expected_slots(meta):
+        return grid_expected(meta.block_m, meta.expected_slots)
 
     decode = SegmentMeta.empty(64, 8, CPU, max_rank=64, expected_slots=3)
     prefill = SegmentMeta.empty(1024, 8, CPU, max_rank=16, expected_slots=3)
