@@ -63,6 +63,20 @@ from tests.tiny import (  # noqa: E402 - after the atexit hook
 )
 
 
+@pytest.fixture(autouse=True)
+def fresh_kernel_plans():
+    """The Triton launchers memoise their plans (kernels.triton.launch.plan_cache); a test
+    that patches a planning function or constant must neither meet plans made before it
+    nor leave its own behind. Where no test has imported the launchers, nothing to do."""
+    launch = sys.modules.get("kernels.triton.launch")
+    if launch is not None:
+        launch.clear_plans()
+    yield
+    launch = sys.modules.get("kernels.triton.launch")
+    if launch is not None:
+        launch.clear_plans()
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny")

@@ -63,7 +63,8 @@ def plan_cache(fn):
 
 
 def clear_plans() -> None:
-    """Forget every memoised plan (tests that patch a planning constant call it)."""
+    """Forget every memoised plan (tests/conftest.py, around every test: a test may
+    patch a planning function or constant)."""
     for cached in _PLANS:
         cached.cache_clear()
 

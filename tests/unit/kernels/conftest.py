@@ -23,14 +23,3 @@ def poisoned():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(was)
-
-
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    """The launchers memoise their plans (kernels.triton.launch.plan_cache); tests that
-    patch a planning constant or spy on a planning function start with none kept."""
-    from kernels.triton.launch import clear_plans
-
-    clear_plans()
-    yield
-    clear_plans()
