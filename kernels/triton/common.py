@@ -46,12 +46,18 @@ class Slices:
         return len(self.shapes)
 
     def per_slice(self, dim: int) -> tuple[int, int, int]:
-        """Stride along `dim` of each slice, padded to MAX_SLICES (slices may differ: a
-        rank-major B [L, R, N_s] viewed as [L, N_s, R] has an r-stride of N_s)."""
-        # padded with slice 0's: equal strides stay equal, so Triton's specialisation of a
-        # stride of 1 (vectorised loads) survives the kernel's pick by slice
-        pad = (self.strides[0][dim],) * (MAX_SLICES - self.count)
-        return tuple(st[dim] for st in self.strides) + pad
+        """Stride along `dim` of each slice, padded to MAX_SLICES (`per_slice_strides`)."""
+        return per_slice_strides(self.strides, dim)
+
+
+def per_slice_strides(strides: tuple[tuple[int, int, int], ...], dim: int) -> tuple[int, ...]:
+    """Stride along `dim` of each slice of `strides` (Slices.strides), padded to MAX_SLICES
+    (slices may differ: a rank-major B [L, R, N_s] viewed as [L, N_s, R] has an r-stride
+    of N_s). Host values only, so the launchers' memoised plans take it."""
+    # padded with slice 0's: equal strides stay equal, so Triton's specialisation of a
+    # stride of 1 (vectorised loads) survives the kernel's pick by slice
+    pad = (strides[0][dim],) * (MAX_SLICES - len(strides))
+    return tuple(st[dim] for st in strides) + pad
 
 
 # Pool tuples are passed on every layer of every step: check them once. Keyed by the

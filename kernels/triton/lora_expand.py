@@ -31,6 +31,7 @@ from kernels.triton.common import (
     grid_expected,
     launch_pdl,
     pdl_enabled,
+    per_slice_strides,
     slices_of,
 )
 from kernels.triton.launch import FastLaunch, plan_cache
@@ -324,8 +325,7 @@ def _plan(
     total = sum(groups)
     nt1, nt2 = [st if i + 1 < len(sizes) else total for i, st in enumerate(starts)]
     ns = sizes + [0] * (MAX_SLICES - len(sizes))
-    pad = MAX_SLICES - len(shapes)  # as Slices.per_slice: padded with slice 0's
-    per_slice = [tuple(st[d] for st in strides) + (strides[0][d],) * pad for d in range(3)]
+    per_slice = [per_slice_strides(strides, d) for d in range(3)]
     expected = grid_expected(bm, meta_expected)
     programs = tile_programs(tokens, num_slots, bm, expected)
     constexprs = dict(
