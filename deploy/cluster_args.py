@@ -126,7 +126,8 @@ class ClusterArgs(BaseModel):
     (a longer prompt prefills over several steps)."""
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
-    """On CUDA: replay decode steps from CUDA graphs (tensor_parallel_size 1)."""
+    """On CUDA: replay decode steps from CUDA graphs, and prefill and mixed steps' layers
+    from per-layer graphs around eager attention (tensor_parallel_size 1)."""
     lora_stacked: bool = False
     """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig,
     which refuses it with tensor_parallel_size > 1, before the cluster starts)."""

@@ -29,8 +29,10 @@ class EngineConfig:
     enable_prefix_caching: share full KV blocks of equal (adapter identity, tokens) prefixes.
     seed: seeds the generator requests without a seed draw from (a run of the same
         requests in the same order is then reproducible).
-    cuda_graphs: replay decode-only steps from CUDA graphs (CUDA devices only; not
-        used when tensor_parallel_size > 1).
+    cuda_graphs: replay decode-only steps from whole-step CUDA graphs
+        (`replica.cuda_graphs`), and the other steps of up to min(max_num_batched_tokens,
+        2048) tokens from per-layer graphs with attention run eagerly between them
+        (`replica.mixed_graphs`). CUDA devices only; not used when tensor_parallel_size > 1.
     tensor_parallel_size: devices the base model is sharded over (Megatron-style TP).
         Above 1 the engine's process is rank 0 (driver) and starts one worker process
         per further rank: on CUDA rank r uses device index (device's index) + r, so the

@@ -46,7 +46,25 @@ def slot_bucket(count: int, limit: int) -> int:
     return min(b, limit)
 
 
-def _buckets(limit: int, first: tuple[int, ...]) -> list[int]:
+def num_slots(lora_ctx) -> int:
+    """The adapter slots a LoRA context's kernels can see (no bound without a pool)."""
+    ranks = getattr(lora_ctx, "slot_ranks", None)
+    return ranks.shape[0] if ranks is not None else 1 << 30
+
+
+def lora_key(lora_ctx, slots: int, tokens: int, lora_count: int) -> int:
+    """The LoRA part of a graph's key, for a step padded to `tokens` rows whose tokens hold
+    lora_count distinct adapters of a pool of `slots`: 0 (no adapter: the LoRA kernels
+    are skipped), else the slot bucket the graph's kernels size their grids for."""
+    limit = min(tokens, slots)
+    if not lora_count:
+        return 0
+    if lora_ctx is None or not lora_ctx.grid_follows_expected_slots(tokens):
+        return limit  # the kernels ignore the expectation: one graph for any count
+    return slot_bucket(lora_count, limit)
+
+
+def buckets(limit: int, first: tuple[int, ...]) -> list[int]:
     out = [b for b in first if b < limit]
     while not out or out[-1] < limit:
         out.append(min(limit, out[-1] * 2 if out else 1))
@@ -86,13 +104,12 @@ class DecodeGraphs:
             # max_num_batched_tokens below max_num_seqs a larger bucket failed its capture
             # with a ValueError (not caught there), failing the step and all its requests.
             max_batch = min(max_batch, lora_ctx.max_num_tokens)
-        self.batch_buckets = _buckets(max_batch, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128))
-        self.width_buckets = _buckets(max_blocks, (1, 2, 4, 8, 16, 32))
+        self.batch_buckets = buckets(max_batch, (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128))
+        self.width_buckets = buckets(max_blocks, (1, 2, 4, 8, 16, 32))
         self.device = kv_caches[0][0].device
         self.pool = None  # one memory pool for every graph, made at the first capture
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
-        ranks = getattr(lora_ctx, "slot_ranks", None)
-        self.num_slots = ranks.shape[0] if ranks is not None else 1 << 30
+        self.num_slots = num_slots(lora_ctx)
         self.disabled = False
         self.replays = 0
 
@@ -103,12 +120,7 @@ class DecodeGraphs:
             return None
         b = next(x for x in self.batch_buckets if x >= num_decode)
         w = next(x for x in self.width_buckets if x >= width)
-        limit = min(b, self.num_slots)
-        if not lora_count:
-            return b, w, 0
-        if self.lora_ctx is None or not self.lora_ctx.grid_follows_expected_slots(b):
-            return b, w, limit  # the kernels ignore the expectation: one graph for any count
-        return b, w, slot_bucket(lora_count, limit)
+        return b, w, lora_key(self.lora_ctx, self.num_slots, b, lora_count)
 
     def run(self, key: tuple[int, int, int], batch) -> torch.Tensor | None:
         """Logits [num_decode, V] of a decode-only batch, or None if capture failed."""

@@ -122,8 +122,10 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
     )
     apply_lora(model.model, buffers, ctx, stacked=config.lora_stacked)
     # CUDA graphs would capture the row-parallel all-reduces; not validated under TP.
-    graphs = _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else None
-    runner = ModelRunner(model, kv, config.block_size, ctx, graphs)
+    graphs, mixed = (
+        _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else (None, None)
+    )
+    runner = ModelRunner(model, kv, config.block_size, ctx, graphs, mixed)
     return ModelShard(model_dir, runner, buffers, num_blocks, max_len)
 
 
@@ -155,11 +157,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
 
 
 def _graphs(config: EngineConfig, model, kv, ctx, num_blocks: int, max_len: int):
+    """(decode graphs, mixed-step graphs) of a CUDA shard with cuda_graphs on, else Nones."""
     if not config.cuda_graphs or kv[0][0].device.type != "cuda":
-        return None
+        return None, None
     from replica.cuda_graphs import DecodeGraphs
+    from replica.mixed_graphs import MixedGraphs
 
     max_blocks = -(-max_len // config.block_size)
-    return DecodeGraphs(
+    decode = DecodeGraphs(
         model, kv, config.block_size, ctx, num_blocks, config.max_num_seqs, max_blocks
     )
+    return decode, MixedGraphs(model, kv, ctx, config.max_num_batched_tokens)

@@ -69,13 +69,17 @@ class ModelRunner:
         block_size: int,
         lora_ctx=None,
         graphs=None,
+        mixed=None,
     ):
-        """graphs: a `replica.cuda_graphs.DecodeGraphs` to replay decode-only steps, or None."""
+        """graphs: a `replica.cuda_graphs.DecodeGraphs` to replay decode-only steps, or None;
+        mixed: a `replica.mixed_graphs.MixedGraphs` to replay the other steps' layers
+        around eager attention, or None."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.lora_ctx = lora_ctx
         self.graphs = graphs
+        self.mixed = mixed
         self.device = kv_caches[0][0].device
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
@@ -176,6 +180,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """The model over the step's tokens (KV written) -> hidden states [T, H]."""
+        if self.mixed is not None:
+            key = self.mixed.key_for(batch.input_ids.shape[0], batch.lora_count)
+            hidden = self.mixed.run(key, batch) if key is not None else None
+            if hidden is not None:
+                return hidden
         if self.lora_ctx is not None:
             self.lora_ctx.set(batch.lora_slots, batch.any_lora, batch.lora_count or None)
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)

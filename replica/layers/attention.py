@@ -107,11 +107,20 @@ def prefill_attention(q, k_cache, v_cache, chunk: PrefillChunk, scale: float, wi
 
 
 def paged_attention(
-    q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None
+    q,
+    k,
+    v,
+    k_cache,
+    v_cache,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+    out: torch.Tensor | None = None,
 ):
-    """q: [T, heads, d]; k, v: [T, kv_heads, d] (new tokens) -> [T, heads, d]."""
+    """q: [T, heads, d]; k, v: [T, kv_heads, d] (new tokens) -> [T, heads, d], written
+    into `out` where given (a CUDA graph's static buffer: `replica.mixed_graphs`)."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     nd = meta.num_decode
     if nd:
         out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)

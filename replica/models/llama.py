@@ -57,6 +57,12 @@ class Attention(nn.Module):
         self, x, rope: RopeTable, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
     ):
         """x: [T, H] -> [T, H]; rope: the step's `RotaryEmbedding.table` (DecoderModel)."""
+        q, k, v = self.project(x, rope)
+        return self.o_proj(self.attend(q, k, v, kv, meta).flatten(1))
+
+    def project(self, x, rope: RopeTable):
+        """x: [T, H] -> q [T, heads, d], k and v [T, kv_heads, d], q and k rotated: all of
+        the attention that is the same kernels for every step of T tokens."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -65,8 +71,15 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(rope, q, k)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return q, k, v
+
+    def attend(
+        self, q, k, v, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, out=None
+    ):
+        """The step's new k, v written to the paged cache; -> [T, heads, d] (into `out`
+        where given): the part whose work follows the step's sequences, not only its
+        token count."""
+        return paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, out)
 
 
 class DecoderLayer(nn.Module):
@@ -81,7 +94,17 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
 
     def forward(self, x, rope: RopeTable, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
+        q, k, v = self.project(x, rope)
+        return self.finish(x, self.self_attn.attend(q, k, v, kv, meta))
+
+    def project(self, x, rope: RopeTable):
+        """The residual stream x: [T, H] -> this layer's rotated q, k, v."""
+        return self.self_attn.project(self.input_layernorm(x), rope)
+
+    def finish(self, x, attn):
+        """x: the residual stream this layer took; attn: [T, heads, d] its attention's
+        output -> the residual stream the next layer takes."""
+        x = x + self.self_attn.o_proj(attn.flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

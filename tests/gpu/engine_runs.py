@@ -1,6 +1,6 @@
 """The engine loop the GPU engine tests share: every prompt with the base and each
-adapter in one batch, stepped to the end, with a check that CUDA graphs were (or were
-not) replayed."""
+adapter in one batch, stepped to the end, with a check that CUDA graphs (decode steps'
+and the prefill steps' piecewise ones) were (or were not) replayed."""
 
 from __future__ import annotations
 
@@ -48,4 +48,7 @@ def run_engine(
     out = run_requests(engine, reqs)
     replays = engine.runner.graphs.replays if engine.runner.graphs else 0
     assert (replays > 0) == (graphs and device == "cuda"), replays
+    # every prompt's prefill step replays the layers' graphs around eager attention
+    mixed = engine.runner.mixed.replays if engine.runner.mixed else 0
+    assert (mixed > 0) == (graphs and device == "cuda"), mixed
     return out
