@@ -12,7 +12,7 @@ The batch is laid out decode tokens first (one per sequence), then prefill chunk
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,16 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None
     decode_context_lens: torch.Tensor | None
     prefills: list[PrefillChunk]
+    masks: dict = field(default_factory=dict, repr=False, compare=False)
+    """The step's attention masks, made by the first layer that needs each (per sliding
+    window) and reused by the others: a mask follows the step, not the layer."""
+
+    def mask(self, key: tuple, make) -> torch.Tensor:
+        """The mask `key` names, from make() the first time it is asked for."""
+        m = self.masks.get(key)
+        if m is None:
+            m = self.masks[key] = make()
+        return m
 
 
 def write_kv(
@@ -70,24 +80,31 @@ def decode_attention(
     """q: [D, heads, d] -> [D, heads, d]; each query sits at position context_len - 1."""
     keys = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)  # [D, kvh, S, d]
     vals = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
-    pos = torch.arange(keys.shape[2], device=q.device)
-    last = meta.decode_context_lens[:, None] - 1
-    valid = pos[None, :] <= last
-    if window is not None:
-        valid &= pos[None, :] > last - window
+
+    def make():
+        pos = torch.arange(keys.shape[2], device=q.device)
+        last = meta.decode_context_lens[:, None] - 1
+        valid = pos[None, :] <= last
+        if window is not None:
+            valid &= pos[None, :] > last - window
+        return valid[:, None, None, :]
+
     out = torch.nn.functional.scaled_dot_product_attention(
         q[:, :, None, :],
         keys,
         vals,
-        attn_mask=valid[:, None, None, :],
+        attn_mask=meta.mask(("decode", window), make),
         scale=scale,
         enable_gqa=True,
     )
     return out[:, :, 0, :]
 
 
-def prefill_attention(q, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int | None):
-    """q: [n, heads, d] for positions [context_len - n, context_len) -> [n, heads, d]."""
+def prefill_attention(
+    q, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int | None, mask=None
+):
+    """q: [n, heads, d] for positions [context_len - n, context_len) -> [n, heads, d].
+    mask: `prefill_mask(chunk, window)`, where the caller has it."""
     n, heads, d = q.shape
     ctx = chunk.context_len
     keys = _gather(k_cache, chunk.block_table)[:ctx]  # [ctx, kvh, d]
@@ -95,15 +112,24 @@ def prefill_attention(q, k_cache, v_cache, chunk: PrefillChunk, scale: float, wi
     group = heads // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, d]
     vals = vals.repeat_interleave(group, dim=1).transpose(0, 1)
-    qpos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
-    kpos = torch.arange(ctx, device=q.device)[None, :]
-    mask = kpos <= qpos
-    if window is not None:
-        mask &= kpos > qpos - window
+    if mask is None:
+        mask = prefill_mask(chunk, window, q.device)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), keys, vals, attn_mask=mask, scale=scale
     )
     return out.transpose(0, 1)
+
+
+def prefill_mask(chunk: PrefillChunk, window: int | None, device) -> torch.Tensor:
+    """bool [n, context_len]: which keys each of the chunk's n queries sees (causal, within
+    the sliding window where there is one)."""
+    ctx = chunk.context_len
+    qpos = torch.arange(ctx - chunk.q_len, ctx, device=device)[:, None]
+    kpos = torch.arange(ctx, device=device)[None, :]
+    mask = kpos <= qpos
+    if window is not None:
+        mask &= kpos > qpos - window
+    return mask
 
 
 def paged_attention(
@@ -124,7 +150,9 @@ def paged_attention(
     nd = meta.num_decode
     if nd:
         out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)
-    for chunk in meta.prefills:
+    for i, chunk in enumerate(meta.prefills):
         s = slice(chunk.start, chunk.start + chunk.q_len)
-        out[s] = prefill_attention(q[s], k_cache, v_cache, chunk, scale, window)
+        make = lambda c=chunk: prefill_mask(c, window, q.device)  # noqa: E731
+        mask = meta.mask(("prefill", i, window), make)
+        out[s] = prefill_attention(q[s], k_cache, v_cache, chunk, scale, window, mask)
     return out
