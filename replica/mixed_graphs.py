@@ -43,6 +43,7 @@ and buffer hand-offs are then testable on CPU, token for token against the eager
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -168,6 +169,7 @@ class MixedGraphs:
         self._pad(0, n)
         if slots:
             self.lora_slots[0] = 0  # warm-up and capture take the LoRA path
+        start = time.perf_counter()
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -189,4 +191,8 @@ class MixedGraphs:
             return None
         pieces = [g.replay for g in graphs]
         self._pieces[key] = pieces
+        log.info(
+            "captured %d layer graphs for %d-token steps (LoRA key %d) in %.0f ms",
+            len(graphs), n, slots, (time.perf_counter() - start) * 1e3,
+        )  # fmt: skip
         return pieces
