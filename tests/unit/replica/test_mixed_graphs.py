@@ -115,7 +115,9 @@ def test_key_is_the_smallest_bucket_holding_the_step(llama_dir):
         b, lora = mixed.key_for(t, 0)
         assert lora == 0
         assert b >= t and not any(t <= x < b for x in mixed.token_buckets)
-        assert b <= max(8, int(t * 2))  # padding at most doubles a step (1.5x above 128)
+        assert b <= max(8, int(t * 2))  # padding at most doubles a step
+        if t > 256:
+            assert b - t < 128 if t > 1024 else b - t < 64  # GPU-bound steps pad little
     assert mixed.key_for(1001, 0) is None
     assert mixed.key_for(0, 0) is None
     b, lora = mixed.key_for(5, 2)
