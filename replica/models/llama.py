@@ -53,16 +53,11 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(
-        self, x, rope: RopeTable, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-    ):
-        """x: [T, H] -> [T, H]; rope: the step's `RotaryEmbedding.table` (DecoderModel)."""
-        q, k, v = self.project(x, rope)
-        return self.o_proj(self.attend(q, k, v, kv, meta).flatten(1))
-
     def project(self, x, rope: RopeTable):
-        """x: [T, H] -> q [T, heads, d], k and v [T, kv_heads, d], q and k rotated: all of
-        the attention that is the same kernels for every step of T tokens."""
+        """x: [T, H] -> q [T, heads, d], k and v [T, kv_heads, d], q and k rotated by rope
+        (the step's `RotaryEmbedding.table`, DecoderModel): the attention's work that is
+        the same kernels for every step of T tokens. Its o_proj runs in
+        `DecoderLayer.finish`."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
