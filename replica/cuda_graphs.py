@@ -24,6 +24,7 @@ LoraBatchContext.grid_follows_expected_slots) every count shares one graph.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,16 @@ def lora_key(lora_ctx, slots: int, tokens: int, lora_count: int) -> int:
     if lora_ctx is None or not lora_ctx.grid_follows_expected_slots(tokens):
         return limit  # the kernels ignore the expectation: one graph for any count
     return slot_bucket(lora_count, limit)
+
+
+def warm_up(run: Callable[[], object]) -> None:
+    """run() once on a side stream before capturing it: its Triton kernels compile outside
+    the capture; the current stream then waits for it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def buckets(limit: int, first: tuple[int, ...]) -> list[int]:
@@ -179,11 +190,7 @@ class DecodeGraphs:
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._forward(g, slots)  # compiles Triton kernels outside the capture
-            torch.cuda.current_stream().wait_stream(stream)
+            warm_up(lambda: self._forward(g, slots))
             with torch.cuda.graph(g.graph, pool=self.pool):
                 g.logits = self._forward(g, slots)
         except RuntimeError as e:

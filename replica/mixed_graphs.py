@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from replica.cuda_graphs import buckets, lora_key, num_slots
+from replica.cuda_graphs import buckets, lora_key, num_slots, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +176,7 @@ class MixedGraphs:
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for call in calls:  # compiles the Triton kernels outside the capture
-                    call()
-            torch.cuda.current_stream().wait_stream(stream)
+            warm_up(lambda: [call() for call in calls])
             graphs = []
             for call in calls:
                 g = torch.cuda.CUDAGraph()
