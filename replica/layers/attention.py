@@ -12,6 +12,7 @@ The batch is laid out decode tokens first (one per sequence), then prefill chunk
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -51,7 +52,7 @@ class AttentionMetadata:
     """The step's attention masks, made by the first layer that needs each (per sliding
     window) and reused by the others: a mask follows the step, not the layer."""
 
-    def mask(self, key: tuple, make) -> torch.Tensor:
+    def mask(self, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The mask `key` names, from make() the first time it is asked for."""
         m = self.masks.get(key)
         if m is None:
