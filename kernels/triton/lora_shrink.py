@@ -50,6 +50,7 @@ from kernels.triton.shrink_plan import (
     ShrinkConfig,
     block_s_for,
     default_config,
+    lean_x_for,
     offsets_fit_i32,
     split_k,
     stack_tail_for,
@@ -321,7 +322,7 @@ def _plan(
         EVEN_K=hidden % k_per_split == 0, USE_ATOMIC=split > 1,
         TILE_COPIES=tile_copies(tokens, num_slots, bm, programs),
         DEPENDENTS=dependents, PRECISION=dot_precision(dtype),
-        LEAN_X=cfg.lean_x and x_fits_i32, BLOCK_S=block_s_for(cfg, nsl, br),
+        LEAN_X=lean_x_for(cfg, x_fits_i32), BLOCK_S=block_s_for(cfg, nsl, br),
         TAIL=int(stack_tail_for(cfg, nsl, br)),
     )  # fmt: skip
     return _Plan(cfg, groups, nsl, br, (groups, split, programs), k_per_split, constexprs)

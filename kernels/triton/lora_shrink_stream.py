@@ -11,7 +11,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels.meta import SegmentMeta, max_tiles
 from kernels.triton.common import Slices, cdiv, dot_precision, num_sms
-from kernels.triton.shrink_plan import ShrinkConfig, block_k_for, lean_x_for
+from kernels.triton.shrink_plan import ShrinkConfig, block_k_for, lean_x_for, offsets_fit_i32
 from kernels.triton.tiles import load_k, load_tile, pick, store_slices, x_rows
 
 
@@ -105,6 +105,6 @@ def launch_stream(x, sl: Slices, out, meta: SegmentMeta, cfg: ShrinkConfig, grou
         NSL=nsl, BLOCK_M=meta.block_m, BLOCK_R=br, BLOCK_K=bk, K_STEPS=k_steps,
         EVEN_K=hidden % bk == 0,
         DEPENDENTS=dependents, PRECISION=dot_precision(x.dtype),
-        LEAN_X=lean_x_for(cfg, x),
+        LEAN_X=lean_x_for(cfg, offsets_fit_i32(x)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

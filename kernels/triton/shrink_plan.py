@@ -237,9 +237,10 @@ def offsets_fit_i32(x: torch.Tensor) -> bool:
     return sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) < 2**31
 
 
-def lean_x_for(cfg: ShrinkConfig, x: torch.Tensor) -> bool:
-    """The kernels' LEAN_X: cfg.lean_x where every x offset fits in int32."""
-    return cfg.lean_x and offsets_fit_i32(x)
+def lean_x_for(cfg: ShrinkConfig, x_fits_i32: bool) -> bool:
+    """The kernels' LEAN_X: cfg.lean_x where every x offset fits in int32
+    (`offsets_fit_i32`; a host bool, so the memoised plans take it)."""
+    return cfg.lean_x and x_fits_i32
 
 
 def block_k_for(cfg: ShrinkConfig, hidden: int) -> int:
