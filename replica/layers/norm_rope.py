@@ -114,9 +114,6 @@ class RotaryEmbedding(nn.Module):
         signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return cos.to(dtype)[:, None, :], signed.to(dtype)[:, None, :]
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return apply_rope(self.table(positions, q.dtype), q, k)
-
 
 RopeTable = tuple[torch.Tensor, torch.Tensor]
 
