@@ -44,9 +44,9 @@ BLOCK = 16
 def make_batch(cfg: ModelConfig, d: int, p: int, context: int, adapters: int, device) -> StepBatch:
     """D decode sequences at `context` tokens (KV blocks 0..) and one new prompt's first P
     tokens (blocks after theirs); decode token i takes adapter i % adapters, the chunk 0."""
-    per_seq = -(-(context + 1) // BLOCK)
+    per_seq = _blocks(context + 1)
     tables = torch.arange(d * per_seq).view(d, per_seq)
-    chunk_table = torch.arange(-(-p // BLOCK)) + d * per_seq
+    chunk_table = torch.arange(_blocks(p)) + d * per_seq
     decode_slots = tables[:, context // BLOCK] * BLOCK + context % BLOCK
     slots = torch.cat([decode_slots, chunk_table.repeat_interleave(BLOCK)[:p] * BLOCK
                        + torch.arange(p) % BLOCK])  # fmt: skip
@@ -72,8 +72,14 @@ def make_batch(cfg: ModelConfig, d: int, p: int, context: int, adapters: int, de
     )
 
 
+def _blocks(tokens: int) -> int:
+    """KV blocks that hold `tokens` tokens."""
+    return -(-tokens // BLOCK)
+
+
 def blocks_needed(d: int, p: int, context: int) -> int:
-    return d * -(-(context + 1) // BLOCK) + -(-p // BLOCK)
+    """KV blocks `make_batch(d, p, context)` uses."""
+    return d * _blocks(context + 1) + _blocks(p)
 
 
 def sync(device) -> None:

@@ -3,9 +3,10 @@
 The shrink only reads x, as the base GEMM does, so it can run on a side stream while
 the GEMM runs, the expand joining both: the engine's `lora_overlap` did that from the
 thirty-fourth sitting until the thirty-sixth, which removed it after it measured slower
-on an H100 in CUDA-graph and eager steps (benchmarks/README.md). This probe times one Llama-3-8B layer (bf16, CUDA-graph replay, weights and
-inputs rotated past L2, the step's one workspace memset in each replay) three ways, on
-the decode shapes the kernel targets miss (grouped_mm_probe.SHAPES) and a few more:
+on an H100 in CUDA-graph and eager steps (benchmarks/README.md). This probe times one
+Llama-3-8B layer (bf16, CUDA-graph replay, weights and inputs rotated past L2, the
+step's one workspace memset in each replay) three ways, on the decode shapes the kernel
+targets miss (grouped_mm_probe.SHAPES) and a few more:
 
   base      torch.mm(x, W^T): the layer's own GEMM
   serial    the GEMM, then kernels.lora_shrink_expand (the default layer)

@@ -82,9 +82,8 @@ class MixedGraphs:
         n = self.token_buckets[-1]
         attn = self.layers[0].self_attn
         weight = decoder.embed_tokens.weight
-        self.device = weight.device
-        act = dict(dtype=weight.dtype, device=self.device)
-        long = dict(dtype=torch.long, device=self.device)
+        act = dict(dtype=weight.dtype, device=weight.device)
+        long = dict(dtype=torch.long, device=weight.device)
         d = attn.head_dim
         self.input_ids = torch.zeros(n, **long)
         self.positions = torch.zeros(n, **long)
