@@ -91,7 +91,7 @@ def time_steps(runner, batch, steps: int, warmup: int, device) -> tuple[float, f
     """-> (first step ms, median step ms after warmup, the last step's logits)."""
     times = []
     for _ in range(warmup + steps + 1):
-        batch.meta.masks.clear()  # each engine step makes its attention masks afresh
+        batch.meta.step_cache.clear()  # each engine step makes its masks and tiles afresh
         t0 = time.perf_counter()
         logits = runner.execute(batch).logits
         sync(device)

@@ -1,5 +1,6 @@
-"""Pure tensor functions for segmented (Punica SGMV) LoRA: shrink and expand; and the
-fused mixture-of-experts layer (`fused_moe`).
+"""Pure tensor functions for segmented (Punica SGMV) LoRA: shrink and expand; the
+fused mixture-of-experts layer (`fused_moe`); attention over a paged KV cache
+(`paged_attention`).
 
 `kernels` knows nothing about adapters or requests: only slots and tensors.
 
@@ -71,8 +72,15 @@ from types import SimpleNamespace
 
 import torch
 
+from kernels.attention_reference import paged_attention_ref
 from kernels.backend import backend_for
-from kernels.checks import check_expand, check_expand_stacked, check_moe, check_shrink
+from kernels.checks import (
+    check_expand,
+    check_expand_stacked,
+    check_moe,
+    check_paged_attention,
+    check_shrink,
+)
 from kernels.meta import SegmentMeta, build_meta
 from kernels.moe_reference import fused_moe_ref
 from kernels.reference import lora_expand_ref, lora_expand_stacked_ref, lora_shrink_ref
@@ -258,6 +266,58 @@ def fused_moe(
     return y if out is None else out.copy_(y)
 
 
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens,
+    *,
+    scale: float,
+    window: int | None = None,
+    query_lens=None,
+    out: torch.Tensor | None = None,
+    tiles: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of queries over their sequences' keys and values in a paged KV cache.
+
+    q: [T, heads, d] fp16/bf16/fp32; k_cache, v_cache: [blocks, block_size, kv_heads, d]
+    of q's dtype (heads a multiple of kv_heads, d contiguous); block_tables: int [B, W],
+    sequence i's blocks in order (key j of sequence i at cache row
+    block_tables[i, j // block_size], offset j % block_size); out: optional [T, heads, d]
+    to write. -> out, or a new tensor like q.
+
+    Two layouts of the queries:
+        decode (query_lens None): B == T, one query per sequence, q's row i at position
+            context_lens[i] - 1, context_lens an int tensor [T] on q's device; no host
+            sync, shapes from the batch only: a decode step is captured in a CUDA graph.
+        chunks (query_lens a list of B ints): sequence i's query_lens[i] queries are the
+            next rows of q, at positions [context_lens[i] - query_lens[i], context_lens[i]),
+            context_lens a list of B ints (host values).
+
+    Semantics, for query t of sequence i at position p, head h, kv head g = h // (heads /
+    kv_heads), over keys j <= p of sequence i (and j > p - window with a sliding window):
+        out[t, h] = sum_j softmax_j(scale * q[t, h] . K_i[j, g]) V_i[j, g]
+    Triton reads each key and value once where it lies, in fp32 with exp2 (a flash
+    attention online softmax); the reference (CPU) gathers each sequence's keys.
+    tiles: Triton's prefill tiles for these query_lens (kernels.triton.paged_attention
+    .prefill_tiles), where a caller keeps them for every layer of a step. Bad arguments
+    raise ValueError naming the argument.
+    """
+    check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, window, query_lens, out)
+    out = torch.empty_like(q) if out is None else out
+    if backend_for(q.device) == "triton":
+        from kernels.triton.paged_attention import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, block_tables, context_lens, scale, window, query_lens, out, tiles
+        )
+    return paged_attention_ref(
+        q, k_cache, v_cache, block_tables, context_lens, scale=scale, window=window,
+        query_lens=query_lens, out=out,
+    )  # fmt: skip
+
+
 __all__ = [
     "SegmentMeta",
     "backend_for",
@@ -267,4 +327,5 @@ __all__ = [
     "lora_expand_stacked",
     "lora_shrink",
     "lora_shrink_expand",
+    "paged_attention",
 ]

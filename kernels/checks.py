@@ -177,3 +177,95 @@ def check_moe(x, w13, w2, topk_ids, topk_weights, out) -> None:
             f"out: {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}; "
             f"allowed: {x.dtype} [{tokens}, {hidden}] on {x.device}"
         )
+
+
+def check_paged_attention(
+    q, k_cache, v_cache, block_tables, context_lens, window, query_lens, out
+) -> None:
+    """The `kernels.paged_attention` contract (see kernels/__init__.py); ValueError naming
+    the argument."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype not in _FLOATS:
+        raise ValueError(f"q: a 3-D fp16/bf16/fp32 tensor [T, heads, d]; got {_desc(q)}")
+    tokens, heads, d = q.shape
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            raise ValueError(
+                f"{name}: a 4-D tensor [blocks, block_size, kv_heads, d]; got {_desc(c)}"
+            )
+        if c.dtype != q.dtype or c.device != q.device:
+            raise ValueError(
+                f"{name} is {c.dtype} on {c.device}; allowed: q's {q.dtype} on {q.device}"
+            )
+        if c.shape[3] != d or c.stride(3) != 1:
+            raise ValueError(
+                f"{name}: last dim {c.shape[3]} (stride {c.stride(3)}); allowed: q's d={d}, stride 1"
+            )
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"v_cache: {list(v_cache.shape)}; allowed: k_cache's {list(k_cache.shape)}"
+        )
+    kv_heads = k_cache.shape[2]
+    if heads % kv_heads:
+        raise ValueError(
+            f"q: {heads} heads; allowed: a multiple of the caches' {kv_heads} kv_heads"
+        )
+    if (
+        not isinstance(block_tables, torch.Tensor)
+        or block_tables.dim() != 2
+        or block_tables.dtype not in (torch.int32, torch.int64)
+        or block_tables.device != q.device
+    ):
+        raise ValueError(
+            f"block_tables: an int32/int64 [B, blocks] tensor on q's device; got {_desc(block_tables)}"
+        )
+    seqs = block_tables.shape[0]
+    if query_lens is None:
+        ok = (
+            isinstance(context_lens, torch.Tensor)
+            and context_lens.shape == (tokens,)
+            and context_lens.dtype in (torch.int32, torch.int64)
+            and context_lens.device == q.device
+        )
+        if not ok or seqs != tokens:
+            raise ValueError(
+                f"context_lens: decode (query_lens None) takes an int tensor [{tokens}] on q's "
+                f"device and block_tables of {tokens} rows; got {_desc(context_lens)}, "
+                f"{seqs} rows"
+            )
+    else:
+        lens, ctxs = [int(n) for n in query_lens], [int(c) for c in context_lens]
+        if len(lens) != seqs or len(ctxs) != seqs or sum(lens) != tokens:
+            raise ValueError(
+                f"query_lens / context_lens: {seqs} each (block_tables' rows), query_lens "
+                f"summing to q's {tokens} rows; got {lens}, {ctxs}"
+            )
+        cap = block_tables.shape[1] * k_cache.shape[1]
+        bad = [
+            i for i, (n, c) in enumerate(zip(lens, ctxs, strict=True)) if n < 0 or c < n or c > cap
+        ]
+        if bad:
+            raise ValueError(
+                f"sequence {bad[0]}: {lens[bad[0]]} queries, context {ctxs[bad[0]]}; allowed: "
+                f"0 <= queries <= context <= {cap} (the block table's width x block_size)"
+            )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"window: a positive int or None; got {window!r}")
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.shape != q.shape
+        or out.dtype != q.dtype
+        or out.device != q.device
+        or out.stride(2) != 1
+    ):
+        raise ValueError(
+            f"out: {_desc(out)}; allowed: q's shape, dtype and device, last dim stride 1"
+        )
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _desc(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{t.dtype} {list(t.shape)} on {t.device}"
+    return repr(t)

@@ -1,4 +1,6 @@
-"""Attention over a paged KV cache (torch implementation, CPU and CUDA).
+"""Attention over a paged KV cache: kernels.paged_attention's Triton kernel on CUDA (the
+cache read in place), this module's torch implementation on CPU (and with
+LORAFLEET_KERNELS=reference).
 
 KV cache layout per layer: k_cache, v_cache: [num_blocks, block_size, kv_heads, d].
 A token's KV lives at flat slot `block * block_size + offset`; a sequence's
@@ -16,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+import kernels
+from kernels.backend import backend_for
 
 
 @dataclass
@@ -48,15 +53,16 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None
     decode_context_lens: torch.Tensor | None
     prefills: list[PrefillChunk]
-    masks: dict = field(default_factory=dict, repr=False, compare=False)
-    """The step's attention masks, made by the first layer that needs each (per sliding
-    window) and reused by the others: a mask follows the step, not the layer."""
+    step_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    """What every layer of the step would make alike (the torch path's attention masks
+    per sliding window; the Triton path's chunk tables and query tiles), made by the
+    first layer that needs it and reused by the others: it follows the step, not the layer."""
 
-    def mask(self, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """The mask `key` names, from make() the first time it is asked for."""
-        m = self.masks.get(key)
+    def per_step(self, key: tuple, make: Callable):
+        """What `key` names, from make() the first time it is asked for."""
+        m = self.step_cache.get(key)
         if m is None:
-            m = self.masks[key] = make()
+            m = self.step_cache[key] = make()
         return m
 
 
@@ -94,7 +100,7 @@ def decode_attention(
         q[:, :, None, :],
         keys,
         vals,
-        attn_mask=meta.mask(("decode", window), make),
+        attn_mask=meta.per_step(("decode", window), make),
         scale=scale,
         enable_gqa=True,
     )
@@ -148,12 +154,61 @@ def paged_attention(
     into `out` where given (a CUDA graph's static buffer: `replica.mixed_graphs`)."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q) if out is None else out
+    if backend_for(q.device) == "triton":
+        return _paged_kernel(q, k_cache, v_cache, meta, scale, window, out)
     nd = meta.num_decode
     if nd:
         out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)
     for i, chunk in enumerate(meta.prefills):
         s = slice(chunk.start, chunk.start + chunk.q_len)
         make = lambda c=chunk: prefill_mask(c, window, q.device)  # noqa: E731
-        mask = meta.mask(("prefill", i, window), make)
+        mask = meta.per_step(("prefill", i, window), make)
         out[s] = prefill_attention(q[s], k_cache, v_cache, chunk, scale, window, mask)
     return out
+
+
+def _paged_kernel(q, k_cache, v_cache, meta: AttentionMetadata, scale, window, out):
+    """paged_attention through kernels.paged_attention: one launch for the decode tokens
+    and one for all prompt chunks, whose block tables and query tiles the step's first
+    layer builds for all of them."""
+    nd = meta.num_decode
+    if nd:
+        kernels.paged_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+            scale=scale, window=window, out=out[:nd],
+        )  # fmt: skip
+    if meta.prefills:
+        from kernels.triton.paged_attention import tile_shape
+
+        block_q = tile_shape(q.shape[1] // k_cache.shape[2], q.dtype, q.shape[2], False).block_q
+        tables, ctxs, lens, tiles = meta.per_step(
+            ("chunks", block_q), lambda: _chunks(meta, block_q)
+        )
+        rows = slice(nd, nd + sum(lens))
+        kernels.paged_attention(
+            q[rows], k_cache, v_cache, tables, ctxs, scale=scale, window=window,
+            query_lens=lens, out=out[rows], tiles=tiles,
+        )  # fmt: skip
+    return out
+
+
+def _chunks(meta: AttentionMetadata, block_q: int):
+    """(block tables [chunks, widest], context lengths, query counts, Triton query tiles
+    of block_q queries) of the step's prompt chunks, which follow the decode tokens one
+    after another."""
+    from kernels.triton.paged_attention import prefill_tiles
+
+    start = meta.num_decode
+    for c in meta.prefills:
+        if c.start != start:
+            raise ValueError(
+                f"prompt chunks must follow each other from row {start}; one starts at {c.start}"
+            )
+        start += c.q_len
+    tables = torch.nn.utils.rnn.pad_sequence(
+        [c.block_table for c in meta.prefills], batch_first=True
+    )
+    ctxs = [c.context_len for c in meta.prefills]
+    lens = [c.q_len for c in meta.prefills]
+    device = meta.prefills[0].block_table.device
+    return tables, ctxs, lens, prefill_tiles(lens, ctxs, block_q, device)

@@ -15,6 +15,7 @@ import re
 import subprocess
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
@@ -28,13 +29,18 @@ from kernels.triton.lora_shrink import _shrink_kernel
 from kernels.triton.lora_shrink_stream import _shrink_stream_kernel
 from kernels.triton.moe_align import _count_kernel, _place_kernel, plan
 from kernels.triton.moe_sum import _moe_sum_kernel, tiles
+from kernels.triton.paged_attention import _combine_kernel, _paged_attention_kernel, tile_shape
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk",
        "stride_wh", "stride_hn", "stride_hi", "stride_wi", "stride_twk", "stride_k",
        "stride_ik", "stride_on"}  # fmt: skip
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "nt1", "nt2", "NB", "T",
-             "L", "MT", "stride_t", "stride_r", "P", "E", "NC", "ROWS", "MB", "stride_it"}  # fmt: skip
+             "L", "MT", "stride_t", "stride_r", "P", "E", "NC", "ROWS", "MB", "stride_it",
+             "num_rows", "num_heads", "keys_per_split", "window"}  # fmt: skip
+# paged attention: block tables and decode context lengths int64 (the engine's), query
+# tiles int32, the decode splits' max / sum fp32
+PTR_KINDS = {"tables_ptr": "i64", "ctx_ptr": "i64", "tiles_ptr": "i32", "ml_ptr": "fp32"}
 INT_PTRS = ("tile_", "num_tiles", "sync", "slots", "ranks", "scratch", "out_slots", "out_ranks",
             "sorted", "block_expert", "num_blocks", "counts")  # fmt: skip
 
@@ -51,8 +57,9 @@ def _signature(fn, dtype: str, consts: dict):
             fp32 = "buf" in name or "part" in name or shrink_out or name == "tw_ptr"
             kind = "i32" if name.startswith(INT_PTRS) else "fp32" if fp32 else dtype
             kind = "i64" if name == "ids_ptr" else kind  # MoE routing ids (int64)
+            kind = PTR_KINDS.get(name, kind)
             sig[name], attrs[(i,)] = f"*{kind}", [["tt.divisibility", 16]]
-        elif name == "scale":
+        elif name in ("scale", "qk_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -172,6 +179,27 @@ for _tokens, _k, _e in ((1, 2, 8), (8192, 2, 8), (1, 8, 128), (8192, 8, 128), (5
 for _tokens, _k in ((1, 2), (8192, 8)):
     _bt, _bn = tiles(_tokens, 4096)
     CASES[f"moe sum T={_tokens} k={_k}"] = (_moe_sum_kernel, dict(TOP_K=_k, BT=_bt, BN=_bn), 4, 3)
+
+
+def _attention(group: int, decode: bool, dtype, splits: int = 1, window: bool = False) -> dict:
+    """The paged-attention kernel at head size 128, 16-token blocks, as the launcher sets it."""
+    t = tile_shape(group, dtype, 128, decode)
+    return dict(HEAD_DIM=128, BLOCK_D=128, BS=16, GROUP=group, BLOCK_Q=t.block_q,
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLITS=splits,
+                WINDOW=window, PRECISION="ieee" if dtype == torch.float32 else "tf32")  # fmt: skip
+
+
+_BF16, _FP32 = torch.bfloat16, torch.float32
+CASES.update({  # Llama-3-8B (GQA 4), Qwen2-7B (GQA 7), a 70B (GQA 8); fp32: correctness runs
+    "attention decode GQA 4": (_paged_attention_kernel, _attention(4, True, _BF16), 4, 2),
+    "attention decode GQA 8, 8 key splits, window": (_paged_attention_kernel,
+                              _attention(8, True, _BF16, 8, True), 4, 2),
+    "attention prefill GQA 4": (_paged_attention_kernel, _attention(4, False, _BF16), 4, 2),
+    "attention prefill GQA 7 fp32, window": (_paged_attention_kernel,
+                              _attention(7, False, _FP32, 1, True), 4, 2, "fp32"),
+    "attention decode GQA 4 fp32": (_paged_attention_kernel, _attention(4, True, _FP32), 4, 2, "fp32"),
+    "attention combine 8 splits": (_combine_kernel, dict(HEAD_DIM=128, BLOCK_D=128, SPLITS=8), 4, 1),
+})  # fmt: skip
 
 
 if __name__ == "__main__":

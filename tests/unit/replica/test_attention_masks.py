@@ -50,10 +50,10 @@ def test_masks_are_made_once_per_step_and_window(window):
     k = torch.randn(7, KVH, D, generator=g, dtype=torch.float64)
     v = torch.randn(7, KVH, D, generator=g, dtype=torch.float64)
     first = paged_attention(q, k, v, k_cache, v_cache, meta, D**-0.5, window)
-    made = dict(meta.masks)
+    made = dict(meta.step_cache)
     assert set(made) == {("decode", window), ("prefill", 0, window)}
     again = paged_attention(q, k, v, k_cache, v_cache, meta, D**-0.5, window)  # a second layer
-    assert all(meta.masks[key] is m for key, m in made.items())  # reused, not remade
+    assert all(meta.step_cache[key] is m for key, m in made.items())  # reused, not remade
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     fresh, *_ = _step(torch.Generator().manual_seed(7))
     torch.testing.assert_close(
@@ -63,4 +63,4 @@ def test_masks_are_made_once_per_step_and_window(window):
     torch.testing.assert_close(first, want, rtol=1e-10, atol=1e-10)
     other = 2 if window is None else None  # another layer's window gets its own masks
     paged_attention(q, k, v, k_cache, v_cache, meta, D**-0.5, other)
-    assert ("decode", other) in meta.masks and len(meta.masks) == 4
+    assert ("decode", other) in meta.step_cache and len(meta.step_cache) == 4

@@ -4,6 +4,7 @@ with every adapter and base requests mixed in one run and fewer slots than adapt
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -91,6 +92,19 @@ def test_mixed_run_equals_peft(setup):
         assert res["finish_reason"] == (
             "length" if len(expected) == MAX_NEW and 0 not in expected else "stop"
         )
+
+
+def test_triton_kernels_equal_peft(setup, monkeypatch):
+    """Every kernel on Triton (the CPU interpreter here; CUDA's default): the LoRA
+    shrink / expand and kernels.paged_attention, whose prompt chunks and decode tokens
+    attend over the paged cache in place, give PEFT's tokens too."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter (a CPU machine)")
+    monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    model_dir, adapters, ref, rows, tmp = setup
+    out = _run_cli(tmp, model_dir, adapters, rows)
+    got = [r["token_ids"] for r in out]
+    assert got == [ref[r["adapter"]][PROMPTS.index(r["prompt"])] for r in rows]
 
 
 def test_prefix_cache_off_gives_identical_outputs(setup):

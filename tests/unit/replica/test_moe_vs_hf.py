@@ -83,8 +83,14 @@ def test_engine_refuses_an_adapter_on_the_experts(mixtral_dir, mixtral_adapters,
     assert run_requests(engine, [("b", PROMPTS[0], GREEDY, good)]) == {"b": before["a"]}
 
 
-def test_sliding_window_equals_hf(tmp_path):
-    """Mixtral's attention is Mistral's: a sliding_window applies to every layer."""
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_sliding_window_equals_hf(tmp_path, monkeypatch, backend):
+    """Mixtral's attention is Mistral's: a sliding_window applies to every layer. triton:
+    kernels.paged_attention's window in the CPU interpreter (prompt chunks and decode)."""
+    if backend == "triton":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("needs the Triton interpreter (a CPU machine)")
+        monkeypatch.setenv("LORAFLEET_KERNELS", backend)
     model_dir = make_tiny_mixtral(tmp_path / "m", seed=8)
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg["sliding_window"] = 6
