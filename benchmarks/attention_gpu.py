@@ -8,8 +8,9 @@ d 128, bf16, 16-token blocks), per layer.
 Decode (one query per sequence): CUDA-graph replay (as decode steps run), median us a
 layer; the floor printed beside each figure is the KV bytes read once (plus q and out)
 at the copy bandwidth measured in the same run. Prefill (a chunk of P queries after C
-cached tokens): eager, median us a layer, with TFLOP/s of the causal work; the peer
-printed beside it is torch's SDPA on the same chunk with contiguous (unpaged) K / V,
+cached tokens): CUDA-graph replay, median us a layer, with TFLOP/s of the causal work
+(and the kernel eager, host time included, as the engine's piecewise steps run it); the
+peer printed beside it is torch's SDPA on the same chunk with contiguous (unpaged) K / V,
 causal: the dense flash attention a paged kernel can at best match.
 
 Each timed call rotates over as many layers' caches as keep 180 MB in flight (three L2s),
@@ -84,7 +85,7 @@ def _caches(layers: int, blocks: int):
     ]
 
 
-def decode_row(seqs: int, context: int, bw: float) -> dict:
+def decode_row(seqs: int, context: int, bw: float, compare: bool = True) -> dict:
     width = -(-context // BS)
     layers = layers_for(kv_bytes(seqs, context))
     caches = _caches(layers, seqs * width)
@@ -104,7 +105,8 @@ def decode_row(seqs: int, context: int, bw: float) -> dict:
     kern[0]()
     c32 = [c.float() for c in caches[0]]
     err = rel_err(out, decode_attention(q.float(), c32[0], c32[1], meta, scale, None))
-    k_us, g_us = time_graph(kern), time_graph(gath)
+    k_us = time_graph(kern)
+    g_us = time_graph(gath) if compare else float("nan")
     floor = decode_floor_bytes(seqs, context) / bw * 1e6
     row = {
         "seqs": seqs, "context": context, "layers_rotated": layers, "rel_err_vs_fp32": err,
@@ -118,7 +120,7 @@ def decode_row(seqs: int, context: int, bw: float) -> dict:
     return row
 
 
-def prefill_row(queries: int, cached: int) -> dict:
+def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
     context = queries + cached
     width = -(-context // BS)
     layers = layers_for(kv_bytes(1, context))
@@ -128,19 +130,24 @@ def prefill_row(queries: int, cached: int) -> dict:
     out = torch.empty_like(q)
     chunk = PrefillChunk(0, queries, context, table)
     scale = D**-0.5
+    group = HEADS // KV_HEADS
+    tiles = pa.prefill_tiles(
+        [queries], [context], pa.tile_shape(group, DT, D, False).block_q, "cuda"
+    )
     rows = [lambda c=c: paged_attention(q, c[0], c[1], table[None], [context], scale=scale,
-                                        query_lens=[queries], out=out) for c in caches]  # fmt: skip
+                                        query_lens=[queries], out=out, tiles=tiles)
+            for c in caches]  # fmt: skip
     mask = prefill_mask(chunk, None, "cuda")  # made once a step in the engine
     gath = [lambda c=c: prefill_attention(q, c[0], c[1], chunk, scale, None, mask) for c in caches]
     dense_k = [c[0][table].flatten(0, 1)[:context].transpose(0, 1)[None] for c in caches[:2]]
     dense_v = [c[1][table].flatten(0, 1)[:context].transpose(0, 1)[None] for c in caches[:2]]
     qd = q.transpose(0, 1)[None]
+    offset = torch.ones(queries, context, dtype=torch.bool, device="cuda").tril(cached)
 
     def sdpa(i=0):
         if cached:  # a chunk after cached keys: the causal mask is offset
-            m = torch.ones(queries, context, dtype=torch.bool, device="cuda").tril(cached)
             return torch.nn.functional.scaled_dot_product_attention(
-                qd, dense_k[i], dense_v[i], attn_mask=m, scale=scale, enable_gqa=True
+                qd, dense_k[i], dense_v[i], attn_mask=offset, scale=scale, enable_gqa=True
             )
         return torch.nn.functional.scaled_dot_product_attention(
             qd, dense_k[i], dense_v[i], is_causal=True, scale=scale, enable_gqa=True)  # fmt: skip
@@ -149,24 +156,23 @@ def prefill_row(queries: int, cached: int) -> dict:
     err = rel_err(out, sdpa()[0].transpose(0, 1))
     cycle = [0]
 
-    def timed(fns):
-        def one():
-            fns[cycle[0] % len(fns)]()
-            cycle[0] += 1
+    def one():  # eager, as the engine's piecewise steps run attention: host time included
+        rows[cycle[0] % len(rows)]()
+        cycle[0] += 1
 
-        return do_bench(one, warmup=3, rep=40, return_mode="median") * 1e3
-
-    k_us, g_us = timed(rows), timed(gath)
-    p_us = timed([lambda: sdpa(0), lambda: sdpa(1)])
+    e_us = do_bench(one, warmup=3, rep=40, return_mode="median") * 1e3
+    k_us = time_graph(rows)
+    g_us = time_graph(gath) if compare else float("nan")
+    p_us = time_graph([lambda: sdpa(0), lambda: sdpa(1)])
     flops = causal_flops(queries, cached)
     row = {
         "queries": queries, "cached": cached, "rel_err_vs_sdpa": err, "kernel_us": k_us,
-        "torch_gather_sdpa_us": g_us, "dense_sdpa_us": p_us,
+        "kernel_eager_us": e_us, "torch_gather_sdpa_us": g_us, "dense_sdpa_us": p_us,
         "kernel_TFLOPs": flops / (k_us * 1e-6) / 1e12, "dense_sdpa_TFLOPs": flops / (p_us * 1e-6) / 1e12,
         "speedup_vs_torch": g_us / k_us, "kernel_vs_dense_sdpa": k_us / p_us,
     }  # fmt: skip
     print(f"prefill {queries:5d} after {cached:5d}: kernel {k_us:8.1f} us "
-          f"({row['kernel_TFLOPs']:.0f} TFLOP/s)  dense SDPA (peer) {p_us:8.1f} "
+          f"({row['kernel_TFLOPs']:.0f} TFLOP/s; eager {e_us:.1f})  dense SDPA (peer) {p_us:8.1f} "
           f"({row['dense_sdpa_TFLOPs']:.0f})  torch gather+SDPA {g_us:8.1f}  err {err:.1e}",
           flush=True)  # fmt: skip
     return row
@@ -196,7 +202,7 @@ def sweep(decode, prefill, bw: float) -> list[dict]:
                 q_tile = 1 if kind == "decode" else max(1, m // (HEADS // KV_HEADS))
                 pa.tile_shape = lambda *_, t=pa.Tiles(m, n, q_tile): t
                 pa.LAUNCH[kind] = dict(num_warps=w, num_stages=st)
-                r = decode_row(a, b, bw) if kind == "decode" else prefill_row(a, b)
+                r = decode_row(a, b, bw, False) if kind == "decode" else prefill_row(a, b, False)
                 us = r["kernel_graph_us"] if kind == "decode" else r["kernel_us"]
                 rows.append({"kind": kind, "shape": [a, b], "rows": m, "keys": n, "warps": w,
                              "stages": st, "us": us})  # fmt: skip
