@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from kernels.backend import check_env
+from kernels.backend import backend_for, check_env
 from lora_core.context import LoraBatchContext, workspace_per_token
 from lora_core.errors import InvalidRequest, ModelLoadFailed
 from lora_core.layers import apply_lora
@@ -21,6 +23,8 @@ from replica.models.config import resolve_max_model_len
 from replica.models.loader import load_model
 from replica.parallel import SINGLE, TPGroup
 from replica.vml_warmup import warm_vector_math
+
+log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -104,6 +108,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
         )
         for _ in range(cfg.num_layers)
     ]
+    _warm_attention(kv[0][0], cfg.num_heads // tp.size, cfg)
     buffers = SlotBuffers(
         cfg.base_shape,
         config.max_loras,
@@ -153,6 +158,21 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         eos_token_ids=_eos_ids(shard.model_dir, tokenizer, cfg.eos_token_ids),
         vocab_size=cfg.vocab_size,
         close=close,
+    )
+
+
+def _warm_attention(cache: torch.Tensor, heads: int, cfg) -> None:
+    """On the Triton backend, compile the paged-attention kernels' variants now (the
+    model's dtype, heads, windows), not in the first step to need each (~1-2 s a
+    compile in the middle of serving); later starts load them from Triton's cache."""
+    if backend_for(cache.device) != "triton":
+        return
+    from kernels.triton.paged_attention import warm_up
+
+    started = time.perf_counter()
+    n = warm_up(heads, cache, cfg.layer_windows, cfg.head_dim**-0.5)
+    log.info(
+        "paged attention: %d kernel variants ready in %.1f s", n, time.perf_counter() - started
     )
 
 

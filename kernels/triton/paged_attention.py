@@ -15,7 +15,7 @@ mask, the running max / sum rescale, then P @ V in a second dot.
 Decode (one query per sequence, DECODE): tile i = sequence i, its query at position
 context_lens[i] - 1; everything comes from device tensors shaped by the batch, so a
 decode step is captured in a CUDA graph. A decode batch with few programs for the
-SMs splits each sequence's keys over SPLITS programs (flash-decoding): each writes its
+SMs splits each sequence's keys over several programs (flash-decoding): each writes its
 unnormalised output with its max and sum, and `_combine_kernel` merges them.
 
 Prefill (query tiles from the host): a chunk of n queries at positions
@@ -47,23 +47,24 @@ MAX_SPLITS = 16
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["num_rows", "stride_tab", "keys_per_split"])
+@triton.jit(do_not_specialize=["num_rows", "stride_tab", "keys_per_split", "num_splits"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, ctx_ptr, tiles_ptr, part_ptr, ml_ptr,
     num_rows, num_heads,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tab,
-    keys_per_split, qk_scale, window,
+    keys_per_split, num_splits, qk_scale, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DECODE: tl.constexpr, SPLITS: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    DECODE: tl.constexpr, SPLIT: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics, for the tile's queries t (position p_t) and head h of KV head g:
         out[t, h] = sum_j softmax_j(qk_scale * log(2) * q[t, h] . K[j, g]) V[j, g]
     over the keys j <= p_t of the tile's sequence (and j > p_t - window with WINDOW),
     K[j] / V[j] at cache slot tables[row, j // BS] * BS + j % BS. qk_scale carries
-    log2(e): the softmax runs in exp2. SPLITS > 1: this program's share of the keys,
-    unnormalised, to part / ml (decode only)."""
+    log2(e): the softmax runs in exp2. SPLIT: this program's share of the keys (split
+    program_id(2) of num_splits, keys_per_split each), unnormalised, to part / ml
+    (decode only)."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     if DECODE:
@@ -93,7 +94,7 @@ def _paged_attention_kernel(
     lo = 0
     if WINDOW:
         lo = tl.maximum(pos0 - window + 1, 0)
-    if SPLITS > 1:
+    if SPLIT:
         lo = lo + tl.program_id(2) * keys_per_split
         hi = tl.minimum(hi, lo + keys_per_split)
     # -1e30, a finite "minus infinity": a row with no visible key yet stays finite (a
@@ -123,7 +124,7 @@ def _paged_attention_kernel(
         v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    if SPLITS > 1:  # decode: row r < GROUP is head kvh * GROUP + r of sequence `tile`
+    if SPLIT:  # decode: row r < GROUP is head kvh * GROUP + r of sequence `tile`
         part_row = (tl.program_id(2) * num_rows + tile) * num_heads + head
         ml = ml_ptr + part_row.to(tl.int64) * 2
         tl.store(ml, m_i, mask=m_valid)
@@ -137,22 +138,27 @@ def _paged_attention_kernel(
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])
 def _combine_kernel(
-    part_ptr, ml_ptr, out_ptr, num_rows, num_heads, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+    part_ptr, ml_ptr, out_ptr, num_rows, num_heads, stride_ot, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_S: tl.constexpr,
 ):  # fmt: skip
     """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s: the
     decode splits of sequence t, head h merged (a split with no keys has l_s = 0)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS)
+    offs_s = tl.arange(0, MAX_S)
+    s_mask = offs_s < num_splits
     rows = (offs_s * num_rows + t) * num_heads + h
-    m = tl.load(ml_ptr + rows.to(tl.int64) * 2)
-    l_s = tl.load(ml_ptr + rows.to(tl.int64) * 2 + 1)
+    m = tl.load(ml_ptr + rows.to(tl.int64) * 2, mask=s_mask, other=-1.0e30)
+    l_s = tl.load(ml_ptr + rows.to(tl.int64) * 2 + 1, mask=s_mask, other=0.0)
     w = tl.exp2(m - tl.max(m, 0))
     offs_d = tl.arange(0, BLOCK_D)
-    acc = tl.load(part_ptr + rows.to(tl.int64)[:, None] * BLOCK_D + offs_d[None, :])
+    acc = tl.load(
+        part_ptr + rows.to(tl.int64)[:, None] * BLOCK_D + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     o_ptrs = out_ptr + t.to(tl.int64) * stride_ot + h.to(tl.int64) * stride_oh + offs_d
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
@@ -215,10 +221,11 @@ def paged_attention_triton(
     query_lens,
     out: torch.Tensor,
     tiles: torch.Tensor | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """kernels.paged_attention on Triton (arguments checked there). tiles: prefill_tiles
     for these query_lens at tile_shape's block_q, where the caller keeps them for the
-    step's layers."""
+    step's layers. splits: a decode's key splits (default decode_splits'; warm_up sets it)."""
     num_rows, heads, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     group = heads // kvh
@@ -231,38 +238,38 @@ def paged_attention_triton(
     qk_scale = float(scale) * _LOG2E
     win = int(window or 0)
 
-    def constexprs(block_q, block_m, block_n, decode, splits):  # the signature's order
+    def constexprs(t: Tiles, decode: bool, split: bool):  # the signature's order
         return dict(
-            HEAD_DIM=d, BLOCK_D=block_d, BS=bs, GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m,
-            BLOCK_N=block_n, DECODE=decode, SPLITS=splits, WINDOW=window is not None,
-            PRECISION=dot_precision(q.dtype),
+            HEAD_DIM=d, BLOCK_D=block_d, BS=bs, GROUP=group, BLOCK_Q=t.block_q,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLIT=split,
+            WINDOW=window is not None, PRECISION=dot_precision(q.dtype),
         )  # fmt: skip
 
     if query_lens is None:
         max_keys = block_tables.shape[1] * bs
         if window is not None:
             max_keys = min(max_keys, int(window))
-        splits = decode_splits(num_rows, kvh, max_keys, q.device)
+        if splits is None:
+            splits = decode_splits(num_rows, kvh, max_keys, q.device)
         t = tile_shape(group, q.dtype, d, True)
         per_split = cdiv(cdiv(max_keys, splits), t.block_n) * t.block_n
         part = ml = out
         if splits > 1:
-            part = torch.empty(
-                splits, num_rows, heads, block_d, device=q.device, dtype=torch.float32
-            )
-            ml = torch.empty(splits, num_rows, heads, 2, device=q.device, dtype=torch.float32)
+            f32 = dict(device=q.device, dtype=torch.float32)
+            part = torch.empty(splits, num_rows, heads, block_d, **f32)
+            ml = torch.empty(splits, num_rows, heads, 2, **f32)
         _ATTEND(
             (num_rows, kvh, splits),
             (q, k_cache, v_cache, out, block_tables, context_lens, block_tables, part, ml),
-            (*scalars, per_split, qk_scale, win),
-            constexprs(1, t.block_m, t.block_n, True, splits),
+            (*scalars, per_split, splits, qk_scale, win),
+            constexprs(t, True, splits > 1),
             **LAUNCH["decode"],
         )  # fmt: skip
         if splits > 1:
             _COMBINE(
                 (num_rows, heads), (part, ml, out),
-                (num_rows, heads, out.stride(0), out.stride(1)),
-                dict(HEAD_DIM=d, BLOCK_D=block_d, SPLITS=splits), num_warps=4,
+                (num_rows, heads, out.stride(0), out.stride(1), splits),
+                dict(HEAD_DIM=d, BLOCK_D=block_d, MAX_S=MAX_SPLITS), num_warps=4,
             )  # fmt: skip
         return out
     t = tile_shape(group, q.dtype, d, False)
@@ -273,8 +280,35 @@ def paged_attention_triton(
     _ATTEND(
         (tiles.shape[0], kvh, 1),
         (q, k_cache, v_cache, out, block_tables, tiles, tiles, out, out),
-        (*scalars, 0, qk_scale, win),
-        constexprs(t.block_q, t.block_m, t.block_n, False, 1),
+        (*scalars, 0, 1, qk_scale, win),
+        constexprs(t, False, False),
         **LAUNCH["prefill"],
     )  # fmt: skip
     return out
+
+
+def warm_up(
+    heads: int, k_cache: torch.Tensor, windows, scale: float, table_dtype=torch.int64
+) -> int:
+    """Compile (or load from Triton's disk cache) every variant of the kernels a model's
+    steps launch, on a tiny batch in k_cache's layout: decode without and with key splits
+    (and their merge), prompt chunks; for each distinct sliding window of the model's
+    layers (None: full attention). Without it, the first step to need a variant compiles
+    it mid-serving: ~1-2 s (a 32 x 1024 decode run on an H100 stalled 2.3 s when its
+    batch first took key splits). Nothing is written to k_cache. -> variants launched."""
+    _, bs, kvh, d = k_cache.shape
+    dev, dtype = k_cache.device, k_cache.dtype
+    cache = torch.zeros(2, bs, kvh, d, dtype=dtype, device=dev)
+    tables = torch.zeros(1, 2, dtype=table_dtype, device=dev)
+    q = torch.zeros(1, heads, d, dtype=dtype, device=dev)
+    out = torch.empty_like(q)
+    ctx = torch.ones(1, dtype=torch.int64, device=dev)
+    launched = 0
+    for window in sorted(set(windows), key=lambda w: -1 if w is None else w):
+        for splits in (1, 2):
+            paged_attention_triton(q, cache, cache, tables, ctx, scale, window, None, out,
+                                   splits=splits)  # fmt: skip
+            launched += 1
+        paged_attention_triton(q, cache, cache, tables, [1], scale, window, [1], out)
+        launched += 1
+    return launched

@@ -37,7 +37,7 @@ ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stri
        "stride_ik", "stride_on"}  # fmt: skip
 NOT_DIV16 = {"num_programs", "max_tiles", "ch1", "ch2", "chunks", "nt1", "nt2", "NB", "T",
              "L", "MT", "stride_t", "stride_r", "P", "E", "NC", "ROWS", "MB", "stride_it",
-             "num_rows", "num_heads", "keys_per_split", "window"}  # fmt: skip
+             "num_rows", "num_heads", "keys_per_split", "window", "stride_tab", "num_splits"}  # fmt: skip
 # paged attention: block tables and decode context lengths int64 (the engine's), query
 # tiles int32, the decode splits' max / sum fp32
 PTR_KINDS = {"tables_ptr": "i64", "ctx_ptr": "i64", "tiles_ptr": "i32", "ml_ptr": "fp32"}
@@ -185,20 +185,20 @@ def _attention(group: int, decode: bool, dtype, splits: int = 1, window: bool = 
     """The paged-attention kernel at head size 128, 16-token blocks, as the launcher sets it."""
     t = tile_shape(group, dtype, 128, decode)
     return dict(HEAD_DIM=128, BLOCK_D=128, BS=16, GROUP=group, BLOCK_Q=t.block_q,
-                BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLITS=splits,
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLIT=splits > 1,
                 WINDOW=window, PRECISION="ieee" if dtype == torch.float32 else "tf32")  # fmt: skip
 
 
 _BF16, _FP32 = torch.bfloat16, torch.float32
 CASES.update({  # Llama-3-8B (GQA 4), Qwen2-7B (GQA 7), a 70B (GQA 8); fp32: correctness runs
     "attention decode GQA 4": (_paged_attention_kernel, _attention(4, True, _BF16), 4, 2),
-    "attention decode GQA 8, 8 key splits, window": (_paged_attention_kernel,
+    "attention decode GQA 8, key splits, window": (_paged_attention_kernel,
                               _attention(8, True, _BF16, 8, True), 4, 2),
     "attention prefill GQA 4": (_paged_attention_kernel, _attention(4, False, _BF16), 4, 2),
     "attention prefill GQA 7 fp32, window": (_paged_attention_kernel,
                               _attention(7, False, _FP32, 1, True), 4, 2, "fp32"),
     "attention decode GQA 4 fp32": (_paged_attention_kernel, _attention(4, True, _FP32), 4, 2, "fp32"),
-    "attention combine 8 splits": (_combine_kernel, dict(HEAD_DIM=128, BLOCK_D=128, SPLITS=8), 4, 1),
+    "attention combine": (_combine_kernel, dict(HEAD_DIM=128, BLOCK_D=128, MAX_S=16), 4, 1),
 })  # fmt: skip
 
 

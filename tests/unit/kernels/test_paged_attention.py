@@ -169,3 +169,24 @@ def test_refusals(change, message):
             a["q"], a["k_cache"], a["v_cache"], a["block_tables"], a["context_lens"],
             scale=0.25, **kw,
         )  # fmt: skip
+
+
+def test_warm_up_launches_every_variant_and_writes_no_cache(triton_backend, monkeypatch):
+    """Per distinct window: decode without and with key splits, prompt chunks; the cache
+    it is given is only read for its layout."""
+    calls = []
+    real = pa.paged_attention_triton
+
+    def spy(q, kc, vc, tables, ctx, scale, window, query_lens, out, tiles=None, splits=None):
+        calls.append((window, query_lens is None, splits))
+        return real(q, kc, vc, tables, ctx, scale, window, query_lens, out, tiles, splits)
+
+    monkeypatch.setattr(pa, "paged_attention_triton", spy)
+    kc, _ = _cache(5, 4, 2, 16, torch.float16)
+    before = kc.clone()
+    assert pa.warm_up(8, kc, [None, 6, None, 6], 0.25) == 6
+    assert calls == [
+        (None, True, 1), (None, True, 2), (None, False, None),
+        (6, True, 1), (6, True, 2), (6, False, None),
+    ]  # fmt: skip
+    assert torch.equal(kc, before)
