@@ -130,6 +130,10 @@ def build(cfg: ModelConfig, max_loras: int, rank: int):
     return model, ctx, buffers
 
 
+TOKEN_BUDGET = 8192
+"""Tokens a step schedules (the scheduler's max_num_batched_tokens)."""
+
+
 def run(
     model, ctx, cfg, num_seqs: int, num_adapters: int, prompt_len: int, steps: int,
     structured: int = 0,
@@ -152,7 +156,9 @@ def run(
             model, kv, bs, ctx, blocks, num_seqs, -(-(prompt_len + steps + 8) // bs)
         )
     runner = ModelRunner(model, kv, bs, ctx, graphs)
-    sched = Scheduler(BlockManager(blocks, bs, False), PreloadedSlots(num_adapters), num_seqs, 8192)
+    sched = Scheduler(
+        BlockManager(blocks, bs, False), PreloadedSlots(num_adapters), num_seqs, TOKEN_BUDGET
+    )
     params = SamplingParams(max_tokens=10**6, ignore_eos=True, **SAMPLING)
     g = torch.Generator().manual_seed(0)
     for i in range(num_seqs):
@@ -198,8 +204,10 @@ def run(
             lap("grammar accept")
         return out
 
-    step()  # prefill of every sequence (the token budget covers all prompts)
-    for _ in range(3):
+    # the prompts' prefill (TOKEN_BUDGET tokens a step), then 3 decode steps, before timing:
+    # the first decode steps capture graphs and compile kernels (with 32 x 1024-token
+    # prompts, 4 prefill steps, a run that timed from the 2nd one read 61-99 ms a step)
+    for _ in range(-(-num_seqs * prompt_len // TOKEN_BUDGET) + 3):
         step()
     if PROFILE:
         from torch.profiler import ProfilerActivity, profile
