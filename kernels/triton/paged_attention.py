@@ -59,10 +59,10 @@ def _paged_attention_kernel(
     DECODE: tl.constexpr, SPLIT: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Semantics, for the tile's queries t (position p_t) and head h of KV head g:
-        out[t, h] = sum_j softmax_j(qk_scale * log(2) * q[t, h] . K[j, g]) V[j, g]
+        out[t, h] = sum_j softmax_j(scale * q[t, h] . K[j, g]) V[j, g]
     over the keys j <= p_t of the tile's sequence (and j > p_t - window with WINDOW),
-    K[j] / V[j] at cache slot tables[row, j // BS] * BS + j % BS. qk_scale carries
-    log2(e): the softmax runs in exp2. SPLIT: this program's share of the keys (split
+    K[j] / V[j] at cache slot tables[row, j // BS] * BS + j % BS; qk_scale = scale *
+    log2(e), the softmax in exp2. SPLIT: this program's share of the keys (split
     program_id(2) of num_splits, keys_per_split each), unnormalised, to part / ml
     (decode only)."""
     tile = tl.program_id(0)
