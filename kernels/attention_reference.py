@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 
-def query_layout(num_queries: int, context_lens, query_lens) -> list[tuple[int, int, int]]:
+def query_layout(context_lens, query_lens) -> list[tuple[int, int, int]]:
     """[(first query row, query count, context length)] per sequence: decode (query_lens
     None) puts sequence i's one query in row i; else the sequences' queries follow one
     another in q's rows."""
@@ -43,7 +43,7 @@ def paged_attention_ref(
     group = q.shape[1] // kvh
     out = torch.empty_like(q) if out is None else out
     math = torch.float64 if q.dtype == torch.float64 else torch.float32
-    for i, (row, n, ctx) in enumerate(query_layout(q.shape[0], context_lens, query_lens)):
+    for i, (row, n, ctx) in enumerate(query_layout(context_lens, query_lens)):
         if n == 0:
             continue
         table = block_tables[i, : -(-ctx // bs)].long()
