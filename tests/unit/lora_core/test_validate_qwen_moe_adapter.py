@@ -77,11 +77,17 @@ def test_peft_qwen3_expert_adapters_refused(qwen3_moe_dir, tmp_path, targets, na
     ],
 )
 def test_peft_qwen2_shared_expert_and_dense_adapters_refused(qwen2_moe_dir, tmp_path, targets, key):
-    """peft adapts Qwen2-MoE's shared expert, its gate and the dense MLPs as linear layers."""
+    """peft adapts Qwen2-MoE's shared expert, its gate and the dense MLPs as linear layers.
+    peft >= 0.22 also turns names that match the fused experts (gate_up_proj, down_proj)
+    into target_parameters, which are refused first (the Qwen3 test above)."""
     path = make_peft_adapter(
         qwen2_moe_dir, tmp_path / "a", r=4, lora_alpha=8, target_modules=targets
     )
     err = _refused(path, _base(qwen2_moe_dir))
+    if json.loads((path / "adapter_config.json").read_text()).get("target_parameters"):
+        assert err.field == "target_parameters"
+        assert "mixture-of-experts expert weights" in err.problem
+        return
     assert (err.field, err.allowed) == ("target_modules", f"{ATTENTION} (attention)")
     assert err.problem == (
         f"matches {key!r}: Qwen2MoeForCausalLM is a mixture-of-experts model whose "
