@@ -33,14 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels.triton.paged_attention as pa  # noqa: E402
 from benchmarks.lora_bench import ROTATE_BYTES, probe_header, time_graph  # noqa: E402
 from kernels import paged_attention  # noqa: E402
+from kernels.attention_reference import attend_sequence, visible_keys  # noqa: E402
 from kernels.testing import rel_err  # noqa: E402
-from replica.layers.attention import (  # noqa: E402
-    AttentionMetadata,
-    PrefillChunk,
-    decode_attention,
-    prefill_attention,
-    prefill_mask,
-)
+from replica.layers.attention import AttentionMetadata, decode_attention  # noqa: E402
 
 HEADS, KV_HEADS, D, BS = 32, 8, 128, 16
 DT = torch.bfloat16
@@ -128,7 +123,6 @@ def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
     table = torch.randperm(width + 1, device="cuda")[:width]
     q = torch.randn(queries, HEADS, D, device="cuda", dtype=DT)
     out = torch.empty_like(q)
-    chunk = PrefillChunk(0, queries, context, table)
     scale = D**-0.5
     group = HEADS // KV_HEADS
     tiles = pa.prefill_tiles(
@@ -137,8 +131,11 @@ def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
     rows = [lambda c=c: paged_attention(q, c[0], c[1], table[None], [context], scale=scale,
                                         query_lens=[queries], out=out, tiles=tiles)
             for c in caches]  # fmt: skip
-    mask = prefill_mask(chunk, None, "cuda")  # made once a step in the engine
-    gath = [lambda c=c: prefill_attention(q, c[0], c[1], chunk, scale, None, mask) for c in caches]
+    mask = visible_keys(queries, context, None, "cuda")  # made once a step in the engine
+    gath = [
+        lambda c=c: attend_sequence(q, c[0], c[1], table, context, scale, None, mask)
+        for c in caches
+    ]
     dense_k = [c[0][table].flatten(0, 1)[:context].transpose(0, 1)[None] for c in caches[:2]]
     dense_v = [c[1][table].flatten(0, 1)[:context].transpose(0, 1)[None] for c in caches[:2]]
     qd = q.transpose(0, 1)[None]

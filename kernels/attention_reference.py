@@ -1,10 +1,11 @@
 """Torch reference for kernels.paged_attention (the contract is in kernels/__init__.py).
 
 One sequence at a time: its keys and values gathered from the cache by its block
-table, grouped query heads expanded, a masked softmax. Plain and slow; the oracle of
-the Triton kernel (run on float64 copies) and the CPU backend of kernels.paged_attention.
-The engine's own CPU path (replica/layers/attention.py) batches the decode queries and
-keeps the step's masks, and is tested against HF + PEFT.
+table, grouped query heads expanded, SDPA under the causal mask. Plain and slow; the
+oracle of the Triton kernel (run on float64 copies) and the CPU backend of
+kernels.paged_attention. The engine's own CPU path (replica/layers/attention.py) runs
+its prompt chunks through `attend_sequence` with the step's masks kept, batches its
+decode queries, and is tested against HF + PEFT.
 """
 
 from __future__ import annotations
@@ -26,6 +27,45 @@ def query_layout(context_lens, query_lens) -> list[tuple[int, int, int]]:
     return rows
 
 
+def visible_keys(q_len: int, context_len: int, window: int | None, device) -> torch.Tensor:
+    """bool [q_len, context_len]: which keys each of a sequence's last q_len queries sees
+    (causal, within the sliding window where there is one)."""
+    qpos = torch.arange(context_len - q_len, context_len, device=device)[:, None]
+    kpos = torch.arange(context_len, device=device)[None, :]
+    mask = kpos <= qpos
+    if window is not None:
+        mask &= kpos > qpos - window
+    return mask
+
+
+def attend_sequence(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    scale: float,
+    window: int | None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One sequence's last n queries q [n, heads, d] over its context_len keys -> [n, heads,
+    d], in q's dtype: its keys and values gathered by its block table, each KV head
+    repeated for its query heads, SDPA under `visible_keys` (mask, where the caller keeps
+    it for a step's layers). The engine's CPU prompt chunks run this too
+    (replica/layers/attention.py)."""
+    group = q.shape[1] // k_cache.shape[2]
+    keys = k_cache[block_table].flatten(0, 1)[:context_len]  # [ctx, kvh, d]
+    vals = v_cache[block_table].flatten(0, 1)[:context_len]
+    keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, d]
+    vals = vals.repeat_interleave(group, dim=1).transpose(0, 1)
+    if mask is None:
+        mask = visible_keys(q.shape[0], context_len, window, q.device)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, vals, attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -38,27 +78,10 @@ def paged_attention_ref(
     query_lens=None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """kernels.paged_attention in torch ops, in q's dtype (float32 math for half inputs)."""
-    _, bs, kvh, _ = k_cache.shape
-    group = q.shape[1] // kvh
+    """kernels.paged_attention in torch ops, in q's dtype: `attend_sequence` per sequence."""
     out = torch.empty_like(q) if out is None else out
-    math = torch.float64 if q.dtype == torch.float64 else torch.float32
     for i, (row, n, ctx) in enumerate(query_layout(context_lens, query_lens)):
-        if n == 0:
-            continue
-        table = block_tables[i, : -(-ctx // bs)].long()
-        keys = k_cache[table].flatten(0, 1)[:ctx].to(math)  # [ctx, kvh, d]
-        vals = v_cache[table].flatten(0, 1)[:ctx].to(math)
-        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, d]
-        vals = vals.repeat_interleave(group, dim=1).transpose(0, 1)
-        qpos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
-        kpos = torch.arange(ctx, device=q.device)[None, :]
-        visible = kpos <= qpos
-        if window is not None:
-            visible &= kpos > qpos - window
-        qs = q[row : row + n].to(math).transpose(0, 1)  # [heads, n, d]
-        scores = (qs @ keys.transpose(1, 2)) * scale
-        scores = scores.masked_fill(~visible, float("-inf"))
-        o = torch.softmax(scores, dim=-1) @ vals  # [heads, n, d]
-        out[row : row + n] = o.transpose(0, 1).to(out.dtype)
+        if n:
+            s = slice(row, row + n)
+            out[s] = attend_sequence(q[s], k_cache, v_cache, block_tables[i], ctx, scale, window)
     return out

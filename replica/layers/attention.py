@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 import kernels
+from kernels.attention_reference import attend_sequence, visible_keys
 from kernels.backend import backend_for
 
 
@@ -107,38 +108,6 @@ def decode_attention(
     return out[:, :, 0, :]
 
 
-def prefill_attention(
-    q, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int | None, mask=None
-):
-    """q: [n, heads, d] for positions [context_len - n, context_len) -> [n, heads, d].
-    mask: `prefill_mask(chunk, window)`, where the caller has it."""
-    n, heads, d = q.shape
-    ctx = chunk.context_len
-    keys = _gather(k_cache, chunk.block_table)[:ctx]  # [ctx, kvh, d]
-    vals = _gather(v_cache, chunk.block_table)[:ctx]
-    group = heads // keys.shape[1]
-    keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, ctx, d]
-    vals = vals.repeat_interleave(group, dim=1).transpose(0, 1)
-    if mask is None:
-        mask = prefill_mask(chunk, window, q.device)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, vals, attn_mask=mask, scale=scale
-    )
-    return out.transpose(0, 1)
-
-
-def prefill_mask(chunk: PrefillChunk, window: int | None, device) -> torch.Tensor:
-    """bool [n, context_len]: which keys each of the chunk's n queries sees (causal, within
-    the sliding window where there is one)."""
-    ctx = chunk.context_len
-    qpos = torch.arange(ctx - chunk.q_len, ctx, device=device)[:, None]
-    kpos = torch.arange(ctx, device=device)[None, :]
-    mask = kpos <= qpos
-    if window is not None:
-        mask &= kpos > qpos - window
-    return mask
-
-
 def paged_attention(
     q,
     k,
@@ -161,9 +130,10 @@ def paged_attention(
         out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)
     for i, chunk in enumerate(meta.prefills):
         s = slice(chunk.start, chunk.start + chunk.q_len)
-        make = lambda c=chunk: prefill_mask(c, window, q.device)  # noqa: E731
+        make = lambda c=chunk: visible_keys(c.q_len, c.context_len, window, q.device)  # noqa: E731
         mask = meta.per_step(("prefill", i, window), make)
-        out[s] = prefill_attention(q[s], k_cache, v_cache, chunk, scale, window, mask)
+        ctx, table = chunk.context_len, chunk.block_table
+        out[s] = attend_sequence(q[s], k_cache, v_cache, table, ctx, scale, window, mask)
     return out
 
 
