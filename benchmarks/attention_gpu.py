@@ -35,7 +35,11 @@ from benchmarks.lora_bench import ROTATE_BYTES, probe_header, time_graph  # noqa
 from kernels import paged_attention  # noqa: E402
 from kernels.attention_reference import attend_sequence, visible_keys  # noqa: E402
 from kernels.testing import rel_err  # noqa: E402
-from replica.layers.attention import AttentionMetadata, decode_attention  # noqa: E402
+from replica.layers.attention import (  # noqa: E402
+    AttentionMetadata,
+    _dense_prompt,
+    decode_attention,
+)
 
 HEADS, KV_HEADS, D, BS = 32, 8, 128, 16
 DT = torch.bfloat16
@@ -49,7 +53,7 @@ DECODE = [
     (128, 512),
     (128, 2048),
 ]
-PREFILL = [(512, 0), (2048, 0), (8192, 0), (512, 1536), (512, 7680)]
+PREFILL = [(512, 0), (1024, 0), (2048, 0), (8192, 0), (512, 1536), (512, 7680)]
 
 
 def kv_bytes(seqs: int, context: int) -> int:
@@ -151,6 +155,17 @@ def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
 
     rows[0]()
     err = rel_err(out, sdpa()[0].transpose(0, 1))
+    dense_us = dense_eager_us = float("nan")
+    if not cached:  # the engine's route for whole long prompts: SDPA on the step's k / v
+        kv = [
+            (dk[0].transpose(0, 1).contiguous(), dv[0].transpose(0, 1).contiguous())
+            for dk, dv in zip(dense_k, dense_v, strict=True)
+        ]  # [n, kv_heads, d] each
+        dense = [lambda c=c: out.copy_(_dense_prompt(q, c[0], c[1], scale)) for c in kv]
+        dense[0]()
+        assert rel_err(out, sdpa()[0].transpose(0, 1)) < 1e-2
+        dense_us = time_graph(dense)
+        dense_eager_us = do_bench(dense[0], warmup=3, rep=40, return_mode="median") * 1e3
     cycle = [0]
 
     def one():  # eager, as the engine's piecewise steps run attention: host time included
@@ -167,47 +182,60 @@ def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
         "kernel_eager_us": e_us, "torch_gather_sdpa_us": g_us, "dense_sdpa_us": p_us,
         "kernel_TFLOPs": flops / (k_us * 1e-6) / 1e12, "dense_sdpa_TFLOPs": flops / (p_us * 1e-6) / 1e12,
         "speedup_vs_torch": g_us / k_us, "kernel_vs_dense_sdpa": k_us / p_us,
+        "engine_dense_route_us": dense_us, "engine_dense_route_eager_us": dense_eager_us,
     }  # fmt: skip
     print(f"prefill {queries:5d} after {cached:5d}: kernel {k_us:8.1f} us "
           f"({row['kernel_TFLOPs']:.0f} TFLOP/s; eager {e_us:.1f})  dense SDPA (peer) {p_us:8.1f} "
           f"({row['dense_sdpa_TFLOPs']:.0f})  torch gather+SDPA {g_us:8.1f}  err {err:.1e}",
           flush=True)  # fmt: skip
+    if not cached:
+        print(f"    whole prompt through the engine's dense route (SDPA + copy into out): "
+              f"{dense_us:8.1f} us ({flops / (dense_us * 1e-6) / 1e12:.0f} TFLOP/s; eager "
+              f"{dense_eager_us:.1f}) against the kernel's {k_us:.1f}", flush=True)  # fmt: skip
     return row
 
 
 SWEEP_DECODE = [
     (16, 64, 4, 2),
+    (16, 64, 4, 2, "masked"),
     (16, 64, 4, 3),
     (16, 128, 4, 2),
     (16, 128, 8, 2),
     (16, 32, 4, 3),
     (16, 64, 2, 2),
 ]  # rows, keys, warps, stages
-SWEEP_PREFILL = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
-                 (64, 128, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 2)]  # fmt: skip
+SWEEP_PREFILL = [(64, 64, 4, 2), (64, 64, 4, 2, "masked"), (64, 64, 4, 2, "in order"),
+                 (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+                 (64, 128, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3)]  # fmt: skip
+"""rows, keys, warps, stages[, "masked": every key step masked (UNMASKED_FULL off), "in
+order": prefill tiles in query order (LONGEST_FIRST off)]."""
 
 
 def sweep(decode, prefill, bw: float) -> list[dict]:
     """Each tile shape and launch option of SWEEP_* on each shape (the first is the default)."""
     rows = []
     shape_fn, launch = pa.tile_shape, {k: dict(v) for k, v in pa.LAUNCH.items()}
+    flags = pa.UNMASKED_FULL, pa.LONGEST_FIRST
     kinds = [("decode", s, c, SWEEP_DECODE) for s, c in decode]
     kinds += [("prefill", q, c, SWEEP_PREFILL) for q, c in prefill]
     try:
         for kind, a, b, grid in kinds:
-            for m, n, w, st in grid:
+            for m, n, w, st, *variant in grid:
                 q_tile = 1 if kind == "decode" else max(1, m // (HEADS // KV_HEADS))
                 pa.tile_shape = lambda *_, t=pa.Tiles(m, n, q_tile): t
                 pa.LAUNCH[kind] = dict(num_warps=w, num_stages=st)
+                pa.UNMASKED_FULL = "masked" not in variant
+                pa.LONGEST_FIRST = "in order" not in variant
                 r = decode_row(a, b, bw, False) if kind == "decode" else prefill_row(a, b, False)
                 us = r["kernel_graph_us"] if kind == "decode" else r["kernel_us"]
                 rows.append({"kind": kind, "shape": [a, b], "rows": m, "keys": n, "warps": w,
-                             "stages": st, "us": us})  # fmt: skip
-                print(f"  sweep {kind} {a}x{b}: rows {m} keys {n} warps {w} stages {st}: {us:.1f} us",
-                      flush=True)  # fmt: skip
+                             "stages": st, "variant": "".join(variant), "us": us})  # fmt: skip
+                print(f"  sweep {kind} {a}x{b}: rows {m} keys {n} warps {w} stages {st} "
+                      f"{''.join(variant)}: {us:.1f} us", flush=True)  # fmt: skip
     finally:
         pa.tile_shape = shape_fn
         pa.LAUNCH.update(launch)
+        pa.UNMASKED_FULL, pa.LONGEST_FIRST = flags
     return rows
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import engine_gpu  # noqa: E402
 from benchmarks.engine_shapes import LLAMA3_8B, SMOKE  # noqa: E402
+from replica.layers import attention  # noqa: E402
 from replica.layers.attention import AttentionMetadata, PrefillChunk  # noqa: E402
 from replica.mixed_graphs import MixedGraphs  # noqa: E402
 from replica.model_runner import ModelRunner, StepBatch  # noqa: E402
@@ -121,6 +122,10 @@ def run(args) -> dict:
         for adapters in (0, 32):
             batch = make_batch(cfg, d, p, args.context, adapters, device)
             _, eager_ms, want = time_steps(eager, batch, args.steps, args.warmup, device)
+            base_ms = base_ms or eager_ms
+            if mixed.key_for(d + p, batch.lora_count) is None:  # past the graphs' buckets
+                rows.append(eager_row(d, p, batch.lora_count, eager_ms, base_ms))
+                continue
             if device.type == "cuda":  # a capture empties the allocator's cache first
                 torch.cuda.empty_cache()
             before = torch.cuda.memory_reserved() if device.type == "cuda" else 0
@@ -128,7 +133,6 @@ def run(args) -> dict:
             first_ms, graph_ms, got = time_steps(graphs, batch, args.steps, args.warmup, device)
             taken = (torch.cuda.memory_reserved() - before) / 2**20 if device.type == "cuda" else 0
             assert mixed.replays > replays, "the graphs runner ran eagerly (capture failed?)"
-            base_ms = base_ms or eager_ms
             row = {
                 "decode_tokens": d, "prompt_chunk_tokens": p, "tokens": d + p,
                 "token_bucket": mixed.key_for(d + p, batch.lora_count)[0],
@@ -153,6 +157,7 @@ def run(args) -> dict:
             )
     return {
         "command": "python3 " + " ".join(sys.argv),
+        "dense_prompt_min": attention.DENSE_PROMPT_MIN,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "model": f"Llama-3-8B-shaped, {args.layers} layers, bf16, random weights",
@@ -161,6 +166,18 @@ def run(args) -> dict:
         "steps": args.steps,
         "rows": rows,
     }
+
+
+def eager_row(d: int, p: int, adapters: int, eager_ms: float, base_ms: float) -> dict:
+    """A step past the graphs' largest bucket: it runs eagerly in the engine too."""
+    print(f"D {d:4d} + P {p:4d}  adapters {adapters:2d}:  eager {eager_ms:7.2f} ms (no graph "
+          f"bucket this large)  |  floor (eager base-only) {base_ms:7.2f} ms: eager "
+          f"x{eager_ms / base_ms:.2f}", flush=True)  # fmt: skip
+    return {
+        "decode_tokens": d, "prompt_chunk_tokens": p, "tokens": d + p,
+        "distinct_adapters": adapters, "eager_ms": round(eager_ms, 3),
+        "floor_eager_base_ms": round(base_ms, 3), "eager_vs_floor": round(eager_ms / base_ms, 3),
+    }  # fmt: skip
 
 
 def parse_args(argv=None):
@@ -172,8 +189,12 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default=",".join(f"{d}+{p}" for d, p in SHAPES),
                     help="D+P,... decode tokens + prompt-chunk tokens per step")  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, no capture")
+    ap.add_argument("--dense-prompt-min", type=int, default=attention.DENSE_PROMPT_MIN,
+                    help="whole prompts of this many tokens attend through dense SDPA "
+                    "(replica.layers.attention.DENSE_PROMPT_MIN; 0: all paged)")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    attention.DENSE_PROMPT_MIN = args.dense_prompt_min
     try:
         args.shapes = [tuple(int(v) for v in s.split("+")) for s in args.shapes.split(",")]
     except ValueError:

@@ -44,7 +44,54 @@ LAUNCH = {"decode": dict(num_warps=4, num_stages=2), "prefill": dict(num_warps=4
 SPLIT_MIN_KEYS = 256
 """A decode split covers at least this many keys (fewer: the merge costs more than it saves)."""
 MAX_SPLITS = 16
+LONGEST_FIRST = True
+"""prefill_tiles orders the tiles that read the most keys first (the sweep compares)."""
+UNMASKED_FULL = True
+"""Key steps that every row of a tile sees whole skip the mask (benchmarks/attention_gpu.py
+--sweep compares both). 16-bit only: float32's exact dots (the correctness runs) spill
+with the second loop (255 registers and a 56-byte stack in the sm_90 compile check)."""
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_keys(
+    q, acc, m_i, l_i, n, hi, qpos, window, qk_scale, table, k_ptr, v_ptr, kvh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, offs_d, d_mask,
+    BS: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One step of the online softmax over keys [n, n + BLOCK_N): K and V loaded where the
+    block table puts them, scores, running max / sum rescaled. MASKED: keys past hi, past
+    a row's position or out of its window count for nothing (without it every key is
+    visible to every row). -> (acc, m_i, l_i)."""
+    pos = n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        p_mask = pos < hi
+        blk = tl.load(table + pos // BS, mask=p_mask, other=0).to(tl.int64)
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+    else:
+        blk = tl.load(table + pos // BS).to(tl.int64)
+        kv_mask = d_mask[None, :]
+    within = (pos % BS).to(tl.int64)
+    k_off = blk * stride_kb + within * stride_ks + kvh * stride_kh
+    k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        visible = p_mask[None, :] & (pos[None, :] <= qpos[:, None])
+        if WINDOW:
+            visible &= pos[None, :] > qpos[:, None] - window
+        s = tl.where(visible, s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_off = blk * stride_vb + within * stride_vs + kvh * stride_vh
+    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit(do_not_specialize=["num_rows", "stride_tab", "keys_per_split", "num_splits"])
@@ -57,6 +104,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DECODE: tl.constexpr, SPLIT: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    UNMASKED_FULL: tl.constexpr,
 ):  # fmt: skip
     """Semantics, for the tile's queries t (position p_t) and head h of KV head g:
         out[t, h] = sum_j softmax_j(scale * q[t, h] . K[j, g]) V[j, g]
@@ -103,27 +151,24 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = tables_ptr + row.to(tl.int64) * stride_tab
-    for n in range(lo, hi, BLOCK_N):
-        pos = n + tl.arange(0, BLOCK_N)
-        p_mask = pos < hi
-        blk = tl.load(table + pos // BS, mask=p_mask, other=0).to(tl.int64)
-        within = (pos % BS).to(tl.int64)
-        k_off = blk * stride_kb + within * stride_ks + kvh * stride_kh
-        kv_mask = p_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = p_mask[None, :] & (pos[None, :] <= qpos[:, None])
-        if WINDOW:
-            visible &= pos[None, :] > qpos[:, None] - window
-        s = tl.where(visible, s, -1.0e30)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = blk * stride_vb + within * stride_vs + kvh * stride_vh
-        v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    # keys below the tile's first query (and below the split's end) are visible to every
+    # row: whole BLOCK_N steps of them skip the mask; the rest (the diagonal, a window's
+    # edges, a context's partial last step) are masked
+    full_hi = lo
+    if UNMASKED_FULL and not WINDOW:
+        full_hi = lo + tl.maximum(tl.minimum(hi, pos0 + 1) - lo, 0) // BLOCK_N * BLOCK_N
+    for n in range(lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_keys(
+            q, acc, m_i, l_i, n, hi, qpos, window, qk_scale, table, k_ptr, v_ptr, kvh,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, offs_d, d_mask,
+            BS, BLOCK_N, False, WINDOW, PRECISION,
+        )  # fmt: skip
+    for n in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_keys(
+            q, acc, m_i, l_i, n, hi, qpos, window, qk_scale, table, k_ptr, v_ptr, kvh,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, offs_d, d_mask,
+            BS, BLOCK_N, True, WINDOW, PRECISION,
+        )  # fmt: skip
     if SPLIT:  # decode: row r < GROUP is head kvh * GROUP + r of sequence `tile`
         part_row = (tl.program_id(2) * num_rows + tile) * num_heads + head
         ml = ml_ptr + part_row.to(tl.int64) * 2
@@ -178,15 +223,23 @@ def decode_splits(num_seqs: int, kv_heads: int, max_keys: int, device: torch.dev
     return min(next_pow2(want), 1 << (most.bit_length() - 1))
 
 
-def prefill_tiles(query_lens, context_lens, block_q: int, device: torch.device) -> torch.Tensor:
+def prefill_tiles(
+    query_lens, context_lens, block_q: int, device: torch.device, skip=None
+) -> torch.Tensor:
     """int32 [tiles, 4]: (first query row, queries, position of the first, sequence) for
-    each BLOCK_Q-query tile of each sequence's queries (rows one sequence after another)."""
+    each BLOCK_Q-query tile of each sequence's queries (rows one sequence after another),
+    the tiles that read the most keys first: a long prompt's last tiles take the longest,
+    and started last they would run on alone while the SMs the short ones left sit idle.
+    skip: a flag per sequence; a flagged one gets no tiles (its rows are left unwritten)."""
     rows, start = [], 0
-    for i, (n, ctx) in enumerate(zip(query_lens, context_lens, strict=True)):
+    skip = skip or [False] * len(query_lens)
+    for i, (n, ctx, off) in enumerate(zip(query_lens, context_lens, skip, strict=True)):
         n, ctx = int(n), int(ctx)
-        for j in range(0, n, block_q):
+        for j in range(0, 0 if off else n, block_q):
             rows.append((start + j, min(block_q, n - j), ctx - n + j, i))
         start += n
+    if LONGEST_FIRST:
+        rows.sort(key=lambda r: -(r[2] + r[1]))  # stable: ties keep their order
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).to(device, non_blocking=True)
 
 
@@ -243,6 +296,7 @@ def paged_attention_triton(
             HEAD_DIM=d, BLOCK_D=block_d, BS=bs, GROUP=group, BLOCK_Q=t.block_q,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLIT=split,
             WINDOW=window is not None, PRECISION=dot_precision(q.dtype),
+            UNMASKED_FULL=UNMASKED_FULL and q.dtype != torch.float32,
         )  # fmt: skip
 
     if query_lens is None:

@@ -23,6 +23,13 @@ import kernels
 from kernels.attention_reference import attend_sequence, visible_keys
 from kernels.backend import backend_for
 
+DENSE_PROMPT_MIN = 1024
+"""On the Triton path, a prompt chunk with no cached keys and at least this many queries
+attends through torch's causal SDPA on the step's own k / v (cuDNN or FlashAttention on
+CUDA), not the paged kernel: whole long prompts are the one case where dense attention
+kernels are much faster than a paged one (results: benchmarks/README.md, "Paged
+attention"). Below it, one call per prompt costs more host time than it saves. 0: never."""
+
 
 @dataclass
 class PrefillChunk:
@@ -124,7 +131,7 @@ def paged_attention(
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q) if out is None else out
     if backend_for(q.device) == "triton":
-        return _paged_kernel(q, k_cache, v_cache, meta, scale, window, out)
+        return _paged_kernel(q, k, v, k_cache, v_cache, meta, scale, window, out)
     nd = meta.num_decode
     if nd:
         out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta, scale, window)
@@ -137,10 +144,11 @@ def paged_attention(
     return out
 
 
-def _paged_kernel(q, k_cache, v_cache, meta: AttentionMetadata, scale, window, out):
+def _paged_kernel(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale, window, out):
     """paged_attention through kernels.paged_attention: one launch for the decode tokens
-    and one for all prompt chunks, whose block tables and query tiles the step's first
-    layer builds for all of them."""
+    and one for the prompt chunks, whose block tables and query tiles the step's first
+    layer builds for all of them; whole long prompts (DENSE_PROMPT_MIN) through dense
+    causal SDPA on their own k / v instead, their tiles left out of the launch."""
     nd = meta.num_decode
     if nd:
         kernels.paged_attention(
@@ -151,34 +159,55 @@ def _paged_kernel(q, k_cache, v_cache, meta: AttentionMetadata, scale, window, o
         from kernels.triton.paged_attention import tile_shape
 
         block_q = tile_shape(q.shape[1] // k_cache.shape[2], q.dtype, q.shape[2], False).block_q
-        tables, ctxs, lens, tiles = meta.per_step(
-            ("chunks", block_q), lambda: _chunks(meta, block_q)
+        tables, ctxs, lens, tiles, dense = meta.per_step(
+            ("chunks", block_q, window), lambda: _chunks(meta, block_q, window)
         )
-        rows = slice(nd, nd + sum(lens))
-        kernels.paged_attention(
-            q[rows], k_cache, v_cache, tables, ctxs, scale=scale, window=window,
-            query_lens=lens, out=out[rows], tiles=tiles,
-        )  # fmt: skip
+        for s in dense:
+            out[s] = _dense_prompt(q[s], k[s], v[s], scale)
+        if tiles.shape[0]:
+            rows = slice(nd, nd + sum(lens))
+            kernels.paged_attention(
+                q[rows], k_cache, v_cache, tables, ctxs, scale=scale, window=window,
+                query_lens=lens, out=out[rows], tiles=tiles,
+            )  # fmt: skip
     return out
 
 
-def _chunks(meta: AttentionMetadata, block_q: int):
+def _dense_prompt(q, k, v, scale: float) -> torch.Tensor:
+    """q [n, heads, d], k, v [n, kv_heads, d]: a prompt's queries, keys and values, none
+    cached before -> [n, heads, d], causal attention (SDPA's fastest kernel for the shape)."""
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        is_causal=True, scale=scale, enable_gqa=True,
+    )  # fmt: skip
+    return o[0].transpose(0, 1)
+
+
+def _chunks(meta: AttentionMetadata, block_q: int, window: int | None):
     """(block tables [chunks, widest], context lengths, query counts, Triton query tiles
-    of block_q queries) of the step's prompt chunks, which follow the decode tokens one
-    after another."""
+    of block_q queries, the rows of the chunks that go dense) of the step's prompt chunks,
+    which follow the decode tokens one after another. A chunk goes dense where it is a
+    whole prompt (no cached keys) of DENSE_PROMPT_MIN queries or more that the sliding
+    window, if any, does not cut; the tiles leave its queries out."""
     from kernels.triton.paged_attention import prefill_tiles
 
     start = meta.num_decode
+    go_dense = []
     for c in meta.prefills:
         if c.start != start:
             raise ValueError(
                 f"prompt chunks must follow each other from row {start}; one starts at {c.start}"
             )
+        whole = c.context_len == c.q_len and (window is None or c.q_len <= window)
+        go_dense.append(whole and 0 < DENSE_PROMPT_MIN <= c.q_len)
         start += c.q_len
     tables = torch.nn.utils.rnn.pad_sequence(
         [c.block_table for c in meta.prefills], batch_first=True
     )
     ctxs = [c.context_len for c in meta.prefills]
     lens = [c.q_len for c in meta.prefills]
+    pairs = zip(meta.prefills, go_dense, strict=True)
+    dense = [slice(c.start, c.start + c.q_len) for c, d in pairs if d]
     device = meta.prefills[0].block_table.device
-    return tables, ctxs, lens, prefill_tiles(lens, ctxs, block_q, device)
+    tiles = prefill_tiles(lens, ctxs, block_q, device, skip=go_dense)
+    return tables, ctxs, lens, tiles, dense

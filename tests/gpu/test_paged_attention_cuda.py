@@ -88,3 +88,43 @@ def test_decode_replays_in_a_cuda_graph(seqs):
         graph.replay()
         want = _oracle(q, kc, vc, tables, ctx.tolist(), 0.08, None, None)
         assert rel_err(out, want) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_engine_step_with_dense_whole_prompts(dtype):
+    """replica's paged_attention on CUDA: 2 decode sequences, then a whole 1500-token
+    prompt (dense SDPA: DENSE_PROMPT_MIN), 300 tokens after 700 cached and a whole
+    200-token prompt (the kernel), against the float64 oracle over the cache it wrote."""
+    from replica.layers import attention as attn
+
+    heads, kvh, d = 32, 8, 128
+    dec_ctx, chunks = [500, 1200], [(1500, 1500), (300, 1000), (200, 200)]
+    ctx = dec_ctx + [c for _, c in chunks]
+    kc, vc, tables = _setup(len(ctx), max(ctx), kvh, d, dtype)
+    rows, slots = [], []
+    for i, c in enumerate(ctx):
+        first = c - 1 if i < 2 else c - chunks[i - 2][0]
+        for p in range(first, c):
+            rows.append(i)
+            slots.append(int(tables[i, p // BS]) * BS + p % BS)
+    prefills, start = [], 2
+    for i, (n, c) in enumerate(chunks):
+        prefills.append(attn.PrefillChunk(start, n, c, tables[2 + i]))
+        start += n
+    meta = attn.AttentionMetadata(torch.tensor(slots, device=CUDA), 2, tables[:2],
+                                  torch.tensor(dec_ctx, device=CUDA), prefills)  # fmt: skip
+    t = len(rows)
+    q = torch.randn(t, heads, d, device=CUDA).to(dtype)
+    k, v = (torch.randn(t, kvh, d, device=CUDA).to(dtype) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    attn.paged_attention(q, k, v, kc, vc, meta, d**-0.5, None, out)
+    (key,) = [key for key in meta.step_cache if key[0] == "chunks"]
+    assert [(s.start, s.stop) for s in meta.step_cache[key][4]] == [(2, 1502)]
+    want = torch.cat([
+        _oracle(q[:2], kc, vc, tables[:2], dec_ctx, d**-0.5, None, None),
+        _oracle(q[2:], kc, vc, tables[2:], [c for _, c in chunks], d**-0.5, None,
+                [n for n, _ in chunks]),
+    ])  # fmt: skip
+    assert out.isfinite().all()
+    assert rel_err(out[2:1502], want[2:1502]) < TOL[dtype]  # the dense prompt
+    assert rel_err(out, want) < TOL[dtype]

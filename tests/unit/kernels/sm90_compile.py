@@ -29,7 +29,12 @@ from kernels.triton.lora_shrink import _shrink_kernel
 from kernels.triton.lora_shrink_stream import _shrink_stream_kernel
 from kernels.triton.moe_align import _count_kernel, _place_kernel, plan
 from kernels.triton.moe_sum import _moe_sum_kernel, tiles
-from kernels.triton.paged_attention import _combine_kernel, _paged_attention_kernel, tile_shape
+from kernels.triton.paged_attention import (
+    UNMASKED_FULL,
+    _combine_kernel,
+    _paged_attention_kernel,
+    tile_shape,
+)
 
 # B as the engine stores it: rank-major, so its n-stride is 1 (lora_core.slot_buffers)
 ONE = {"stride_xh", "stride_ah", "stride_bn0", "stride_bn1", "stride_bn2", "stride_yn", "stride_bk",
@@ -186,7 +191,8 @@ def _attention(group: int, decode: bool, dtype, splits: int = 1, window: bool = 
     t = tile_shape(group, dtype, 128, decode)
     return dict(HEAD_DIM=128, BLOCK_D=128, BS=16, GROUP=group, BLOCK_Q=t.block_q,
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLIT=splits > 1,
-                WINDOW=window, PRECISION="ieee" if dtype == torch.float32 else "tf32")  # fmt: skip
+                WINDOW=window, PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                UNMASKED_FULL=UNMASKED_FULL and dtype != torch.float32)  # fmt: skip
 
 
 _BF16, _FP32 = torch.bfloat16, torch.float32

@@ -95,13 +95,42 @@ def test_chunks_match_oracle(triton_backend, dtype, heads, kvh, d, bs, qlens, ct
     assert rel_err(out, want) < TOL[dtype]
 
 
+@pytest.mark.parametrize("decode", [True, False])
+def test_full_key_steps_skip_the_mask(monkeypatch, triton_backend, decode):
+    """16-key steps over contexts of up to 83 keys: the steps every row of a tile sees
+    whole run unmasked, the rest masked; the same output as masking every step, and the
+    oracle's, with key splits (decode) and chunks after cached keys (float16: float32 masks
+    every step)."""
+    heads, kvh, d, bs = 8, 2, 32, 4
+    ctx, qlens = [83, 17, 64, 48], [9, 17, 1, 30]
+    monkeypatch.setattr(pa, "tile_shape", lambda *a: pa.Tiles(16, 16, 1 if decode else 4))
+    if decode:
+        monkeypatch.setattr(pa, "SPLIT_MIN_KEYS", 32)
+        monkeypatch.setattr(pa, "num_sms", lambda device: 8)  # 2 splits of 48 keys
+        qlens = None
+    width = -(-max(ctx) // bs)
+    kc, vc = _cache(len(ctx) * width, bs, kvh, d, torch.float16)
+    tables = _tables(len(ctx), width, kc.shape[0])
+    q = torch.randn(len(ctx) if decode else sum(qlens), heads, d).half()
+    lens = torch.tensor(ctx) if decode else ctx
+    outs = []
+    for unmasked in (True, False):
+        monkeypatch.setattr(pa, "UNMASKED_FULL", unmasked)
+        out = torch.full_like(q, float("nan"))
+        paged_attention(q, kc, vc, tables, lens, scale=d**-0.5, query_lens=qlens, out=out)
+        outs.append(out)
+    want = _oracle(q, kc, vc, tables, ctx, d**-0.5, None, qlens)
+    assert rel_err(outs[0], want) < TOL[torch.float16]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
 def test_tiles_cover_every_query_once():
     """prefill_tiles: BLOCK_Q-query tiles, each its first row, count, first position and
-    sequence, covering each sequence's queries in order."""
+    sequence, covering each sequence's queries, the tiles that reach furthest first."""
     tiles = pa.prefill_tiles([5, 0, 37], [5, 3, 40], 16, torch.device("cpu")).tolist()
     assert tiles == [
+        [37, 5, 35, 2], [21, 16, 19, 2], [5, 16, 3, 2],
         [0, 5, 0, 0],
-        [5, 16, 3, 2], [21, 16, 19, 2], [37, 5, 35, 2],
     ]  # fmt: skip
     bf16, fp32 = torch.bfloat16, torch.float32
     assert pa.tile_shape(4, bf16, 128, False) == pa.Tiles(64, 64, 16)

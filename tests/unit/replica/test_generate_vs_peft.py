@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import replica.layers.attention as attention
 from deploy.cli import main
 
 PROMPTS = [
@@ -94,13 +95,16 @@ def test_mixed_run_equals_peft(setup):
         )
 
 
-def test_triton_kernels_equal_peft(setup, monkeypatch):
+@pytest.mark.parametrize("dense_prompts", [False, True])
+def test_triton_kernels_equal_peft(setup, monkeypatch, dense_prompts):
     """Every kernel on Triton (the CPU interpreter here; CUDA's default): the LoRA
     shrink / expand and kernels.paged_attention, whose prompt chunks and decode tokens
-    attend over the paged cache in place, give PEFT's tokens too."""
+    attend over the paged cache in place, give PEFT's tokens too. dense_prompts: every
+    whole prompt through dense causal SDPA instead (CUDA's default from 1024 tokens)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (a CPU machine)")
     monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    monkeypatch.setattr(attention, "DENSE_PROMPT_MIN", 1 if dense_prompts else 0)
     model_dir, adapters, ref, rows, tmp = setup
     out = _run_cli(tmp, model_dir, adapters, rows)
     got = [r["token_ids"] for r in out]
