@@ -197,18 +197,19 @@ def prefill_row(queries: int, cached: int, compare: bool = True) -> dict:
 
 SWEEP_DECODE = [
     (16, 64, 4, 2),
-    (16, 64, 4, 2, "masked"),
+    (16, 64, 4, 2, "unmasked"),
     (16, 64, 4, 3),
     (16, 128, 4, 2),
     (16, 128, 8, 2),
     (16, 32, 4, 3),
     (16, 64, 2, 2),
 ]  # rows, keys, warps, stages
-SWEEP_PREFILL = [(64, 64, 4, 2), (64, 64, 4, 2, "masked"), (64, 64, 4, 2, "in order"),
+SWEEP_PREFILL = [(64, 64, 4, 2), (64, 64, 4, 2, "unmasked"), (64, 64, 4, 2, "in order"),
                  (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
                  (64, 128, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3)]  # fmt: skip
-"""rows, keys, warps, stages[, "masked": every key step masked (UNMASKED_FULL off), "in
-order": prefill tiles in query order (LONGEST_FIRST off)]."""
+"""rows, keys, warps, stages[, "unmasked": whole key steps unmasked (UNMASKED_FULL on),
+"masked": every step masked (off), "in order": prefill tiles in query order (LONGEST_FIRST
+off); without one, the module's settings]."""
 
 
 def sweep(decode, prefill, bw: float) -> list[dict]:
@@ -224,8 +225,10 @@ def sweep(decode, prefill, bw: float) -> list[dict]:
                 q_tile = 1 if kind == "decode" else max(1, m // (HEADS // KV_HEADS))
                 pa.tile_shape = lambda *_, t=pa.Tiles(m, n, q_tile): t
                 pa.LAUNCH[kind] = dict(num_warps=w, num_stages=st)
-                pa.UNMASKED_FULL = "masked" not in variant
-                pa.LONGEST_FIRST = "in order" not in variant
+                pa.UNMASKED_FULL = {"unmasked": True, "masked": False}.get(
+                    "".join(variant), flags[0]
+                )
+                pa.LONGEST_FIRST = flags[1] and "in order" not in variant
                 r = decode_row(a, b, bw, False) if kind == "decode" else prefill_row(a, b, False)
                 us = r["kernel_graph_us"] if kind == "decode" else r["kernel_us"]
                 rows.append({"kind": kind, "shape": [a, b], "rows": m, "keys": n, "warps": w,

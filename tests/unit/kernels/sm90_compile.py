@@ -186,13 +186,16 @@ for _tokens, _k in ((1, 2), (8192, 8)):
     CASES[f"moe sum T={_tokens} k={_k}"] = (_moe_sum_kernel, dict(TOP_K=_k, BT=_bt, BN=_bn), 4, 3)
 
 
-def _attention(group: int, decode: bool, dtype, splits: int = 1, window: bool = False) -> dict:
+def _attention(
+    group: int, decode: bool, dtype, splits: int = 1, window: bool = False, unmasked=None
+) -> dict:
     """The paged-attention kernel at head size 128, 16-token blocks, as the launcher sets it."""
     t = tile_shape(group, dtype, 128, decode)
     return dict(HEAD_DIM=128, BLOCK_D=128, BS=16, GROUP=group, BLOCK_Q=t.block_q,
                 BLOCK_M=t.block_m, BLOCK_N=t.block_n, DECODE=decode, SPLIT=splits > 1,
                 WINDOW=window, PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                UNMASKED_FULL=UNMASKED_FULL and dtype != torch.float32)  # fmt: skip
+                UNMASKED_FULL=(UNMASKED_FULL if unmasked is None else unmasked)
+                and dtype != torch.float32)  # fmt: skip
 
 
 _BF16, _FP32 = torch.bfloat16, torch.float32
@@ -201,6 +204,10 @@ CASES.update({  # Llama-3-8B (GQA 4), Qwen2-7B (GQA 7), a 70B (GQA 8); fp32: cor
     "attention decode GQA 8, key splits, window": (_paged_attention_kernel,
                               _attention(8, True, _BF16, 8, True), 4, 2),
     "attention prefill GQA 4": (_paged_attention_kernel, _attention(4, False, _BF16), 4, 2),
+    "attention prefill GQA 4, full key steps unmasked": (_paged_attention_kernel,
+                              _attention(4, False, _BF16, unmasked=True), 4, 2),
+    "attention decode GQA 4, full key steps unmasked": (_paged_attention_kernel,
+                              _attention(4, True, _BF16, unmasked=True), 4, 2),
     "attention prefill GQA 7 fp32, window": (_paged_attention_kernel,
                               _attention(7, False, _FP32, 1, True), 4, 2, "fp32"),
     "attention decode GQA 4 fp32": (_paged_attention_kernel, _attention(4, True, _FP32), 4, 2, "fp32"),
