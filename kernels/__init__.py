@@ -301,8 +301,9 @@ def paged_attention(
     Triton reads each key and value once where it lies, in fp32 with exp2 (a flash
     attention online softmax); the reference (CPU) gathers each sequence's keys.
     tiles: Triton's prefill tiles for these query_lens (kernels.triton.paged_attention
-    .prefill_tiles), where a caller keeps them for every layer of a step. Bad arguments
-    raise ValueError naming the argument.
+    .prefill_tiles), where a caller keeps them for every layer of a step; tiles made with
+    prefill_tiles(skip=) leave the skipped sequences' rows of out unwritten (the engine
+    attends whole long prompts densely). Bad arguments raise ValueError naming the argument.
     """
     check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, window, query_lens, out)
     out = torch.empty_like(q) if out is None else out
