@@ -102,6 +102,7 @@ def time_steps(runner, batch, steps: int, warmup: int, device) -> tuple[float, f
 
 def run(args) -> dict:
     device = torch.device("cpu" if args.smoke else "cuda")
+    attention.DENSE_PROMPT_MIN = args.dense_prompt_min
     engine_gpu.DEVICE, engine_gpu.STACKED = device, False
     hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
     if args.smoke:
@@ -123,8 +124,18 @@ def run(args) -> dict:
             batch = make_batch(cfg, d, p, args.context, adapters, device)
             _, eager_ms, want = time_steps(eager, batch, args.steps, args.warmup, device)
             base_ms = base_ms or eager_ms
-            if mixed.key_for(d + p, batch.lora_count) is None:  # past the graphs' buckets
-                rows.append(eager_row(d, p, batch.lora_count, eager_ms, base_ms))
+            row = {
+                "decode_tokens": d, "prompt_chunk_tokens": p, "tokens": d + p,
+                "distinct_adapters": batch.lora_count, "eager_ms": round(eager_ms, 3),
+                "floor_eager_base_ms": round(base_ms, 3),
+                "eager_vs_floor": round(eager_ms / base_ms, 3),
+            }  # fmt: skip
+            rows.append(row)
+            head = f"D {d:4d} + P {p:4d}  adapters {adapters:2d}:  eager {eager_ms:7.2f} ms"
+            floor = f"floor (eager base-only) {base_ms:7.2f} ms: eager x{eager_ms / base_ms:.2f}"
+            bucket = mixed.key_for(d + p, batch.lora_count)
+            if bucket is None:  # past the graphs' buckets: the engine runs it eagerly too
+                print(f"{head} (no graph bucket this large)  |  {floor}", flush=True)
                 continue
             if device.type == "cuda":  # a capture empties the allocator's cache first
                 torch.cuda.empty_cache()
@@ -133,26 +144,18 @@ def run(args) -> dict:
             first_ms, graph_ms, got = time_steps(graphs, batch, args.steps, args.warmup, device)
             taken = (torch.cuda.memory_reserved() - before) / 2**20 if device.type == "cuda" else 0
             assert mixed.replays > replays, "the graphs runner ran eagerly (capture failed?)"
-            row = {
-                "decode_tokens": d, "prompt_chunk_tokens": p, "tokens": d + p,
-                "token_bucket": mixed.key_for(d + p, batch.lora_count)[0],
-                "distinct_adapters": batch.lora_count,
-                "eager_ms": round(eager_ms, 3), "graphs_ms": round(graph_ms, 3),
+            row.update({
+                "token_bucket": bucket[0], "graphs_ms": round(graph_ms, 3),
                 "graphs_speedup": round(eager_ms / graph_ms, 3),
-                "floor_eager_base_ms": round(base_ms, 3),
-                "eager_vs_floor": round(eager_ms / base_ms, 3),
                 "graphs_vs_floor": round(graph_ms / base_ms, 3),
                 "first_graphs_step_ms": round(first_ms, 1),
                 "capture_memory_mib": round(taken, 1),
                 "logits_max_abs_diff": float((got - want).abs().max()),
-            }  # fmt: skip
-            rows.append(row)
+            })  # fmt: skip
             print(
-                f"D {d:4d} + P {p:4d}  adapters {adapters:2d}:  eager {eager_ms:7.2f} ms  "
-                f"graphs {graph_ms:7.2f} ms ({eager_ms / graph_ms:.2f}x)  |  floor (eager "
-                f"base-only) {base_ms:7.2f} ms: eager x{eager_ms / base_ms:.2f}, graphs "
-                f"x{graph_ms / base_ms:.2f}  |  first step {first_ms:.0f} ms, +{taken:.0f} MiB, "
-                f"max |dlogit| {row['logits_max_abs_diff']:.3g}",
+                f"{head}  graphs {graph_ms:7.2f} ms ({eager_ms / graph_ms:.2f}x)  |  {floor}, "
+                f"graphs x{graph_ms / base_ms:.2f}  |  first step {first_ms:.0f} ms, "
+                f"+{taken:.0f} MiB, max |dlogit| {row['logits_max_abs_diff']:.3g}",
                 flush=True,
             )
     return {
@@ -166,18 +169,6 @@ def run(args) -> dict:
         "steps": args.steps,
         "rows": rows,
     }
-
-
-def eager_row(d: int, p: int, adapters: int, eager_ms: float, base_ms: float) -> dict:
-    """A step past the graphs' largest bucket: it runs eagerly in the engine too."""
-    print(f"D {d:4d} + P {p:4d}  adapters {adapters:2d}:  eager {eager_ms:7.2f} ms (no graph "
-          f"bucket this large)  |  floor (eager base-only) {base_ms:7.2f} ms: eager "
-          f"x{eager_ms / base_ms:.2f}", flush=True)  # fmt: skip
-    return {
-        "decode_tokens": d, "prompt_chunk_tokens": p, "tokens": d + p,
-        "distinct_adapters": adapters, "eager_ms": round(eager_ms, 3),
-        "floor_eager_base_ms": round(base_ms, 3), "eager_vs_floor": round(eager_ms / base_ms, 3),
-    }  # fmt: skip
 
 
 def parse_args(argv=None):
@@ -194,7 +185,6 @@ def parse_args(argv=None):
                     "(replica.layers.attention.DENSE_PROMPT_MIN; 0: all paged)")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    attention.DENSE_PROMPT_MIN = args.dense_prompt_min
     try:
         args.shapes = [tuple(int(v) for v in s.split("+")) for s in args.shapes.split(",")]
     except ValueError:

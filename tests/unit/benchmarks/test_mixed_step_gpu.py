@@ -51,3 +51,21 @@ def test_bad_shapes_are_refused(shapes, capsys):
     with pytest.raises(SystemExit):
         mixed_step_gpu.parse_args(["--shapes", shapes])
     assert "--shapes" in capsys.readouterr().err
+
+
+def test_steps_past_the_graph_buckets_are_eager_rows(tmp_path, monkeypatch):
+    """A step larger than the piecewise graphs' largest bucket (2048 tokens) is timed
+    eagerly only, as the engine runs it; --dense-prompt-min reaches the attention layer."""
+    from replica.layers import attention
+
+    monkeypatch.setattr(attention, "DENSE_PROMPT_MIN", attention.DENSE_PROMPT_MIN)
+    out = tmp_path / "m.json"
+    mixed_step_gpu.main(["--smoke", "--layers", "1", "--steps", "1", "--warmup", "0",
+                         "--shapes", "0+2100", "--dense-prompt-min", "0", "--out", str(out)])  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["dense_prompt_min"] == 0 == attention.DENSE_PROMPT_MIN
+    assert [r["distinct_adapters"] for r in doc["rows"]] == [0, 1]
+    for r in doc["rows"]:
+        assert r["tokens"] == 2100 and "graphs_ms" not in r and "token_bucket" not in r
+        ratio = r["eager_ms"] / r["floor_eager_base_ms"]  # of the rounded figures
+        assert r["eager_vs_floor"] == pytest.approx(ratio, abs=2e-3)
