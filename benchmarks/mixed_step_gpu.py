@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import engine_gpu  # noqa: E402
 from benchmarks.engine_shapes import LLAMA3_8B, SMOKE  # noqa: E402
-from replica.layers import attention  # noqa: E402
+from replica.config import DENSE_PROMPT_MIN  # noqa: E402
 from replica.layers.attention import AttentionMetadata, PrefillChunk  # noqa: E402
 from replica.mixed_graphs import MixedGraphs  # noqa: E402
 from replica.model_runner import ModelRunner, StepBatch  # noqa: E402
@@ -42,9 +42,13 @@ SHAPES = [(16, 48), (128, 128), (128, 512), (0, 1024), (64, 1984)]
 BLOCK = 16
 
 
-def make_batch(cfg: ModelConfig, d: int, p: int, context: int, adapters: int, device) -> StepBatch:
+def make_batch(
+    cfg: ModelConfig, d: int, p: int, context: int, adapters: int, device,
+    dense_prompt_min: int = DENSE_PROMPT_MIN,
+) -> StepBatch:  # fmt: skip
     """D decode sequences at `context` tokens (KV blocks 0..) and one new prompt's first P
-    tokens (blocks after theirs); decode token i takes adapter i % adapters, the chunk 0."""
+    tokens (blocks after theirs); decode token i takes adapter i % adapters, the chunk 0.
+    dense_prompt_min: the engine's EngineConfig.dense_prompt_min."""
     per_seq = _blocks(context + 1)
     tables = torch.arange(d * per_seq).view(d, per_seq)
     chunk_table = torch.arange(_blocks(p)) + d * per_seq
@@ -60,6 +64,7 @@ def make_batch(cfg: ModelConfig, d: int, p: int, context: int, adapters: int, de
         decode_block_tables=tables.to(**on) if d else None,
         decode_context_lens=torch.full((d,), context + 1, **on) if d else None,
         prefills=[PrefillChunk(d, p, p, chunk_table.to(**on))] if p else [],
+        dense_prompt_min=dense_prompt_min,
     )
     rows = list(range(d)) + ([d + p - 1] if p else [])
     return StepBatch(
@@ -102,7 +107,6 @@ def time_steps(runner, batch, steps: int, warmup: int, device) -> tuple[float, f
 
 def run(args) -> dict:
     device = torch.device("cpu" if args.smoke else "cuda")
-    attention.DENSE_PROMPT_MIN = args.dense_prompt_min
     engine_gpu.DEVICE, engine_gpu.STACKED = device, False
     hf = {**LLAMA3_8B, "num_hidden_layers": args.layers}
     if args.smoke:
@@ -121,7 +125,7 @@ def run(args) -> dict:
     for d, p in args.shapes:
         base_ms = None
         for adapters in (0, 32):
-            batch = make_batch(cfg, d, p, args.context, adapters, device)
+            batch = make_batch(cfg, d, p, args.context, adapters, device, args.dense_prompt_min)
             _, eager_ms, want = time_steps(eager, batch, args.steps, args.warmup, device)
             base_ms = base_ms or eager_ms
             row = {
@@ -160,7 +164,7 @@ def run(args) -> dict:
             )
     return {
         "command": "python3 " + " ".join(sys.argv),
-        "dense_prompt_min": attention.DENSE_PROMPT_MIN,
+        "dense_prompt_min": args.dense_prompt_min,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "model": f"Llama-3-8B-shaped, {args.layers} layers, bf16, random weights",
@@ -180,9 +184,9 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default=",".join(f"{d}+{p}" for d, p in SHAPES),
                     help="D+P,... decode tokens + prompt-chunk tokens per step")  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, no capture")
-    ap.add_argument("--dense-prompt-min", type=int, default=attention.DENSE_PROMPT_MIN,
+    ap.add_argument("--dense-prompt-min", type=int, default=DENSE_PROMPT_MIN,
                     help="whole prompts of this many tokens attend through dense SDPA "
-                    "(replica.layers.attention.DENSE_PROMPT_MIN; 0: all paged)")  # fmt: skip
+                    "(EngineConfig.dense_prompt_min; 0: all paged)")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     try:

@@ -25,6 +25,7 @@ from cluster.client import check_url
 from cluster.keys import Keys, check_name
 from cluster.registry import MAX_LORA_RANK
 from lora_core.errors import InvalidRequest
+from replica.config import DENSE_PROMPT_MIN
 
 LORA_POLICY = "cluster.autoscaling:LoraAutoscalingPolicy"
 SERVE_METRICS_INTERVAL_S = 10.0  # Serve's default replica -> controller metrics push period
@@ -128,6 +129,11 @@ class ClusterArgs(BaseModel):
     cuda_graphs: bool = True
     """On CUDA: replay decode steps from CUDA graphs, and prefill and mixed steps' layers
     from per-layer graphs around eager attention (tensor_parallel_size 1)."""
+    dense_prompt_min: int = Field(DENSE_PROMPT_MIN, ge=0)
+    """On CUDA: a whole prompt (nothing of it prefix-cached) of this many tokens or more
+    attends through dense causal SDPA (cuDNN / FlashAttention) on its own keys instead of
+    the paged-attention kernel, which is 1.5-2.6x slower on whole prompts of 512-8192
+    tokens (`benchmarks/README.md`, "Paged attention"); 0 = every prompt paged."""
     lora_stacked: bool = False
     """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig,
     which refuses it with tensor_parallel_size > 1, before the cluster starts)."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from lora_core.errors import InvalidRequest
 
 DTYPES = ("float32", "bfloat16", "float16")
+DENSE_PROMPT_MIN = 1024
+"""EngineConfig.dense_prompt_min's default (see there)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class EngineConfig:
         step's shrink inside the base GEMM (`lora_core.layers`, stacked layout): faster
         where many adapters of a small-rank pool are active, slower with few adapters or
         a wide rank (`benchmarks/cublas_concat_probe.py`). tensor_parallel_size 1 only.
+    dense_prompt_min: on the Triton path (CUDA), a prompt chunk with no cached keys and
+        at least this many tokens attends through torch's causal SDPA on the step's own
+        k / v (cuDNN or FlashAttention), not the paged kernel: whole long prompts are the
+        one case where dense attention kernels are much faster than a paged one
+        (`benchmarks/README.md`, "Paged attention"). Below it, one call per prompt and
+        layer costs more host time than it saves. 0: every chunk paged.
     """
 
     model: str
@@ -69,6 +77,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_step_timeout_s: float = 300.0
     lora_stacked: bool = False
+    dense_prompt_min: int = DENSE_PROMPT_MIN
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -83,6 +92,7 @@ class EngineConfig:
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _at_least("max_model_len", self.max_model_len, 0)
         _at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _at_least("dense_prompt_min", self.dense_prompt_min, 0)
         if self.lora_stacked and self.tensor_parallel_size > 1:
             raise InvalidRequest(
                 f"lora_stacked with tensor_parallel_size={self.tensor_parallel_size}; "

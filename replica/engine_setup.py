@@ -130,7 +130,7 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
     graphs, mixed = (
         _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else (None, None)
     )
-    runner = ModelRunner(model, kv, config.block_size, ctx, graphs, mixed)
+    runner = ModelRunner(model, kv, config.block_size, ctx, graphs, mixed, config.dense_prompt_min)
     return ModelShard(model_dir, runner, buffers, num_blocks, max_len)
 
 

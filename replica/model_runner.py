@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replica.config import DENSE_PROMPT_MIN
 from replica.layers.attention import AttentionMetadata, PrefillChunk
 from replica.models.llama import CausalLM
 from replica.outputs import TopLogprobs
@@ -70,16 +71,19 @@ class ModelRunner:
         lora_ctx=None,
         graphs=None,
         mixed=None,
+        dense_prompt_min: int = DENSE_PROMPT_MIN,
     ):
         """graphs: a `replica.cuda_graphs.DecodeGraphs` to replay decode-only steps, or None;
         mixed: a `replica.mixed_graphs.MixedGraphs` to replay the other steps' layers
-        around eager attention, or None."""
+        around eager attention, or None; dense_prompt_min: EngineConfig.dense_prompt_min,
+        set on each step's AttentionMetadata."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.lora_ctx = lora_ctx
         self.graphs = graphs
         self.mixed = mixed
+        self.dense_prompt_min = dense_prompt_min
         self.device = kv_caches[0][0].device
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
@@ -116,6 +120,7 @@ class ModelRunner:
             decode_block_tables=self._pad(decode_tables) if decode_tables else None,
             decode_context_lens=self._tensor(decode_lens) if decode_tables else None,
             prefills=prefills,
+            dense_prompt_min=self.dense_prompt_min,
         )
         return StepBatch(
             input_ids=self._tensor(ids),

@@ -74,6 +74,7 @@ class OfflineJob:
             max_lora_rank=args.max_lora_rank,
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=not args.no_prefix_caching,
+            dense_prompt_min=args.dense_prompt_min,
         )
         base = local_base_shape(args.model)  # adapters refused before the model loads
         refs = {

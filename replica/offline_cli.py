@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_core.errors import LoraFleetError
-from replica.config import DTYPES
+from replica.config import DENSE_PROMPT_MIN, DTYPES
 from replica.logit_bias import MAX_BIAS
 from replica.sampling_checks import (
     MAX_PENALTY,
@@ -160,6 +160,13 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
         "--max-num-seqs", type=int, default=64, help="sequences per batch (default %(default)s)"
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    p.add_argument(
+        "--dense-prompt-min",
+        type=int,
+        default=DENSE_PROMPT_MIN,
+        help="on CUDA, whole prompts of this many tokens or more attend through dense "
+        "SDPA, not the paged kernel; 0: never (default %(default)s)",
+    )
     p.add_argument(
         "--input", required=True, type=Path, help="JSONL: {prompt, adapter, ...sampling fields}"
     )

@@ -87,10 +87,11 @@ def step_payload_len(h: list[int]) -> int:
     return 4 * t + d * w + d + 3 * p + p * wp + s + m
 
 
-def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
+def unpack_step(h: list[int], payload: torch.Tensor, dense_prompt_min: int) -> StepBatch:
     """The StepBatch a worker runs: its sample and prompt rows say which rows' logit
     shards to compute; no sequences, no prompt targets (only the driver samples and
-    scores)."""
+    scores). dense_prompt_min: the worker's EngineConfig.dense_prompt_min (the driver's,
+    since every rank builds from one config)."""
     t, d, w, p, wp, lora_count, s, m = h[1:9]
     sizes = [t, t, t, t, d * w, d, 3 * p, p * wp, s, m]
     ids, pos, slots, slot_mapping, dtables, dlens, pinfo, ptables, rows, prompt_rows = (
@@ -107,6 +108,7 @@ def unpack_step(h: list[int], payload: torch.Tensor) -> StepBatch:
         decode_block_tables=dtables.view(d, w) if d else None,
         decode_context_lens=dlens if d else None,
         prefills=prefills,
+        dense_prompt_min=dense_prompt_min,
     )
     return StepBatch(
         input_ids=ids,

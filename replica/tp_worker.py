@@ -78,7 +78,8 @@ def serve(group: TPGroup, shard: ModelShard, device: torch.device) -> None:
         kind = h[0]
         if kind == STEP:
             payload = torch.empty(step_payload_len(h), dtype=torch.long, device=device)
-            shard.runner.follow(unpack_step(h, group.broadcast(payload)))
+            step = unpack_step(h, group.broadcast(payload), shard.runner.dense_prompt_min)
+            shard.runner.follow(step)
         elif kind in (WRITE, CLEAR):
             apply_slot_command(group, shard.buffers, h)
         elif kind == STOP:

@@ -22,13 +22,7 @@ import torch
 import kernels
 from kernels.attention_reference import attend_sequence, visible_keys
 from kernels.backend import backend_for
-
-DENSE_PROMPT_MIN = 1024
-"""On the Triton path, a prompt chunk with no cached keys and at least this many queries
-attends through torch's causal SDPA on the step's own k / v (cuDNN or FlashAttention on
-CUDA), not the paged kernel: whole long prompts are the one case where dense attention
-kernels are much faster than a paged one (results: benchmarks/README.md, "Paged
-attention"). Below it, one call per prompt costs more host time than it saves. 0: never."""
+from replica.config import DENSE_PROMPT_MIN
 
 
 @dataclass
@@ -54,6 +48,8 @@ class AttentionMetadata:
     decode_block_tables: long [num_decode, max_blocks] (padded with 0).
     decode_context_lens: long [num_decode] KV length of each decode sequence, this token included.
     prefills: the prefill chunks that follow the decode tokens.
+    dense_prompt_min: on the Triton path, whole prompts of this many tokens or more
+        attend through dense SDPA (EngineConfig.dense_prompt_min; 0: none).
     """
 
     slot_mapping: torch.Tensor
@@ -61,6 +57,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None
     decode_context_lens: torch.Tensor | None
     prefills: list[PrefillChunk]
+    dense_prompt_min: int = DENSE_PROMPT_MIN
     step_cache: dict = field(default_factory=dict, repr=False, compare=False)
     """What every layer of the step would make alike (the torch path's attention masks
     per sliding window; the Triton path's chunk tables and query tiles), made by the
@@ -147,7 +144,7 @@ def paged_attention(
 def _paged_kernel(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale, window, out):
     """paged_attention through kernels.paged_attention: one launch for the decode tokens
     and one for the prompt chunks, whose block tables and query tiles the step's first
-    layer builds for all of them; whole long prompts (DENSE_PROMPT_MIN) through dense
+    layer builds for all of them; whole long prompts (meta.dense_prompt_min) through dense
     causal SDPA on their own k / v instead, their tiles left out of the launch."""
     nd = meta.num_decode
     if nd:
@@ -187,11 +184,11 @@ def _chunks(meta: AttentionMetadata, block_q: int, window: int | None):
     """(block tables [chunks, widest], context lengths, query counts, Triton query tiles
     of block_q queries, the rows of the chunks that go dense) of the step's prompt chunks,
     which follow the decode tokens one after another. A chunk goes dense where it is a
-    whole prompt (no cached keys) of DENSE_PROMPT_MIN queries or more that the sliding
+    whole prompt (no cached keys) of meta.dense_prompt_min queries or more that the sliding
     window, if any, does not cut; the tiles leave its queries out."""
     from kernels.triton.paged_attention import prefill_tiles
 
-    start = meta.num_decode
+    start, least = meta.num_decode, meta.dense_prompt_min
     go_dense = []
     for c in meta.prefills:
         if c.start != start:
@@ -199,7 +196,7 @@ def _chunks(meta: AttentionMetadata, block_q: int, window: int | None):
                 f"prompt chunks must follow each other from row {start}; one starts at {c.start}"
             )
         whole = c.context_len == c.q_len and (window is None or c.q_len <= window)
-        go_dense.append(whole and 0 < DENSE_PROMPT_MIN <= c.q_len)
+        go_dense.append(whole and 0 < least <= c.q_len)
         start += c.q_len
     tables = torch.nn.utils.rnn.pad_sequence(
         [c.block_table for c in meta.prefills], batch_first=True

@@ -55,15 +55,21 @@ def test_bad_shapes_are_refused(shapes, capsys):
 
 def test_steps_past_the_graph_buckets_are_eager_rows(tmp_path, monkeypatch):
     """A step larger than the piecewise graphs' largest bucket (2048 tokens) is timed
-    eagerly only, as the engine runs it; --dense-prompt-min reaches the attention layer."""
-    from replica.layers import attention
+    eagerly only, as the engine runs it; --dense-prompt-min reaches the steps' metadata."""
+    seen, real = [], mixed_step_gpu.make_batch
 
-    monkeypatch.setattr(attention, "DENSE_PROMPT_MIN", attention.DENSE_PROMPT_MIN)
+    def spy(*a):
+        batch = real(*a)
+        seen.append(batch.meta)
+        return batch
+
+    monkeypatch.setattr(mixed_step_gpu, "make_batch", spy)
     out = tmp_path / "m.json"
     mixed_step_gpu.main(["--smoke", "--layers", "1", "--steps", "1", "--warmup", "0",
                          "--shapes", "0+2100", "--dense-prompt-min", "0", "--out", str(out)])  # fmt: skip
     doc = json.loads(out.read_text())
-    assert doc["dense_prompt_min"] == 0 == attention.DENSE_PROMPT_MIN
+    assert doc["dense_prompt_min"] == 0
+    assert seen and {m.dense_prompt_min for m in seen} == {0}
     assert [r["distinct_adapters"] for r in doc["rows"]] == [0, 1]
     for r in doc["rows"]:
         assert r["tokens"] == 2100 and "graphs_ms" not in r and "token_bucket" not in r

@@ -181,6 +181,7 @@ ENGINE_FIELDS = (
     "enable_prefix_caching",
     "cuda_graphs",
     "lora_stacked",
+    "dense_prompt_min",
 )
 
 
@@ -193,10 +194,17 @@ def test_engine_args_default_to_the_engine_defaults_and_reach_it(tmp_path):
         "max_num_batched_tokens": 8192,
         "enable_prefix_caching": False,
         "cuda_graphs": False,
+        "dense_prompt_min": 0,
     }
     engine = engine_config(parse_args(given), str(tmp_path))
     assert {k: getattr(engine, k) for k in given} == given
     assert engine_config(parse_args({"lora_stacked": True}), str(tmp_path)).lora_stacked
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None])
+def test_a_bad_dense_prompt_min_is_refused_naming_it(bad):
+    with pytest.raises(InvalidRequest, match="dense_prompt_min"):
+        parse_args({"dense_prompt_min": bad})
 
 
 def test_engine_conflicts_are_refused_by_the_engine_config(tmp_path):

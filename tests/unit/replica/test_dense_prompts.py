@@ -1,4 +1,4 @@
-"""On the Triton path, whole long prompts (no cached keys, DENSE_PROMPT_MIN queries or
+"""On the Triton path, whole long prompts (no cached keys, meta.dense_prompt_min queries or
 more, not cut by the sliding window) attend through dense causal SDPA on the step's own
 k / v; every other chunk and the decode tokens through the paged kernel (the CPU
 interpreter here). Outputs equal the float64 oracle's, whichever way each chunk goes, and
@@ -16,7 +16,7 @@ from replica.layers.attention import AttentionMetadata, PrefillChunk, paged_atte
 BS, KVH, HEADS, D = 4, 2, 8, 16
 
 
-def _step(g, dtype):
+def _step(g, dtype, least):
     """One decode sequence (context 6), then chunks: a whole 12-token prompt, 5 tokens
     after 7 cached, a whole 3-token prompt, a whole 9-token prompt. -> (meta, q, k, v,
     caches, (positions, block table) per row)."""
@@ -35,7 +35,7 @@ def _step(g, dtype):
         start += n
     slots = torch.tensor([int(t[p // BS]) * BS + p % BS for p, t in rows])
     dec_table = torch.nn.functional.pad(tables[0], (0, 1))[None]
-    meta = AttentionMetadata(slots, 1, dec_table, torch.tensor([6]), chunks)
+    meta = AttentionMetadata(slots, 1, dec_table, torch.tensor([6]), chunks, least)
     kc = torch.randn(40, BS, KVH, D, generator=g).to(dtype)
     vc = torch.randn(40, BS, KVH, D, generator=g).to(dtype)
     t = len(rows)
@@ -68,13 +68,12 @@ def _oracle(q, kc, vc, rows, window):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_whole_long_prompts_go_dense(monkeypatch, least, window, dense_rows, dtype):
     monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
-    monkeypatch.setattr(attn, "DENSE_PROMPT_MIN", least)
     dense_calls = []
     real = attn._dense_prompt
     monkeypatch.setattr(
         attn, "_dense_prompt", lambda q, *a: dense_calls.append(q.shape[0]) or real(q, *a)
     )
-    meta, q, k, v, kc, vc, rows = _step(torch.Generator().manual_seed(3), dtype)
+    meta, q, k, v, kc, vc, rows = _step(torch.Generator().manual_seed(3), dtype, least)
     out = torch.full_like(q, float("nan"))
     got = paged_attention(q, k, v, kc, vc, meta, D**-0.5, window, out)
     assert got is out and out.isfinite().all()

@@ -9,7 +9,6 @@ import os
 import pytest
 import torch
 
-import replica.layers.attention as attention
 from deploy.cli import main
 
 PROMPTS = [
@@ -104,9 +103,10 @@ def test_triton_kernels_equal_peft(setup, monkeypatch, dense_prompts):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (a CPU machine)")
     monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
-    monkeypatch.setattr(attention, "DENSE_PROMPT_MIN", 1 if dense_prompts else 0)
     model_dir, adapters, ref, rows, tmp = setup
-    out = _run_cli(tmp, model_dir, adapters, rows)
+    out = _run_cli(
+        tmp, model_dir, adapters, rows, "--dense-prompt-min", "1" if dense_prompts else "0"
+    )
     got = [r["token_ids"] for r in out]
     assert got == [ref[r["adapter"]][PROMPTS.index(r["prompt"])] for r in rows]
 

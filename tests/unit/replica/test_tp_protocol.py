@@ -40,13 +40,14 @@ def test_step_round_trips_with_its_logit_rows(prompt_rows):
     h = head.tolist()
     assert h[1:9] == [4, 1, 1, 1, 2, 1, 2, len(prompt_rows or [])]
     assert payload.shape[0] == step_payload_len(h)
-    got = unpack_step(h, payload)
+    got = unpack_step(h, payload, dense_prompt_min=77)
     for name in ("input_ids", "positions", "lora_slots", "sample_rows"):
         assert getattr(got, name).tolist() == getattr(batch, name).tolist(), name
     assert got.lora_count == 1 and got.prompt_targets is None
     assert (got.prompt_rows is None) == (prompt_rows is None)
     assert prompt_rows is None or got.prompt_rows.tolist() == prompt_rows
     assert got.meta.slot_mapping.tolist() == [13, 4, 5, 6]
+    assert got.meta.dense_prompt_min == 77  # the worker's own setting
     assert got.meta.decode_block_tables.tolist() == [[3]]
     (chunk,) = got.meta.prefills
     assert (chunk.start, chunk.q_len, chunk.context_len) == (1, 3, 3)
