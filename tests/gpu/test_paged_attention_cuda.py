@@ -93,7 +93,7 @@ def test_decode_replays_in_a_cuda_graph(seqs):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_engine_step_with_dense_whole_prompts(dtype):
     """replica's paged_attention on CUDA: 2 decode sequences, then a whole 1500-token
-    prompt (dense SDPA: DENSE_PROMPT_MIN), 300 tokens after 700 cached and a whole
+    prompt (dense SDPA: dense_prompt_min), 300 tokens after 700 cached and a whole
     200-token prompt (the kernel), against the float64 oracle over the cache it wrote."""
     from replica.layers import attention as attn
 
