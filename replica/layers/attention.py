@@ -172,11 +172,21 @@ def _paged_kernel(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale, win
 
 def _dense_prompt(q, k, v, scale: float) -> torch.Tensor:
     """q [n, heads, d], k, v [n, kv_heads, d]: a prompt's queries, keys and values, none
-    cached before -> [n, heads, d], causal attention (SDPA's fastest kernel for the shape)."""
+    cached before -> [n, heads, d], causal attention (SDPA's fastest kernel for the shape).
+
+    16-bit inputs share each KV head among its query heads (enable_gqa: FlashAttention
+    on CUDA). Other dtypes get the KV heads repeated instead: SDPA's CUDA backends that
+    take enable_gqa are FlashAttention (16-bit only) and the math backend, which would
+    hold a [heads, n, n] score matrix (8.6 GB in float32 for 32 heads at 8192 tokens);
+    with equal heads the memory-efficient kernel runs, in O(n) memory."""
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+    gqa = q.dtype in (torch.float16, torch.bfloat16)
+    if not gqa and k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        is_causal=True, scale=scale, enable_gqa=True,
-    )  # fmt: skip
+        q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
+    )
     return o[0].transpose(0, 1)
 
 

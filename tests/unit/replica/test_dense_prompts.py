@@ -86,3 +86,34 @@ def test_whole_long_prompts_go_dense(monkeypatch, least, window, dense_rows, dty
     if dense_rows:  # a second layer reuses the step's split
         paged_attention(q, k, v, kc, vc, meta, D**-0.5, window, out)
         assert len(dense_calls) == 2 * len(dense_rows)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "gqa"), [(torch.float16, True), (torch.bfloat16, True), (torch.float32, False)]
+)
+def test_dense_prompts_call_sdpa_in_a_form_a_fused_kernel_takes(monkeypatch, dtype, gqa):
+    """16-bit prompts share KV heads (enable_gqa: FlashAttention on CUDA); float32 ones
+    repeat them, so CUDA's memory-efficient kernel runs instead of the math backend's
+    [heads, n, n] score matrix. Both equal the per-head float64 reference."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q.shape[1], k.shape[1], v.shape[1], kw["enable_gqa"], kw["is_causal"]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    g = torch.Generator().manual_seed(11)
+    n = 19
+    q, k, v = (torch.randn(n, h, D, generator=g) for h in (HEADS, KVH, KVH))
+    got = attn._dense_prompt(q.to(dtype), k.to(dtype), v.to(dtype), D**-0.5)
+    kv_heads = KVH if gqa else HEADS
+    assert calls == [(HEADS, kv_heads, kv_heads, gqa, True)]
+    want = torch.empty(n, HEADS, D, dtype=torch.float64)
+    for h in range(HEADS):
+        kh, vh = k[:, h // (HEADS // KVH)].double(), v[:, h // (HEADS // KVH)].double()
+        s = q[:, h].double() @ kh.T * D**-0.5
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        want[:, h] = torch.softmax(s, -1) @ vh
+    tol = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
+    assert got.dtype == dtype and rel_err(got, want) < tol
