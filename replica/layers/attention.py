@@ -208,8 +208,11 @@ def _chunks(meta: AttentionMetadata, block_q: int, window: int | None):
         whole = c.context_len == c.q_len and (window is None or c.q_len <= window)
         go_dense.append(whole and 0 < least <= c.q_len)
         start += c.q_len
-    tables = torch.nn.utils.rnn.pad_sequence(
-        [c.block_table for c in meta.prefills], batch_first=True
+    tables = meta.per_step(  # one copy for every window of the step's layers
+        ("chunk tables",),
+        lambda: torch.nn.utils.rnn.pad_sequence(
+            [c.block_table for c in meta.prefills], batch_first=True
+        ),
     )
     ctxs = [c.context_len for c in meta.prefills]
     lens = [c.q_len for c in meta.prefills]

@@ -117,3 +117,18 @@ def test_dense_prompts_call_sdpa_in_a_form_a_fused_kernel_takes(monkeypatch, dty
         want[:, h] = torch.softmax(s, -1) @ vh
     tol = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
     assert got.dtype == dtype and rel_err(got, want) < tol
+
+
+def test_layers_of_two_windows_share_the_steps_chunk_tables(monkeypatch):
+    """A model whose layers slide over different windows splits the step's chunks per
+    window (a window can keep a prompt paged) but pads their block tables once."""
+    monkeypatch.setenv("LORAFLEET_KERNELS", "triton")
+    meta, q, k, v, kc, vc, rows = _step(torch.Generator().manual_seed(5), torch.float32, 4)
+    for window in (None, 10):
+        out = torch.full_like(q, float("nan"))
+        paged_attention(q, k, v, kc, vc, meta, D**-0.5, window, out)
+        assert rel_err(out, _oracle(q, kc, vc, rows, window)) < 1e-5
+    splits = [v for key, v in meta.step_cache.items() if key[0] == "chunks"]
+    assert len(splits) == 2
+    assert splits[0][0] is splits[1][0]  # the tables
+    assert len(splits[0][4]) == 2 and len(splits[1][4]) == 1  # window 10 keeps one paged
