@@ -175,10 +175,10 @@ def _dense_prompt(q, k, v, scale: float) -> torch.Tensor:
     cached before -> [n, heads, d], causal attention (SDPA's fastest kernel for the shape).
 
     16-bit inputs share each KV head among its query heads (enable_gqa: FlashAttention
-    on CUDA). Other dtypes get the KV heads repeated instead: SDPA's CUDA backends that
-    take enable_gqa are FlashAttention (16-bit only) and the math backend, which would
-    hold a [heads, n, n] score matrix (8.6 GB in float32 for 32 heads at 8192 tokens);
-    with equal heads the memory-efficient kernel runs, in O(n) memory."""
+    on CUDA). Other dtypes get the KV heads repeated instead: FlashAttention has no
+    float32 kernel, and with enable_gqa the memory-efficient one is passed over too,
+    leaving the math backend and its [heads, n, n] score matrix (8.6 GB in float32 for
+    32 heads at 8192 tokens); with equal heads the memory-efficient kernel can run."""
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
     gqa = q.dtype in (torch.float16, torch.bfloat16)
     if not gqa and k.shape[1] != q.shape[1]:
