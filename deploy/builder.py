@@ -156,6 +156,7 @@ def engine_config(cfg: ClusterArgs, model_dir: str) -> EngineConfig:
         cuda_graphs=cfg.cuda_graphs,
         lora_stacked=cfg.lora_stacked,
         dense_prompt_min=cfg.dense_prompt_min,
+        kernel_warmup=cfg.kernel_warmup,
         tensor_parallel_size=cfg.tensor_parallel_size,
         tp_step_timeout_s=cfg.tp_step_timeout_s,
     )

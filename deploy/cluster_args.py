@@ -134,6 +134,10 @@ class ClusterArgs(BaseModel):
     attends through dense causal SDPA (cuDNN / FlashAttention) on its own keys instead of
     the paged-attention kernel, which is 1.5-2.6x slower on whole prompts of 512-8192
     tokens (`benchmarks/README.md`, "Paged attention"); 0 = every prompt paged."""
+    kernel_warmup: bool = True
+    """On CUDA with cuda_graphs: compile every graph key's Triton kernels at replica start
+    (one eager forward per key) instead of in the first step to need each, where a cold
+    compile stalls that step's requests ~1-2 s."""
     lora_stacked: bool = False
     """On GPUs: each LoRA layer's shrink inside its base GEMM (replica.config.EngineConfig,
     which refuses it with tensor_parallel_size > 1, before the cluster starts)."""

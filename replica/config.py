@@ -57,6 +57,12 @@ class EngineConfig:
         one case where dense attention kernels are much faster than a paged one
         (`benchmarks/README.md`, "Paged attention"). Below it, one call per prompt and
         layer costs more host time than it saves. 0: every chunk paged.
+    kernel_warmup: with cuda_graphs on a CUDA device (tensor_parallel_size 1), run every
+        decode and mixed-step graph key's layers once at engine start, eagerly on padding
+        rows, so each Triton kernel variant they launch is compiled (or loaded from
+        Triton's disk cache) before the first request, not mid-serving in the first step
+        to need it (~1-2 s a compile on a cold cache, every request of that step waiting).
+        Start-up then takes longer by those compiles and one eager forward per key.
     """
 
     model: str
@@ -78,6 +84,7 @@ class EngineConfig:
     tp_step_timeout_s: float = 300.0
     lora_stacked: bool = False
     dense_prompt_min: int = DENSE_PROMPT_MIN
+    kernel_warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

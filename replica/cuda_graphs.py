@@ -65,6 +65,12 @@ def lora_key(lora_ctx, slots: int, tokens: int, lora_count: int) -> int:
     return slot_bucket(lora_count, limit)
 
 
+def lora_keys(lora_ctx, slots: int, tokens: int) -> list[int]:
+    """Every LoRA key a graph of `tokens` rows can have (lora_key over 0 to min(tokens,
+    slots) distinct adapters), ascending."""
+    return sorted({lora_key(lora_ctx, slots, tokens, c) for c in range(min(tokens, slots) + 1)})
+
+
 def warm_up(run: Callable[[], object]) -> None:
     """run() once on a side stream before capturing it: its Triton kernels compile outside
     the capture; the current stream then waits for it."""
@@ -84,7 +90,7 @@ def buckets(limit: int, first: tuple[int, ...]) -> list[int]:
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None
     input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
@@ -133,6 +139,30 @@ class DecodeGraphs:
         w = next(x for x in self.width_buckets if x >= width)
         return b, w, lora_key(self.lora_ctx, self.num_slots, b, lora_count)
 
+    def compile_keys(self) -> list[tuple[int, int, int]]:
+        """One key per (batch bucket, LoRA key) pair, at the narrowest width: a graph's
+        Triton kernels other than attention's follow its rows and LoRA key alone, and the
+        attention kernel's variants are compiled at engine start on their own
+        (`kernels.triton.paged_attention.warm_up`)."""
+        w = self.width_buckets[0]
+        return [
+            (b, w, s)
+            for b in self.batch_buckets
+            for s in lora_keys(self.lora_ctx, self.num_slots, b)
+        ]
+
+    @torch.inference_mode()
+    def warm(self) -> int:
+        """Run each of compile_keys()'s forwards once, eagerly and uncaptured, on padding
+        rows (the scratch KV block, LoRA slot 0 or -1): every Triton kernel variant a
+        decode graph can launch is compiled (or loaded from Triton's disk cache) now, not
+        in the first step to capture its key, a stall of ~1-2 s a compile on a cold
+        cache. Nothing but the scratch block is written. -> the keys run."""
+        keys = self.compile_keys()
+        for key in keys:
+            self._forward(self._buffers(key), key[2])
+        return len(keys)
+
     def run(self, key: tuple[int, int, int], batch) -> torch.Tensor | None:
         """Logits [num_decode, V] of a decode-only batch, or None if capture failed."""
         g = self._graphs.get(key)
@@ -171,12 +201,13 @@ class DecodeGraphs:
         hidden = self.model(g.input_ids, g.positions, self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
-    def _capture(self, key: tuple[int, int, int]) -> _Graph | None:
+    def _buffers(self, key: tuple[int, int, int]) -> _Graph:
+        """Static inputs for key, every row padding (row 0 on LoRA slot 0 when the key has
+        adapters: warm-up and capture take the LoRA path); the graph not yet captured."""
         b, w, slots = key
         long = dict(dtype=torch.long, device=self.device)
         g = _Graph(
-            graph=torch.cuda.CUDAGraph(),
+            graph=None,
             input_ids=torch.zeros(b, **long),
             positions=torch.zeros(b, **long),
             slot_mapping=torch.full((b,), self.scratch * self.block_size, **long),
@@ -186,7 +217,14 @@ class DecodeGraphs:
             logits=torch.empty(0),
         )
         if slots:
-            g.lora_slots[0] = 0  # warm-up and capture take the LoRA path
+            g.lora_slots[0] = 0
+        return g
+
+    @torch.inference_mode()
+    def _capture(self, key: tuple[int, int, int]) -> _Graph | None:
+        slots = key[2]
+        g = self._buffers(key)
+        g.graph = torch.cuda.CUDAGraph()
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()

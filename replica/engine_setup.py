@@ -130,6 +130,8 @@ def build_shard(config: EngineConfig, device: torch.device, tp: TPGroup = SINGLE
     graphs, mixed = (
         _graphs(config, model, kv, ctx, num_blocks, max_len) if tp.size == 1 else (None, None)
     )
+    if config.kernel_warmup:
+        warm_graph_keys(graphs, mixed, device)
     runner = ModelRunner(model, kv, config.block_size, ctx, graphs, mixed, config.dense_prompt_min)
     return ModelShard(model_dir, runner, buffers, num_blocks, max_len)
 
@@ -174,6 +176,21 @@ def _warm_attention(cache: torch.Tensor, heads: int, cfg) -> None:
     log.info(
         "paged attention: %d kernel variants ready in %.1f s", n, time.perf_counter() - started
     )
+
+
+def warm_graph_keys(decode, mixed, device: torch.device) -> None:
+    """Compile the Triton kernels of every CUDA-graph key before serving
+    (EngineConfig.kernel_warmup; DecodeGraphs.warm, MixedGraphs.warm)."""
+    if decode is None and mixed is None:
+        return
+    started = time.perf_counter()
+    keys = (decode.warm() if decode is not None else 0) + (mixed.warm() if mixed is not None else 0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    log.info(
+        "kernel warm-up: the layers of %d CUDA-graph keys run once in %.1f s",
+        keys, time.perf_counter() - started,
+    )  # fmt: skip
 
 
 def _graphs(config: EngineConfig, model, kv, ctx, num_blocks: int, max_len: int):

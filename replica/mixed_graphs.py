@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from replica.cuda_graphs import buckets, lora_key, num_slots, warm_up
+from replica.cuda_graphs import buckets, lora_key, lora_keys, num_slots, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,26 @@ class MixedGraphs:
         b = next(x for x in self.token_buckets if x >= num_tokens)
         return b, lora_key(self.lora_ctx, self.num_slots, b, lora_count)
 
+    def compile_keys(self) -> list[tuple[int, int]]:
+        """Every key a step can have: each token bucket with each of its LoRA keys."""
+        return [
+            (n, s) for n in self.token_buckets for s in lora_keys(self.lora_ctx, self.num_slots, n)
+        ]
+
+    @torch.inference_mode()
+    def warm(self) -> int:
+        """Run every key's pieces once, eagerly and uncaptured, on padding rows (row 0 on
+        LoRA slot 0 where the key has adapters), as a capture's warm-up does: every Triton
+        kernel variant the pieces can launch is compiled (or loaded from Triton's disk
+        cache) now, not in the first step of its key. The pieces write no KV (attention
+        is not among them; its variants are compiled on their own). -> the keys run."""
+        keys = self.compile_keys()
+        for n, slots in keys:
+            self._prime(n, slots)
+            for call in self._pieces_of(n, slots):
+                call()
+        return len(keys)
+
     @torch.inference_mode()
     def run(self, key: tuple[int, int], batch) -> torch.Tensor | None:
         """Hidden states [T, H] of the step `batch` (a `StepBatch`, KV written), or None if
@@ -136,6 +156,13 @@ class MixedGraphs:
         self.input_ids[t:n].zero_()
         self.positions[t:n].zero_()
         self.lora_slots[t:n].fill_(-1)
+
+    def _prime(self, n: int, slots: int) -> None:
+        """The n-token bucket's rows all padding, row 0 on LoRA slot 0 where the key has
+        adapters (warm-up and capture take the LoRA path)."""
+        self._pad(0, n)
+        if slots:
+            self.lora_slots[0] = 0
 
     def _piece(self, i: int, n: int, slots: int) -> None:
         """Graph i of the n-token bucket (see the module docstring)."""
@@ -168,9 +195,7 @@ class MixedGraphs:
         if not self.capture:
             self._pieces[key] = calls
             return calls
-        self._pad(0, n)
-        if slots:
-            self.lora_slots[0] = 0  # warm-up and capture take the LoRA path
+        self._prime(n, slots)
         start = time.perf_counter()
         try:
             if self.pool is None:

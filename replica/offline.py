@@ -75,6 +75,7 @@ class OfflineJob:
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=not args.no_prefix_caching,
             dense_prompt_min=args.dense_prompt_min,
+            kernel_warmup=not args.no_kernel_warmup,
         )
         base = local_base_shape(args.model)  # adapters refused before the model loads
         refs = {

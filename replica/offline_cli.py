@@ -168,6 +168,12 @@ def register_generate(sub: argparse._SubParsersAction) -> None:
         "SDPA, not the paged kernel; 0: never (default %(default)s)",
     )
     p.add_argument(
+        "--no-kernel-warmup",
+        action="store_true",
+        help="on CUDA, compile the Triton kernels in the first step to need each instead of "
+        "at start (a short job may end sooner)",
+    )
+    p.add_argument(
         "--input", required=True, type=Path, help="JSONL: {prompt, adapter, ...sampling fields}"
     )
     p.add_argument(

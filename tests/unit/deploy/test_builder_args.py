@@ -182,6 +182,7 @@ ENGINE_FIELDS = (
     "cuda_graphs",
     "lora_stacked",
     "dense_prompt_min",
+    "kernel_warmup",
 )
 
 
@@ -195,6 +196,7 @@ def test_engine_args_default_to_the_engine_defaults_and_reach_it(tmp_path):
         "enable_prefix_caching": False,
         "cuda_graphs": False,
         "dense_prompt_min": 0,
+        "kernel_warmup": False,
     }
     engine = engine_config(parse_args(given), str(tmp_path))
     assert {k: getattr(engine, k) for k in given} == given
