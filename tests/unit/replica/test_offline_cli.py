@@ -414,3 +414,31 @@ def test_truncation_and_kept_special_tokens_and_stops(tmp_path, llama_dir, llama
         ("<|endoftext|>", "stop"),
         ("", "stop"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ((), {"kernel_warmup": True, "dense_prompt_min": 1024, "enable_prefix_caching": True}),
+        (("--no-kernel-warmup", "--dense-prompt-min", "0", "--no-prefix-caching"),
+         {"kernel_warmup": False, "dense_prompt_min": 0, "enable_prefix_caching": False}),
+    ],
+)  # fmt: skip
+def test_engine_flags_reach_the_engine_config(monkeypatch, llama_dir, flags, want):
+    """The engine settings `generate` takes land in the EngineConfig it builds (the engine
+    itself replaced: only the config is under test)."""
+    from replica import offline
+
+    built = []
+
+    def engine(config):
+        built.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(offline, "LLMEngine", engine)
+    args = build_parser().parse_args(
+        ["generate", "--model", str(llama_dir), "--input", "in", "--output", "out", *flags]
+    )
+    with pytest.raises(SystemExit):
+        offline.OfflineJob.from_args(args, {})
+    assert {k: getattr(built[0], k) for k in want} == want
