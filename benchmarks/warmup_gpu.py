@@ -19,10 +19,8 @@ run (start-up is a one-off).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
-import pkgutil
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import engine_gpu  # noqa: E402
 from benchmarks.engine_shapes import LLAMA3_8B, SMOKE  # noqa: E402
+from kernels.testing import compiled_binaries, jit_kernels  # noqa: E402
 from replica.cuda_graphs import DecodeGraphs  # noqa: E402
 from replica.engine_setup import warm_graph_keys  # noqa: E402
 from replica.mixed_graphs import MixedGraphs  # noqa: E402
@@ -46,20 +45,14 @@ def drop_triton_memory_caches() -> int:
     """Forget every compiled binary kernels.triton's JIT kernels (and their FastLaunch
     wrappers) hold in memory, so the next launch of each looks in the disk cache. ->
     binaries dropped."""
-    import triton
-
-    import kernels.triton
     from kernels.triton.launch import FastLaunch
 
-    dropped = 0
-    for info in pkgutil.iter_modules(kernels.triton.__path__):
-        module = importlib.import_module(f"kernels.triton.{info.name}")
-        for value in vars(module).values():
-            if isinstance(value, triton.runtime.jit.JITFunction):
-                dropped += sum(len(c[0]) for c in value.device_caches.values())
-                value.device_caches.clear()
-            elif isinstance(value, FastLaunch):
-                value.kept.clear()
+    dropped = compiled_binaries()
+    for k in jit_kernels():
+        if isinstance(k, FastLaunch):
+            k.kept.clear()
+        else:
+            k.device_caches.clear()
     return dropped
 
 

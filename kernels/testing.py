@@ -161,3 +161,39 @@ def captured(step) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def jit_kernels() -> list:
+    """Every @triton.jit kernel and FastLaunch wrapper at the top level of a kernels.triton
+    module: where compiled binaries are kept in memory (`JITFunction.device_caches`,
+    `FastLaunch.kept`)."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    import kernels.triton
+    from kernels.triton.launch import FastLaunch
+
+    found = []
+    for info in pkgutil.iter_modules(kernels.triton.__path__):
+        module = importlib.import_module(f"kernels.triton.{info.name}")
+        found += [
+            v
+            for v in vars(module).values()
+            if isinstance(v, triton.runtime.jit.JITFunction | FastLaunch)
+        ]
+    return found
+
+
+def compiled_binaries() -> int:
+    """Compiled binaries kernels.triton's JIT kernels hold in memory (0 under the CPU
+    interpreter, which compiles nothing)."""
+    import triton
+
+    return sum(
+        len(cache[0])
+        for k in jit_kernels()
+        if isinstance(k, triton.runtime.jit.JITFunction)
+        for cache in k.device_caches.values()
+    )

@@ -5,16 +5,12 @@ compiles some, which shows the count can see a compile."""
 
 from __future__ import annotations
 
-import importlib
-import logging
-import pkgutil
 import time
 
 import pytest
 import torch
-import triton
 
-import kernels.triton
+from kernels.testing import compiled_binaries
 from replica.config import EngineConfig
 from replica.engine import LLMEngine
 from replica.offline import adapter_ref
@@ -27,18 +23,6 @@ pytestmark = [
 ]
 
 PROMPTS = ["hello world how are you", "the quick brown fox jumps over the lazy dog and", "what"]
-log = logging.getLogger(__name__)
-
-
-def _compiled() -> int:
-    """Compiled binaries held by every @triton.jit kernel of kernels.triton."""
-    total = 0
-    for info in pkgutil.iter_modules(kernels.triton.__path__):
-        module = importlib.import_module(f"kernels.triton.{info.name}")
-        for value in vars(module).values():
-            if isinstance(value, triton.runtime.jit.JITFunction):
-                total += sum(len(c[0]) for c in value.device_caches.values())
-    return total
 
 
 def _serve(model_dir, refs: dict, dtype: str, warmup: bool) -> tuple[float, int]:
@@ -51,13 +35,13 @@ def _serve(model_dir, refs: dict, dtype: str, warmup: bool) -> tuple[float, int]
         )
     )  # fmt: skip
     built = time.perf_counter() - started
-    before = _compiled()
+    before = compiled_binaries()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     names = [None, *refs]
     reqs = [(f"{i}", PROMPTS[i % 3], params, refs.get(names[i % len(names)])) for i in range(8)]
     run_requests(engine, reqs)
     assert engine.runner.graphs.replays > 0 and engine.runner.mixed.replays > 0
-    return built, _compiled() - before
+    return built, compiled_binaries() - before
 
 
 def test_serving_compiles_nothing_after_a_warm_start(llama_dir, llama_adapters):

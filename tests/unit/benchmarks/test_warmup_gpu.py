@@ -19,3 +19,15 @@ def test_smoke_run_counts_the_engines_keys(tmp_path):
     assert (row["decode_keys"], row["mixed_keys"]) == (13, 16)
     assert row["keys"] == 29
     assert min(row["cold_cache_s"], row["disk_cache_s"], row["in_memory_s"]) > 0
+
+
+def test_dropping_the_memory_caches_empties_the_kept_launchers():
+    from kernels.testing import jit_kernels
+    from kernels.triton.lora_expand import _EXPAND
+    from kernels.triton.lora_shrink import _SHRINK
+    from kernels.triton.paged_attention import _ATTEND
+
+    assert {id(k) for k in (_SHRINK, _EXPAND, _ATTEND)} <= {id(k) for k in jit_kernels()}
+    _SHRINK.kept["k"] = object()
+    assert warmup_gpu.drop_triton_memory_caches() == 0  # the interpreter compiles nothing
+    assert not _SHRINK.kept
